@@ -1,0 +1,625 @@
+//! YAML file + command-line flags → validated [`Config`].
+//!
+//! The serde types (`File*`) live only here; validation turns them into the
+//! runtime [`Config`] and is the one place that reports config errors. Every
+//! value type validates while it is deserialised, so YAML errors carry the
+//! line and column, and flags reuse the same parsers through `FromStr`.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Default listen address. 9877 is not taken by a well-known exporter
+/// (node 9100, dcgm-exporter 9400, nvitop-exporter 9445,
+/// nvidia_gpu_exporter 9835).
+pub const DEFAULT_LISTEN: &str = ":9877";
+pub const DEFAULT_TELEMETRY_PATH: &str = "/metrics";
+pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+/// Larger config files are refused before parsing.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// A config error: one line that names the key and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+// ---------------------------------------------------------------- values
+
+/// A duration written like Prometheus does: `500ms`, `2s`, `1m30s`, `1h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl FromStr for HumanDuration {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("invalid duration {s:?} (use e.g. 500ms, 2s, 1m30s, 1h)");
+        let t = s.trim();
+        if t.is_empty() {
+            return Err(bad());
+        }
+        let mut total: u128 = 0;
+        let mut rest = t;
+        while !rest.is_empty() {
+            let digits = rest.bytes().take_while(|b| b.is_ascii_digit()).count();
+            if digits == 0 || digits > 12 {
+                return Err(bad());
+            }
+            let (num, tail) = rest.split_at(digits);
+            let n: u128 = num.parse().map_err(|_| bad())?;
+            let unit_len = tail.bytes().take_while(|b| b.is_ascii_alphabetic()).count();
+            let (unit, tail) = tail.split_at(unit_len);
+            let ms: u128 = match unit {
+                "ms" => 1,
+                "s" => 1_000,
+                "m" => 60_000,
+                "h" => 3_600_000,
+                _ => return Err(bad()),
+            };
+            total = total.saturating_add(n.saturating_mul(ms));
+            rest = tail;
+        }
+        let ms = u64::try_from(total).map_err(|_| bad())?;
+        Ok(HumanDuration(Duration::from_millis(ms)))
+    }
+}
+
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_millis();
+        if ms % 1000 == 0 {
+            write!(f, "{}s", ms / 1000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
+}
+
+/// A sampling interval: a duration between 10ms and 1h.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interval(pub Duration);
+
+impl FromStr for Interval {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let d = HumanDuration::from_str(s)?.0;
+        if d < Duration::from_millis(10) || d > Duration::from_secs(3600) {
+            return Err(format!(
+                "interval {s:?} out of range (must be between 10ms and 1h)"
+            ));
+        }
+        Ok(Interval(d))
+    }
+}
+
+/// `host:port`, `:port` (all interfaces) or `[v6]:port`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenAddress(pub SocketAddr);
+
+impl FromStr for ListenAddress {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let full = if s.starts_with(':') {
+            format!("0.0.0.0{s}")
+        } else if let Some(port) = s.strip_prefix("localhost:") {
+            format!("127.0.0.1:{port}")
+        } else {
+            s.to_string()
+        };
+        full.parse::<SocketAddr>().map(ListenAddress).map_err(|_| {
+            format!("invalid listen address {s:?} (use host:port, :port or [v6]:port)")
+        })
+    }
+}
+
+/// The path that serves metrics: absolute, not clashing with the others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TelemetryPath(pub String);
+
+impl FromStr for TelemetryPath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let ok_chars = s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/-_.~".contains(&b));
+        if !s.starts_with('/') || s.len() < 2 || !ok_chars || s.contains("//") {
+            return Err(format!(
+                "invalid telemetry path {s:?} (must start with / and use only letters, digits and /-_.~)"
+            ));
+        }
+        if matches!(s, "/healthz" | "/readyz") {
+            return Err(format!(
+                "telemetry path {s:?} clashes with a built-in endpoint"
+            ));
+        }
+        Ok(TelemetryPath(s.to_string()))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl FromStr for LogLevel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "error" => LogLevel::Error,
+            "warn" => LogLevel::Warn,
+            "info" => LogLevel::Info,
+            "debug" => LogLevel::Debug,
+            "trace" => LogLevel::Trace,
+            _ => {
+                return Err(format!(
+                    "invalid log level {s:?} (one of error, warn, info, debug, trace)"
+                ));
+            }
+        })
+    }
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Logfmt,
+    Json,
+}
+
+impl FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "logfmt" => Ok(LogFormat::Logfmt),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("invalid log format {s:?} (one of logfmt, json)")),
+        }
+    }
+}
+
+/// Deserialize any `FromStr` value type from a YAML string scalar, so the
+/// parser's error carries the line and column.
+macro_rules! deserialize_via_from_str {
+    ($($t:ty),*) => {$(
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    )*};
+}
+deserialize_via_from_str!(Interval, ListenAddress, TelemetryPath, LogLevel, LogFormat);
+
+// ---------------------------------------------------------- file (serde)
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct FileConfig {
+    web: FileWeb,
+    sample_interval: Option<Interval>,
+    nvml: FileNvml,
+    log: FileLog,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct FileWeb {
+    listen_address: Option<ListenAddress>,
+    telemetry_path: Option<TelemetryPath>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct FileNvml {
+    library: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct FileLog {
+    level: Option<LogLevel>,
+    format: Option<LogFormat>,
+}
+
+// ------------------------------------------------------------------ flags
+
+/// Command-line overrides, already parsed by the caller (clap). Each is
+/// `None` when the flag was not given.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen_address: Option<String>,
+    pub telemetry_path: Option<String>,
+    pub sample_interval: Option<String>,
+    pub nvml_library: Option<String>,
+    pub log_level: Option<String>,
+    pub log_format: Option<String>,
+}
+
+// ---------------------------------------------------------------- runtime
+
+/// The validated configuration the program runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub listen_address: SocketAddr,
+    pub telemetry_path: String,
+    pub sample_interval: Duration,
+    /// `None`: let the dynamic loader find `libnvidia-ml.so.1`.
+    pub nvml_library: Option<String>,
+    pub log_level: LogLevel,
+    pub log_format: LogFormat,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen_address: SocketAddr::from(([0, 0, 0, 0], 9877)),
+            telemetry_path: DEFAULT_TELEMETRY_PATH.to_string(),
+            sample_interval: DEFAULT_SAMPLE_INTERVAL,
+            nvml_library: None,
+            log_level: LogLevel::Info,
+            log_format: LogFormat::Logfmt,
+        }
+    }
+}
+
+/// Read the config file (if any), apply flag overrides, validate.
+pub fn load(file: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigError> {
+    let parsed = match file {
+        Some(path) => {
+            let text = read_file(path)?;
+            parse_yaml(&text, &path.display().to_string())?
+        }
+        None => FileConfig::default(),
+    };
+    build(parsed, flags)
+}
+
+/// Parse YAML text; `origin` names it in errors.
+pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+    build(parse_yaml(text, origin)?, &Overrides::default())
+}
+
+fn read_file(path: &Path) -> Result<String, ConfigError> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path)
+        .map_err(|e| ConfigError(format!("config file {shown}: cannot read: {e}")))?;
+    if !meta.is_file() {
+        return Err(ConfigError(format!(
+            "config file {shown}: not a regular file"
+        )));
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(ConfigError(format!(
+            "config file {shown}: {} bytes is larger than the {MAX_CONFIG_BYTES}-byte limit",
+            meta.len()
+        )));
+    }
+    let bytes = std::fs::read(path)
+        .map_err(|e| ConfigError(format!("config file {shown}: cannot read: {e}")))?;
+    String::from_utf8(bytes).map_err(|e| {
+        ConfigError(format!(
+            "config file {shown}: not UTF-8 text (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
+fn parse_yaml(text: &str, origin: &str) -> Result<FileConfig, ConfigError> {
+    if text.contains('\0') {
+        let offset = text.find('\0').unwrap_or(0);
+        return Err(ConfigError(format!(
+            "config file {origin}: binary data (NUL byte at offset {offset}), expected YAML text"
+        )));
+    }
+    serde_saphyr::from_str::<Option<FileConfig>>(text)
+        .map(Option::unwrap_or_default)
+        .map_err(|e| {
+            let rendered = e.to_string();
+            let first = rendered.lines().next().unwrap_or("invalid YAML");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            let message = strip_position(first);
+            match e.location() {
+                Some(loc) => {
+                    let line = loc.line() as usize;
+                    let key = key_path_at(text, line)
+                        .map(|k| format!(" key {k}:"))
+                        .unwrap_or_default();
+                    ConfigError(format!(
+                        "config file {origin} line {line} column {}:{key} {message}",
+                        loc.column()
+                    ))
+                }
+                None => ConfigError(format!("config file {origin}: {message}")),
+            }
+        })
+}
+
+/// Drop a leading "line N column M: " that the YAML parser adds.
+fn strip_position(msg: &str) -> &str {
+    if let Some(rest) = msg.strip_prefix("line ") {
+        if let Some(idx) = rest.find(": ") {
+            let head = &rest[..idx];
+            if head.split(' ').count() == 3 && head.contains("column") {
+                return &rest[idx + 2..];
+            }
+        }
+    }
+    msg
+}
+
+/// The dotted key path (e.g. `web.listen_address`) of the mapping entry on
+/// 1-based `line`, found by indentation. Good enough for block-style YAML,
+/// which is what config files use; `None` when the line holds no key.
+pub fn key_path_at(text: &str, line: usize) -> Option<String> {
+    let mut stack: Vec<(usize, String)> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        if i + 1 > line {
+            break;
+        }
+        let trimmed = raw.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let indent = raw.len() - trimmed.len();
+        let Some(colon) = trimmed.find(':') else {
+            continue;
+        };
+        let key = trimmed[..colon]
+            .trim()
+            .trim_matches(|c| c == '"' || c == '\'');
+        if key.is_empty() || key.contains(' ') || key.starts_with('-') {
+            continue;
+        }
+        while stack.last().is_some_and(|(ind, _)| *ind >= indent) {
+            stack.pop();
+        }
+        stack.push((indent, key.to_string()));
+        if i + 1 == line {
+            let path: Vec<&str> = stack.iter().map(|(_, k)| k.as_str()).collect();
+            return Some(path.join("."));
+        }
+    }
+    None
+}
+
+fn flag<T: FromStr<Err = String>>(
+    name: &str,
+    v: &Option<String>,
+) -> Result<Option<T>, ConfigError> {
+    v.as_deref()
+        .map(|s| {
+            s.parse::<T>()
+                .map_err(|e| ConfigError(format!("flag --{name}: {e}")))
+        })
+        .transpose()
+}
+
+fn build(file: FileConfig, o: &Overrides) -> Result<Config, ConfigError> {
+    let d = Config::default();
+    let listen = flag::<ListenAddress>("web.listen-address", &o.listen_address)?
+        .or(file.web.listen_address)
+        .map(|a| a.0)
+        .unwrap_or(d.listen_address);
+    let path = flag::<TelemetryPath>("web.telemetry-path", &o.telemetry_path)?
+        .or(file.web.telemetry_path)
+        .map(|p| p.0)
+        .unwrap_or(d.telemetry_path);
+    let interval = flag::<Interval>("sample-interval", &o.sample_interval)?
+        .or(file.sample_interval)
+        .map(|i| i.0)
+        .unwrap_or(d.sample_interval);
+    let library = o
+        .nvml_library
+        .clone()
+        .or(file.nvml.library)
+        .filter(|s| !s.is_empty());
+    let level = flag::<LogLevel>("log.level", &o.log_level)?
+        .or(file.log.level)
+        .unwrap_or(d.log_level);
+    let format = flag::<LogFormat>("log.format", &o.log_format)?
+        .or(file.log.format)
+        .unwrap_or(d.log_format);
+    Ok(Config {
+        listen_address: listen,
+        telemetry_path: path,
+        sample_interval: interval,
+        nvml_library: library,
+        log_level: level,
+        log_format: format,
+    })
+}
+
+/// Where the config came from, for the startup log line.
+pub fn describe(file: Option<&PathBuf>) -> String {
+    file.map(|p| p.display().to_string())
+        .unwrap_or_else(|| "defaults and flags".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        let ok = [
+            ("500ms", 500),
+            ("2s", 2_000),
+            ("1m30s", 90_000),
+            ("1h", 3_600_000),
+            ("0s", 0),
+        ];
+        for (s, ms) in ok {
+            assert_eq!(
+                HumanDuration::from_str(s).unwrap().0,
+                Duration::from_millis(ms),
+                "{s}"
+            );
+        }
+        for s in [
+            "",
+            "5",
+            "5x",
+            "-1s",
+            "1.5s",
+            "s",
+            "ms",
+            "1s2",
+            "99999999999999999h",
+            " ",
+        ] {
+            assert!(
+                HumanDuration::from_str(s).is_err(),
+                "{s:?} should be rejected"
+            );
+        }
+    }
+
+    #[test]
+    fn intervals_have_a_range() {
+        assert!(Interval::from_str("10ms").is_ok());
+        assert!(Interval::from_str("5ms").is_err());
+        assert!(Interval::from_str("0s").is_err());
+        assert!(Interval::from_str("2h").is_err());
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(ListenAddress::from_str(":9877").unwrap().0.port(), 9877);
+        assert!(ListenAddress::from_str("127.0.0.1:1").is_ok());
+        assert!(ListenAddress::from_str("[::1]:9877").is_ok());
+        assert!(ListenAddress::from_str("localhost:9877").is_ok());
+        for bad in ["", "9877", ":99999", "host", "1.2.3.4:", "a:b"] {
+            assert!(ListenAddress::from_str(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn telemetry_paths() {
+        assert!(TelemetryPath::from_str("/metrics").is_ok());
+        assert!(TelemetryPath::from_str("/x/metrics").is_ok());
+        for bad in ["metrics", "/", "/healthz", "/a b", "//x", "/a?b"] {
+            assert!(TelemetryPath::from_str(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(parse("", "t").unwrap(), Config::default());
+        assert_eq!(parse("# only a comment\n", "t").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn full_file() {
+        let c = parse(
+            "web:\n  listen_address: 127.0.0.1:9999\n  telemetry_path: /m\nsample_interval: 500ms\nnvml:\n  library: /x/libnvidia-ml.so.1\nlog:\n  level: debug\n  format: json\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.listen_address, "127.0.0.1:9999".parse().unwrap());
+        assert_eq!(c.telemetry_path, "/m");
+        assert_eq!(c.sample_interval, Duration::from_millis(500));
+        assert_eq!(c.nvml_library.as_deref(), Some("/x/libnvidia-ml.so.1"));
+        assert_eq!(c.log_level, LogLevel::Debug);
+        assert_eq!(c.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn flags_override_file() {
+        let file = parse_yaml("sample_interval: 2s\nlog:\n  level: debug\n", "t").unwrap();
+        let o = Overrides {
+            sample_interval: Some("250ms".into()),
+            ..Default::default()
+        };
+        let c = build(file, &o).unwrap();
+        assert_eq!(c.sample_interval, Duration::from_millis(250));
+        assert_eq!(c.log_level, LogLevel::Debug);
+    }
+
+    #[test]
+    fn bad_flag_names_the_flag() {
+        let o = Overrides {
+            sample_interval: Some("fast".into()),
+            ..Default::default()
+        };
+        let e = build(FileConfig::default(), &o).unwrap_err().0;
+        assert!(
+            e.starts_with("flag --sample-interval: invalid duration \"fast\""),
+            "{e}"
+        );
+    }
+
+    /// Each bad file gives one line naming the key and its line.
+    #[test]
+    fn bad_files_name_key_and_line() {
+        let cases = [
+            (
+                "web:\n  listen_addres: x\n",
+                "line 2 column 3: key web.listen_addres: unknown field `listen_addres`",
+            ),
+            (
+                "sample_interval: 5x\n",
+                "line 1 column 18: key sample_interval: invalid duration \"5x\"",
+            ),
+            (
+                "log:\n  level: loud\n",
+                "line 2 column 10: key log.level: invalid log level \"loud\"",
+            ),
+            (
+                "log:\n  format: xml\n",
+                "key log.format: invalid log format \"xml\"",
+            ),
+            (
+                "web:\n  listen_address: nowhere\n",
+                "key web.listen_address: invalid listen address \"nowhere\"",
+            ),
+            (
+                "sample_interval: 1ms\n",
+                "key sample_interval: interval \"1ms\" out of range",
+            ),
+            (
+                "bogus: 1\n",
+                "line 1 column 1: key bogus: unknown field `bogus`",
+            ),
+            ("web: 3\n", "line 1 column 6: key web:"),
+        ];
+        for (text, want) in cases {
+            let e = parse(text, "c.yaml").unwrap_err().0;
+            assert!(e.starts_with("config file c.yaml "), "{e}");
+            assert!(e.contains(want), "{text:?}: got {e:?}, want {want:?}");
+            assert!(!e.contains('\n'), "one line: {e:?}");
+        }
+    }
+
+    #[test]
+    fn binary_is_rejected() {
+        let e = parse("\0\x01\x02", "c.yaml").unwrap_err().0;
+        assert!(e.contains("binary data"), "{e}");
+    }
+
+    #[test]
+    fn key_paths() {
+        let t = "a:\n  b: 1\n  c:\n    d: 2\ne: 3\n";
+        assert_eq!(key_path_at(t, 2).as_deref(), Some("a.b"));
+        assert_eq!(key_path_at(t, 4).as_deref(), Some("a.c.d"));
+        assert_eq!(key_path_at(t, 5).as_deref(), Some("e"));
+    }
+}

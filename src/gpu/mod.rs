@@ -1,0 +1,100 @@
+//! The only code that talks to the GPU driver. [`GpuSource`] is the small
+//! seam the sampler uses; [`nvml::NvmlSource`] is the production impl.
+
+pub mod nvml;
+
+use crate::model::{DeviceInfo, DriverInfo, MemoryInfo};
+
+/// A failed driver call: the operation and a stable snake_case error name,
+/// exactly the labels of `gpumem_exporter_nvml_errors_total`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{operation}: {error}")]
+pub struct GpuError {
+    pub operation: &'static str,
+    pub error: String,
+}
+
+/// One process as the driver lists it, before /proc lookups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawProcess {
+    pub pid: u32,
+    pub used_bytes: Option<u64>,
+}
+
+/// What the sampler needs from a GPU driver. Implementations are owned by
+/// the sampler thread and never shared.
+pub trait GpuSource {
+    fn driver_info(&self) -> DriverInfo;
+    /// Devices in NVML index order, identities read once at start.
+    fn devices(&self) -> &[DeviceInfo];
+    fn memory(&mut self, device: usize) -> Result<MemoryInfo, GpuError>;
+    /// Running compute and graphics processes, merged to one entry per pid
+    /// and appended to `out`.
+    fn processes(&mut self, device: usize, out: &mut Vec<RawProcess>) -> Result<(), GpuError>;
+}
+
+/// Merge `p` into `out`, keeping one entry per pid. A process with both a
+/// compute and a graphics context is listed by both queries with the same
+/// figure; if only one of them knows the bytes, keep that one.
+pub fn merge_process(out: &mut Vec<RawProcess>, p: RawProcess) {
+    match out.iter_mut().find(|q| q.pid == p.pid) {
+        Some(q) => {
+            q.used_bytes = match (q.used_bytes, p.used_bytes) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            }
+        }
+        None => out.push(p),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_dedupes_by_pid_and_keeps_known_bytes() {
+        let mut out = Vec::new();
+        merge_process(
+            &mut out,
+            RawProcess {
+                pid: 1,
+                used_bytes: None,
+            },
+        );
+        merge_process(
+            &mut out,
+            RawProcess {
+                pid: 2,
+                used_bytes: Some(5),
+            },
+        );
+        merge_process(
+            &mut out,
+            RawProcess {
+                pid: 1,
+                used_bytes: Some(7),
+            },
+        );
+        merge_process(
+            &mut out,
+            RawProcess {
+                pid: 2,
+                used_bytes: Some(3),
+            },
+        );
+        assert_eq!(
+            out,
+            vec![
+                RawProcess {
+                    pid: 1,
+                    used_bytes: Some(7)
+                },
+                RawProcess {
+                    pid: 2,
+                    used_bytes: Some(5)
+                },
+            ]
+        );
+    }
+}

@@ -1,0 +1,244 @@
+//! [`GpuSource`] over NVML through `nvml-wrapper` (which dlopens
+//! `libnvidia-ml.so.1` at run time, so the binary starts on hosts without a
+//! driver and fails with a clear message instead).
+
+use std::ffi::OsStr;
+
+use nvml_wrapper::Device;
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+
+use super::{GpuError, GpuSource, RawProcess, merge_process};
+use crate::model::{DeviceInfo, DriverInfo, MemoryInfo};
+
+/// The library name the dynamic loader resolves when none is configured.
+pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
+
+/// Why NVML could not be started. Each variant's message is one line that
+/// says what failed, where, and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error(
+        "NVML could not be loaded from {where_}: {detail}. Install the NVIDIA driver, or point --nvml.library (config key nvml.library) at libnvidia-ml.so.1, e.g. --nvml.library=/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    )]
+    Load { where_: String, detail: String },
+    #[error(
+        "NVML was loaded from {where_} but the NVIDIA kernel driver is not loaded (NVML_ERROR_DRIVER_NOT_LOADED): check that `nvidia-smi` works and that the nvidia module is loaded"
+    )]
+    DriverNotLoaded { where_: String },
+    #[error(
+        "NVML was loaded from {where_} but has no permission to talk to the driver (NVML_ERROR_NO_PERMISSION): the exporter needs read/write access to /dev/nvidiactl and /dev/nvidia*"
+    )]
+    NoPermission { where_: String },
+    #[error("NVML initialisation failed ({where_}): {operation}: {detail}")]
+    Other {
+        where_: String,
+        operation: &'static str,
+        detail: String,
+    },
+}
+
+/// A stable snake_case name for an NVML error, used as the `error` label.
+pub fn error_name(e: &NvmlError) -> String {
+    let debug = format!("{e:?}");
+    let head = debug
+        .split(|c: char| c == '(' || c == ' ' || c == '{')
+        .next()
+        .unwrap_or("unknown");
+    let mut out = String::with_capacity(head.len() + 4);
+    for (i, ch) in head.chars().enumerate() {
+        if ch.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(ch.to_ascii_lowercase());
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+fn gpu_err(operation: &'static str) -> impl Fn(NvmlError) -> GpuError {
+    move |e| GpuError {
+        operation,
+        error: error_name(&e),
+    }
+}
+
+/// NVML plus the device handles it hands out. The handles borrow the `Nvml`
+/// value, so it is boxed (stable address) and dropped after them.
+pub struct NvmlSource {
+    // Field order matters: `handles` must drop before `nvml`.
+    handles: Vec<Device<'static>>,
+    infos: Vec<DeviceInfo>,
+    driver: DriverInfo,
+    _nvml: Box<Nvml>,
+}
+
+impl NvmlSource {
+    /// Load and initialise NVML, then read every device's identity once.
+    pub fn open(library: Option<&str>) -> Result<Self, InitError> {
+        let where_ = match library {
+            Some(p) => format!("{p:?}"),
+            None => format!("{DEFAULT_LIBRARY:?} (the dynamic loader's search path)"),
+        };
+        let mut builder = Nvml::builder();
+        if let Some(p) = library {
+            builder.lib_path(OsStr::new(p));
+        }
+        let nvml = builder.init().map_err(|e| match e {
+            NvmlError::LibloadingError(le) => InitError::Load {
+                where_: where_.clone(),
+                detail: le.to_string(),
+            },
+            NvmlError::FailedToLoadSymbol(s) => InitError::Load {
+                where_: where_.clone(),
+                detail: format!("missing symbol {s}"),
+            },
+            NvmlError::DriverNotLoaded => InitError::DriverNotLoaded {
+                where_: where_.clone(),
+            },
+            NvmlError::NoPermission => InitError::NoPermission {
+                where_: where_.clone(),
+            },
+            other => InitError::Other {
+                where_: where_.clone(),
+                operation: "init",
+                detail: other.to_string(),
+            },
+        })?;
+        let nvml = Box::new(nvml);
+        let other = |operation: &'static str| {
+            let where_ = where_.clone();
+            move |e: NvmlError| InitError::Other {
+                where_,
+                operation,
+                detail: e.to_string(),
+            }
+        };
+        let driver = DriverInfo {
+            driver_version: nvml
+                .sys_driver_version()
+                .map_err(other("system_driver_version"))?,
+            nvml_version: nvml
+                .sys_nvml_version()
+                .map_err(other("system_nvml_version"))?,
+            cuda_driver_version: nvml
+                .sys_cuda_driver_version()
+                .map(cuda_version_string)
+                .map_err(other("system_cuda_driver_version"))?,
+        };
+        let count = nvml.device_count().map_err(other("device_count"))?;
+        // SAFETY: `nvml` lives in a Box owned by the returned value, so its
+        // address is stable, and `handles` is declared (and so dropped)
+        // before `nvml`; no handle escapes `NvmlSource`.
+        let nvml_ref: &'static Nvml = unsafe { &*(nvml.as_ref() as *const Nvml) };
+        let mut handles = Vec::with_capacity(count as usize);
+        let mut infos = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            let dev = nvml_ref
+                .device_by_index(index)
+                .map_err(other("device_by_index"))?;
+            infos.push(DeviceInfo {
+                gpu: index.to_string(),
+                uuid: dev.uuid().map_err(other("device_uuid"))?,
+                name: dev.name().map_err(other("device_name"))?,
+                pci_bus_id: dev.pci_info().map_err(other("device_pci_info"))?.bus_id,
+            });
+            handles.push(dev);
+        }
+        Ok(Self {
+            handles,
+            infos,
+            driver,
+            _nvml: nvml,
+        })
+    }
+
+    fn handle(&self, device: usize, operation: &'static str) -> Result<&Device<'static>, GpuError> {
+        self.handles.get(device).ok_or(GpuError {
+            operation,
+            error: "invalid_device_index".to_string(),
+        })
+    }
+}
+
+/// 13000 → "13.0", 12040 → "12.4" (NVML encodes major*1000 + minor*10).
+pub fn cuda_version_string(v: i32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
+fn raw(p: nvml_wrapper::struct_wrappers::device::ProcessInfo) -> RawProcess {
+    RawProcess {
+        pid: p.pid,
+        used_bytes: match p.used_gpu_memory {
+            UsedGpuMemory::Used(b) => Some(b),
+            UsedGpuMemory::Unavailable => None,
+        },
+    }
+}
+
+impl GpuSource for NvmlSource {
+    fn driver_info(&self) -> DriverInfo {
+        self.driver.clone()
+    }
+
+    fn devices(&self) -> &[DeviceInfo] {
+        &self.infos
+    }
+
+    fn memory(&mut self, device: usize) -> Result<MemoryInfo, GpuError> {
+        let m = self
+            .handle(device, "memory_info")?
+            .memory_info()
+            .map_err(gpu_err("memory_info"))?;
+        Ok(MemoryInfo {
+            total: m.total,
+            reserved: m.reserved,
+            used: m.used,
+            free: m.free,
+        })
+    }
+
+    fn processes(&mut self, device: usize, out: &mut Vec<RawProcess>) -> Result<(), GpuError> {
+        let dev = self.handle(device, "running_compute_processes")?;
+        for p in dev
+            .running_compute_processes()
+            .map_err(gpu_err("running_compute_processes"))?
+        {
+            merge_process(out, raw(p));
+        }
+        match dev.running_graphics_processes() {
+            Ok(list) => list.into_iter().for_each(|p| merge_process(out, raw(p))),
+            // Compute-only boards (most data-centre GPUs) may not support
+            // the graphics query: that is not a fault of the GPU.
+            Err(NvmlError::NotSupported) => {}
+            Err(e) => return Err(gpu_err("running_graphics_processes")(e)),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_names_are_snake_case() {
+        assert_eq!(error_name(&NvmlError::GpuLost), "gpu_lost");
+        assert_eq!(error_name(&NvmlError::NotSupported), "not_supported");
+        assert_eq!(error_name(&NvmlError::Unknown), "unknown");
+        assert_eq!(
+            error_name(&NvmlError::FailedToLoadSymbol("x".into())),
+            "failed_to_load_symbol"
+        );
+    }
+
+    #[test]
+    fn cuda_versions() {
+        assert_eq!(cuda_version_string(13000), "13.0");
+        assert_eq!(cuda_version_string(12040), "12.4");
+    }
+}

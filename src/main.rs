@@ -1,0 +1,157 @@
+//! gpumem-exporter: flags → config → sampler thread + HTTP server.
+//!
+//! Exit codes: 0 clean shutdown, 1 NVML could not be loaded or initialised
+//! (or the listen address could not be bound), 2 bad flags or config.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+
+use gpumem_exporter::gpu::nvml::NvmlSource;
+use gpumem_exporter::sampler::Shared;
+use gpumem_exporter::{config, logging, metrics, procfs, sampler, server};
+
+/// How long in-flight scrapes may take to finish after SIGTERM/SIGINT.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(800);
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpumem-exporter",
+    version,
+    about = "Prometheus exporter for GPU memory per GPU and per process (NVML)"
+)]
+struct Cli {
+    /// YAML config file (see config.example.yaml). Flags override its values.
+    #[arg(long = "config.file", value_name = "PATH")]
+    config_file: Option<PathBuf>,
+    /// Address to listen on: host:port, :port or [v6]:port [default: :9877]
+    #[arg(long = "web.listen-address", value_name = "ADDR")]
+    listen_address: Option<String>,
+    /// Path that serves metrics [default: /metrics]
+    #[arg(long = "web.telemetry-path", value_name = "PATH")]
+    telemetry_path: Option<String>,
+    /// How often GPUs and their processes are sampled, e.g. 500ms, 2s [default: 1s]
+    #[arg(long = "sample-interval", value_name = "DURATION")]
+    sample_interval: Option<String>,
+    /// Path of libnvidia-ml.so.1 [default: found by the dynamic loader]
+    #[arg(long = "nvml.library", value_name = "PATH")]
+    nvml_library: Option<String>,
+    /// error, warn, info, debug or trace [default: info]
+    #[arg(long = "log.level", value_name = "LEVEL")]
+    log_level: Option<String>,
+    /// logfmt or json [default: logfmt]
+    #[arg(long = "log.format", value_name = "FORMAT")]
+    log_format: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let overrides = config::Overrides {
+        listen_address: cli.listen_address,
+        telemetry_path: cli.telemetry_path,
+        sample_interval: cli.sample_interval,
+        nvml_library: cli.nvml_library,
+        log_level: cli.log_level,
+        log_format: cli.log_format,
+    };
+    let cfg = match config::load(cli.config_file.as_deref(), &overrides) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("gpumem-exporter: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    logging::init(cfg.log_level, cfg.log_format);
+    match run(cfg, cli.config_file) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cfg: config::Config, config_file: Option<PathBuf>) -> anyhow::Result<()> {
+    tracing::info!(
+        version = metrics::VERSION,
+        revision = metrics::REVISION,
+        config = %config::describe(config_file.as_ref()),
+        "starting gpumem-exporter"
+    );
+    let shared = Arc::new(Shared::new(cfg.sample_interval));
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let library = cfg.nvml_library.clone();
+    let started = std::time::Instant::now();
+    let _sampler = sampler::spawn(
+        move || NvmlSource::open(library.as_deref()),
+        procfs::ProcRoot::default(),
+        Arc::clone(&shared),
+        stop_rx,
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let devices = shared.latest().map(|s| s.devices.len());
+    tracing::info!(
+        init_ms = started.elapsed().as_millis() as u64,
+        gpus = ?devices,
+        interval = %config::HumanDuration(cfg.sample_interval),
+        "NVML initialised"
+    );
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("http")
+        .build()?;
+    runtime.block_on(serve(cfg, shared))?;
+    drop(stop_tx);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn serve(cfg: config::Config, shared: Arc<Shared>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(cfg.listen_address)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen on {} (web.listen_address): {e}",
+                cfg.listen_address
+            )
+        })?;
+    tracing::info!(address = %listener.local_addr()?, path = %cfg.telemetry_path, "listening");
+    let app = server::router(shared, &cfg.telemetry_path);
+    let signalled = Arc::new(tokio::sync::Notify::new());
+    let notify = Arc::clone(&signalled);
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        notify.notify_one();
+    });
+    tokio::select! {
+        r = server => r?,
+        _ = async {
+            signalled.notified().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => tracing::warn!("connections still open after the shutdown grace period; closing them"),
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
+                _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
+            }
+        }
+        _ => {
+            tracing::warn!("cannot install signal handlers; only SIGKILL will stop the exporter");
+            std::future::pending::<()>().await;
+        }
+    }
+}

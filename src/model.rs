@@ -1,0 +1,114 @@
+//! Plain data that flows from the sampler to the encoder. No NVML types, no
+//! behaviour beyond small helpers: a [`Snapshot`] is immutable once published.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// Identity of one GPU, read once at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// NVML index as a string: the `gpu` label.
+    pub gpu: String,
+    pub uuid: String,
+    pub name: String,
+    pub pci_bus_id: String,
+}
+
+/// Driver-wide identity, read once at start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriverInfo {
+    pub driver_version: String,
+    pub nvml_version: String,
+    /// CUDA driver API version as `major.minor`, e.g. `13.0`.
+    pub cuda_driver_version: String,
+}
+
+/// Device memory as NVML's `nvmlDeviceGetMemoryInfo_v2` reports it, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryInfo {
+    pub total: u64,
+    pub reserved: u64,
+    pub used: u64,
+    pub free: u64,
+}
+
+/// One process on one GPU, as NVML reports it (compute and graphics lists
+/// merged, one entry per pid).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSample {
+    pub pid: u32,
+    /// `None` when NVML answers NVML_VALUE_NOT_AVAILABLE for this process
+    /// (e.g. under some virtualisation): exported as a separate signal,
+    /// never as a fake 0.
+    pub used_bytes: Option<u64>,
+    /// `/proc/<pid>/comm`, empty when unreadable.
+    pub process: String,
+}
+
+/// One GPU in one sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSample {
+    pub info: Arc<DeviceInfo>,
+    /// `None` when the GPU did not answer in this sample (`gpu_up` 0).
+    pub memory: Option<MemoryInfo>,
+    /// Sorted by pid.
+    pub processes: Vec<ProcessSample>,
+}
+
+impl DeviceSample {
+    pub fn up(&self) -> bool {
+        self.memory.is_some()
+    }
+}
+
+/// Cumulative histogram of tick durations, owned by the sampler and copied
+/// into each snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DurationHistogram {
+    /// Upper bounds in seconds, ascending, without +Inf.
+    pub bounds: &'static [f64],
+    /// Non-cumulative counts per bound, plus one trailing slot for +Inf.
+    pub counts: Vec<u64>,
+    pub sum: f64,
+    pub count: u64,
+}
+
+impl DurationHistogram {
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    pub fn observe(&mut self, seconds: f64) {
+        let slot = self
+            .bounds
+            .iter()
+            .position(|b| seconds <= *b)
+            .unwrap_or(self.bounds.len());
+        if let Some(c) = self.counts.get_mut(slot) {
+            *c += 1;
+        }
+        self.sum += seconds;
+        self.count += 1;
+    }
+}
+
+/// Key of the NVML error counter: (operation, error) labels.
+pub type ErrorKey = (&'static str, String);
+
+/// Everything one scrape shows. Built fresh by every tick: a process that
+/// exited is simply not in the next snapshot.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// When the tick that built it finished.
+    pub taken_at: SystemTime,
+    pub driver: Arc<DriverInfo>,
+    pub devices: Vec<DeviceSample>,
+    pub nvml_errors: Arc<BTreeMap<ErrorKey, u64>>,
+    pub sample_duration: Arc<DurationHistogram>,
+}

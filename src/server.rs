@@ -1,0 +1,88 @@
+//! HTTP: `/metrics` (or the configured path), `/healthz`, `/readyz`, `/`.
+//! Handlers only read the published snapshot; none of them calls NVML.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header::{ACCEPT, CONTENT_TYPE};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+
+use crate::metrics::{Format, encode};
+use crate::sampler::Shared;
+
+#[derive(Clone)]
+struct App {
+    shared: Arc<Shared>,
+    telemetry_path: Arc<str>,
+}
+
+pub fn router(shared: Arc<Shared>, telemetry_path: &str) -> Router {
+    let app = App {
+        shared,
+        telemetry_path: Arc::from(telemetry_path),
+    };
+    Router::new()
+        .route(telemetry_path, get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/", get(landing))
+        .fallback(not_found)
+        .with_state(app)
+}
+
+async fn metrics(State(app): State<App>, headers: HeaderMap) -> Response {
+    let Some(snapshot) = app.shared.latest() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "no GPU sample taken yet\n").into_response();
+    };
+    let format = Format::negotiate(headers.get(ACCEPT).and_then(|v| v.to_str().ok()));
+    match encode(&snapshot, format) {
+        Ok(body) => ([(CONTENT_TYPE, format.content_type())], body).into_response(),
+        Err(_) => {
+            tracing::error!("encoding the snapshot failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n").into_response()
+        }
+    }
+}
+
+async fn healthz(State(app): State<App>) -> Response {
+    match app.shared.healthy(SystemTime::now()) {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn readyz(State(app): State<App>) -> Response {
+    if app.shared.ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: NVML not initialised or no sample published yet\n",
+        )
+            .into_response()
+    }
+}
+
+async fn landing(State(app): State<App>) -> Html<String> {
+    let p = &app.telemetry_path;
+    Html(format!(
+        "<!doctype html>\n<html><head><title>gpumem-exporter</title></head><body>\n\
+         <h1>gpumem-exporter {}</h1>\n<p>GPU memory per GPU and per process, from NVML.</p>\n<ul>\n\
+         <li><a href=\"{p}\">{p}</a> metrics</li>\n\
+         <li><a href=\"/healthz\">/healthz</a> liveness</li>\n\
+         <li><a href=\"/readyz\">/readyz</a> readiness</li>\n</ul>\n</body></html>\n",
+        crate::metrics::VERSION
+    ))
+}
+
+async fn not_found() -> (StatusCode, &'static str) {
+    (StatusCode::NOT_FOUND, "not found\n")
+}
