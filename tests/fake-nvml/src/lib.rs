@@ -1,0 +1,569 @@
+//! # fake-nvml: a scripted `libnvidia-ml.so.1`
+//!
+//! A `cdylib` that exports the part of NVML's C API the exporter uses, with
+//! NVML's exact contract (argument types and struct layouts from
+//! `nvml-wrapper-sys`, return codes, count queries, reference-counted init),
+//! so the production binary runs unchanged against it:
+//!
+//! ```text
+//! cargo build -p fake-nvml
+//! FAKE_NVML_CONFIG=tests/fake-nvml/scenarios/example.yaml \
+//!     gpumem-exporter --nvml.library target/debug/libfake_nvml.so
+//! ```
+//!
+//! ## Scenario
+//!
+//! The library answers from a YAML file named by `FAKE_NVML_CONFIG`. It is
+//! reread at every `nvmlInit*`, and at every other call whenever the file's
+//! (device, inode, size, mtime ns) changed, so a test rewrites it (write a temp
+//! file, rename it over) to make processes appear or exit, memory grow or a GPU
+//! fail. A file that does not parse or validate keeps the previous good
+//! scenario and prints one line (`fake-nvml: <path>: <error> ...`) to stderr;
+//! with no good scenario at all `nvmlInit*` prints why and returns
+//! `NVML_ERROR_UNKNOWN`. Unknown keys are errors.
+//!
+//! ```yaml
+//! driver_version: "580.159.04"       # default "580.159.04"
+//! nvml_version: "13.580.159.04"      # default "13.580.159.04"
+//! cuda_driver_version: 13000         # default 13000
+//! init_error: null                   # null | driver_not_loaded | no_permission | unknown
+//! init_delay_ms: 0                   # nvmlInit* sleeps this long (then applies init_error)
+//! devices:                           # default []; [] means zero GPUs
+//!   - uuid: GPU-00000000-0000-0000-0000-000000000000   # required, unique (GPUs and MIG)
+//!     name: NVIDIA H200              # default "NVIDIA H200"
+//!     pci_bus_id: "00000000:00:06.0" # default "00000000:<index+1 hex>:00.0"; 4- or
+//!                                    # 8-digit domain, any case; reported upper-case,
+//!                                    # 8-digit (busId) and 4-digit (busIdLegacy)
+//!     memory:                        # default {total: 150754820096, reserved: 644939776, used: 0}
+//!       total: 150754820096          # required inside `memory`
+//!       reserved: 644939776          # default 0
+//!       used: 12363563008            # default 0; free = total - reserved - used (saturating)
+//!     processes:                     # default []; must be empty when mig_devices is not
+//!       - pid: 436
+//!         used: 12354322432          # null or absent: NVML_VALUE_NOT_AVAILABLE (u64::MAX)
+//!         type: compute              # compute (default) | graphics | both | mps
+//!     error: null                    # null | gpu_lost | unknown | not_supported |
+//!                                    # no_permission | timeout
+//!     delay_ms: 0                    # every call on this GPU sleeps this long first
+//!     mig_devices:                   # default []; non-empty: MIG mode current=pending=1
+//!       - uuid: MIG-00000000-0000-0000-0000-000000000001   # required, unique
+//!         gpu_instance_id: 1         # required; (gi, ci) unique per GPU
+//!         compute_instance_id: 0     # required
+//!         memory: {total: 19000000000, reserved: 0, used: 1000}   # required
+//!         processes: [{pid: 500, used: 1000, type: compute}]
+//! ```
+//!
+//! ## Behaviour worth knowing
+//!
+//! - Process queries: `compute` is listed by the compute query, `graphics` by
+//!   the graphics query, `both` by both (same pid and bytes), `mps` by the MPS
+//!   compute query only. Outside MIG, gpuInstanceId/computeInstanceId are
+//!   0xFFFFFFFF. A MIG-enabled GPU's queries list the processes of all its MIG
+//!   devices with their instance ids; a MIG handle lists only its own.
+//! - Count contract: NULL buffer or `*count` too small → `*count` = needed and
+//!   `NVML_ERROR_INSUFFICIENT_SIZE` (`SUCCESS` with `*count = 0` when there are
+//!   no processes); big enough → filled, `*count` = real number, `SUCCESS`.
+//! - `error` / `delay_ms` apply to every call that takes the GPU's handle or
+//!   one of its MIG handles; `nvmlDeviceGetHandleByIndex_v2` and
+//!   `nvmlDeviceGetHandleByUUID` still answer (without delay).
+//! - `nvmlDeviceGetMemoryInfo` (v1) reports used = reserved + used (capped at
+//!   total) as real NVML does, so free is the same figure as in v2.
+//!   `nvmlDeviceGetMemoryInfo_v2` requires `version == nvmlMemory_v2`
+//!   (`NVML_ERROR_ARGUMENT_VERSION_MISMATCH` otherwise).
+//! - Handles encode indices (GPU index + 1 in bits 0..16, MIG index + 1 in bits
+//!   16..32); a handle that does not resolve against the current scenario is
+//!   `NVML_ERROR_INVALID_ARGUMENT`, as are NULL out-pointers.
+//! - MIG: max MIG device count is 7 (or more if the scenario lists more);
+//!   an index past the listed MIG devices is `NOT_FOUND`, past the maximum
+//!   `INVALID_ARGUMENT`; on a GPU without MIG it is `NOT_SUPPORTED`. MIG handles
+//!   answer name (`<GPU name> MIG`), UUID, memory, processes, the parent's PCI
+//!   info, instance ids and their parent; `nvmlDeviceGetIndex`, MIG mode and
+//!   max MIG count on them are `NOT_SUPPORTED`.
+//! - Every call before `nvmlInit*` or after the last `nvmlShutdown` is
+//!   `NVML_ERROR_UNINITIALIZED` (init is reference counted). No call panics
+//!   across the FFI boundary: a panic would become `NVML_ERROR_UNKNOWN`.
+
+// NVML's C contract is the safety contract: pointers are NULL or valid for the
+// documented buffer/struct. Repeating that on every export adds nothing.
+#![allow(clippy::missing_safety_doc)]
+
+mod scenario;
+mod state;
+#[cfg(test)]
+mod tests;
+
+use std::ffi::{CStr, c_char, c_int, c_uint};
+use std::panic::{self, AssertUnwindSafe};
+
+use nvml_wrapper_sys::bindings::*;
+
+use crate::scenario::{MAX_MIG_DEVICES, Query, Scenario, Target};
+
+const SUCCESS: nvmlReturn_t = nvmlReturn_enum_NVML_SUCCESS;
+const INVALID_ARGUMENT: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+const NOT_SUPPORTED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+const INSUFFICIENT_SIZE: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
+const UNKNOWN: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+
+/// `NVML_STRUCT_VERSION(Memory, 2)` from nvml.h.
+const MEMORY_V2_VERSION: c_uint = (std::mem::size_of::<nvmlMemory_v2_t>() as c_uint) | (2 << 24);
+
+// ------------------------------------------------------------------ helpers
+
+/// A panic must not unwind into C: it becomes NVML_ERROR_UNKNOWN.
+fn guard(f: impl FnOnce() -> nvmlReturn_t) -> nvmlReturn_t {
+    panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or(UNKNOWN)
+}
+
+/// Calls that need an initialised library but no device.
+fn with_scenario(f: impl FnOnce(&Scenario) -> nvmlReturn_t) -> nvmlReturn_t {
+    guard(|| match state::enter() {
+        Ok(scenario) => f(&scenario),
+        Err(code) => code,
+    })
+}
+
+/// Calls on a device: resolve the handle, then the GPU's injected delay and
+/// error, then the call itself.
+fn with_device(
+    device: nvmlDevice_t,
+    f: impl FnOnce(&Scenario, Target<'_>) -> nvmlReturn_t,
+) -> nvmlReturn_t {
+    with_scenario(|scenario| {
+        let Some(target) = scenario.resolve(device.addr()) else {
+            return INVALID_ARGUMENT;
+        };
+        let gpu = target.gpu();
+        if !gpu.delay.is_zero() {
+            std::thread::sleep(gpu.delay);
+        }
+        if let Some(code) = gpu.error {
+            return code;
+        }
+        f(scenario, target)
+    })
+}
+
+fn handle(value: usize) -> nvmlDevice_t {
+    std::ptr::without_provenance_mut(value)
+}
+
+/// Writes `value` through an out-pointer, INVALID_ARGUMENT if it is NULL.
+unsafe fn put<T>(ptr: *mut T, value: T) -> nvmlReturn_t {
+    if ptr.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null, and the caller passes a valid T per NVML's contract.
+    unsafe { ptr.write(value) };
+    SUCCESS
+}
+
+/// Copies `s` plus NUL into a caller buffer of `length` bytes.
+unsafe fn put_str(buf: *mut c_char, length: c_uint, s: &str) -> nvmlReturn_t {
+    if buf.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    let bytes = s.as_bytes();
+    if (length as usize) <= bytes.len() {
+        return INSUFFICIENT_SIZE;
+    }
+    // SAFETY: the buffer holds `length` > bytes.len() bytes per the contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), buf, bytes.len());
+        buf.add(bytes.len()).write(0);
+    }
+    SUCCESS
+}
+
+/// NVML's count-query contract for process tables.
+unsafe fn put_processes(
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+    list: &[nvmlProcessInfo_t],
+) -> nvmlReturn_t {
+    if count.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    let needed = c_uint::try_from(list.len()).unwrap_or(c_uint::MAX);
+    // SAFETY: non-null count pointer from the caller.
+    let capacity = unsafe { count.read() };
+    if infos.is_null() || capacity < needed {
+        // SAFETY: as above.
+        unsafe { count.write(needed) };
+        return if needed == 0 {
+            SUCCESS
+        } else {
+            INSUFFICIENT_SIZE
+        };
+    }
+    for (i, info) in list.iter().enumerate() {
+        // SAFETY: the buffer holds `capacity` >= list.len() entries.
+        unsafe { infos.add(i).write(*info) };
+    }
+    // SAFETY: as above.
+    unsafe { count.write(needed) };
+    SUCCESS
+}
+
+// ---------------------------------------------------------- init / shutdown
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    guard(state::init)
+}
+
+/// Flags (NO_GPUS, NO_ATTACH) change nothing here.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    guard(state::init)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    guard(state::shutdown)
+}
+
+/// The strings libnvidia-ml returns; valid without init, never freed.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    let s: &'static CStr = match result {
+        0 => c"Success",
+        1 => c"Uninitialized",
+        2 => c"Invalid Argument",
+        3 => c"Not Supported",
+        4 => c"Insufficient Permissions",
+        5 => c"Already Initialized",
+        6 => c"Not Found",
+        7 => c"Insufficient Size",
+        8 => c"Insufficient External Power",
+        9 => c"Driver Not Loaded",
+        10 => c"Timeout",
+        11 => c"Interrupt request issue",
+        12 => c"NVML Shared Library Not Found",
+        13 => c"Function Not Found",
+        14 => c"Corrupted infoROM",
+        15 => c"GPU is lost",
+        16 => c"GPU requires restart",
+        17 => c"The operating system has blocked the request.",
+        18 => c"RM has detected an NVML/RM version mismatch.",
+        19 => c"In use by another client",
+        20 => c"Insufficient Memory",
+        21 => c"No data",
+        22 => c"The requested vgpu operation is not available on target device, because ECC is enabled",
+        23 => c"Insufficient resources for request",
+        24 => c"Frequency not supported",
+        25 => c"Argument version mismatch",
+        26 => c"Deprecated",
+        27 => c"Not Ready",
+        28 => c"GPU not found",
+        29 => c"Invalid state",
+        _ => c"Unknown Error",
+    };
+    s.as_ptr()
+}
+
+// ------------------------------------------------------------------- system
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    with_scenario(|s| unsafe { put_str(version, length, &s.driver_version) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    with_scenario(|s| unsafe { put_str(version, length, &s.nvml_version) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> nvmlReturn_t {
+    with_scenario(|s| unsafe { put(version, s.cuda_driver_version) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> nvmlReturn_t {
+    with_scenario(|s| unsafe { put(version, s.cuda_driver_version) })
+}
+
+// ---------------------------------------------------------- device handles
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    with_scenario(|s| unsafe { put(count, c_uint::try_from(s.gpus.len()).unwrap_or(0)) })
+}
+
+/// Answers even for a GPU with `error` set: the handle is just an index.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    with_scenario(|s| {
+        if index as usize >= s.gpus.len() {
+            return INVALID_ARGUMENT;
+        }
+        unsafe { put(device, handle(scenario::gpu_handle(index as usize))) }
+    })
+}
+
+/// Accepts GPU and MIG UUIDs.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    with_scenario(|s| {
+        if uuid.is_null() || device.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        // SAFETY: NVML's contract: a NUL-terminated string.
+        let wanted = unsafe { CStr::from_ptr(uuid) };
+        match s.handle_by_uuid(wanted.to_bytes()) {
+            Some(h) => unsafe { put(device, handle(h)) },
+            None => nvmlReturn_enum_NVML_ERROR_NOT_FOUND,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: nvmlDevice_t,
+    index: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| match t {
+        Target::Gpu { index: i, .. } => unsafe { put(index, c_uint::try_from(i).unwrap_or(0)) },
+        Target::Mig { .. } => NOT_SUPPORTED,
+    })
+}
+
+// ------------------------------------------------------------ device info
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| unsafe { put_str(name, length, t.name()) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| unsafe { put_str(uuid, length, t.uuid()) })
+}
+
+/// A MIG handle reports its GPU's PCI identity.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| unsafe { put(pci, t.gpu().pci) })
+}
+
+/// v1 counts reserved memory as used, like libnvidia-ml does.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| {
+        let m = t.memory();
+        let used = m.used.saturating_add(m.reserved).min(m.total);
+        let info = nvmlMemory_t {
+            total: m.total,
+            free: m.total - used,
+            used,
+        };
+        unsafe { put(memory, info) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| {
+        if memory.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        // SAFETY: non-null, points at the caller's nvmlMemory_v2_t.
+        let version = unsafe { std::ptr::addr_of!((*memory).version).read() };
+        if version != MEMORY_V2_VERSION {
+            return nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        }
+        let m = t.memory();
+        let info = nvmlMemory_v2_t {
+            version,
+            total: m.total,
+            reserved: m.reserved,
+            free: m.free(),
+            used: m.used,
+        };
+        unsafe { put(memory, info) }
+    })
+}
+
+// -------------------------------------------------------------- processes
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    info_count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| unsafe {
+        put_processes(info_count, infos, &t.processes(Query::Compute))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: nvmlDevice_t,
+    info_count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| unsafe {
+        put_processes(info_count, infos, &t.processes(Query::Graphics))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    info_count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| unsafe {
+        put_processes(info_count, infos, &t.processes(Query::Mps))
+    })
+}
+
+// -------------------------------------------------------------------- MIG
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: nvmlDevice_t,
+    current_mode: *mut c_uint,
+    pending_mode: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| {
+        let Target::Gpu { gpu, .. } = t else {
+            return NOT_SUPPORTED;
+        };
+        if current_mode.is_null() || pending_mode.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let mode = if gpu.mig_enabled() {
+            NVML_DEVICE_MIG_ENABLE
+        } else {
+            NVML_DEVICE_MIG_DISABLE
+        };
+        unsafe {
+            put(current_mode, mode);
+            put(pending_mode, mode)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| match t {
+        Target::Gpu { gpu, .. } => {
+            let max = gpu.migs.len().max(MAX_MIG_DEVICES);
+            unsafe { put(count, c_uint::try_from(max).unwrap_or(c_uint::MAX)) }
+        }
+        Target::Mig { .. } => NOT_SUPPORTED,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    mig_device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| {
+        let Target::Gpu {
+            index: gpu_index,
+            gpu,
+        } = t
+        else {
+            return INVALID_ARGUMENT;
+        };
+        if mig_device.is_null() || index as usize >= gpu.migs.len().max(MAX_MIG_DEVICES) {
+            return INVALID_ARGUMENT;
+        }
+        if !gpu.mig_enabled() {
+            return NOT_SUPPORTED;
+        }
+        if index as usize >= gpu.migs.len() {
+            return nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
+        }
+        unsafe {
+            put(
+                mig_device,
+                handle(scenario::mig_handle(gpu_index, index as usize)),
+            )
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: nvmlDevice_t,
+    is_mig_device: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| {
+        let is_mig = matches!(t, Target::Mig { .. });
+        unsafe { put(is_mig_device, c_uint::from(is_mig)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| match t {
+        Target::Mig { mig, .. } => unsafe { put(id, mig.gpu_instance_id) },
+        Target::Gpu { .. } => NOT_SUPPORTED,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, t| match t {
+        Target::Mig { mig, .. } => unsafe { put(id, mig.compute_instance_id) },
+        Target::Gpu { .. } => NOT_SUPPORTED,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig_device: nvmlDevice_t,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    with_device(mig_device, |_, t| match t {
+        Target::Mig { parent_index, .. } => unsafe {
+            put(device, handle(scenario::gpu_handle(parent_index)))
+        },
+        Target::Gpu { .. } => INVALID_ARGUMENT,
+    })
+}

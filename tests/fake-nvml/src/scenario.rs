@@ -1,0 +1,553 @@
+//! The scenario: serde types (what the YAML says, `*File`) and the validated
+//! runtime form the C functions answer from. Validation is the only place that
+//! rejects a scenario, so a bad edit never reaches the C side half-applied.
+
+use std::ffi::c_char;
+use std::time::Duration;
+
+use nvml_wrapper_sys::bindings::{
+    NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE,
+    NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE, NVML_DEVICE_UUID_BUFFER_SIZE,
+    NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE, NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE, nvmlPciInfo_t,
+    nvmlProcessInfo_t, nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED,
+    nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST, nvmlReturn_enum_NVML_ERROR_NO_PERMISSION,
+    nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED, nvmlReturn_enum_NVML_ERROR_TIMEOUT,
+    nvmlReturn_enum_NVML_ERROR_UNKNOWN, nvmlReturn_t,
+};
+use serde::Deserialize;
+
+/// `NVML_VALUE_NOT_AVAILABLE` as NVML writes it into an unsigned long long.
+pub const VALUE_NOT_AVAILABLE: u64 = u64::MAX;
+/// gpuInstanceId / computeInstanceId of a process that is not in a MIG instance.
+pub const NO_INSTANCE: u32 = 0xFFFF_FFFF;
+/// What an H200 answers to nvmlDeviceGetMaxMigDeviceCount.
+pub const MAX_MIG_DEVICES: usize = 7;
+/// PCI ids of an H200 SXM (device/vendor and subsystem/vendor).
+const PCI_DEVICE_ID: u32 = 0x2335_10DE;
+const PCI_SUBSYSTEM_ID: u32 = 0x18BE_10DE;
+/// Handles pack indices into 16-bit fields (see [`Scenario::resolve`]).
+const MAX_ITEMS: usize = 0xFFFE;
+
+// ---------------------------------------------------------------- YAML types
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScenarioFile {
+    #[serde(default = "default_driver_version")]
+    driver_version: String,
+    #[serde(default = "default_nvml_version")]
+    nvml_version: String,
+    #[serde(default = "default_cuda_driver_version")]
+    cuda_driver_version: i32,
+    #[serde(default)]
+    init_error: Option<InitErrorFile>,
+    #[serde(default)]
+    init_delay_ms: u64,
+    #[serde(default)]
+    devices: Vec<DeviceFile>,
+}
+
+fn default_driver_version() -> String {
+    "580.159.04".into()
+}
+fn default_nvml_version() -> String {
+    "13.580.159.04".into()
+}
+fn default_cuda_driver_version() -> i32 {
+    13000
+}
+fn default_name() -> String {
+    "NVIDIA H200".into()
+}
+fn default_memory() -> MemoryFile {
+    MemoryFile {
+        total: 150_754_820_096,
+        reserved: 644_939_776,
+        used: 0,
+    }
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum InitErrorFile {
+    DriverNotLoaded,
+    NoPermission,
+    Unknown,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum DeviceErrorFile {
+    GpuLost,
+    Unknown,
+    NotSupported,
+    NoPermission,
+    Timeout,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeviceFile {
+    uuid: String,
+    #[serde(default = "default_name")]
+    name: String,
+    #[serde(default)]
+    pci_bus_id: Option<String>,
+    #[serde(default = "default_memory")]
+    memory: MemoryFile,
+    #[serde(default)]
+    processes: Vec<ProcessFile>,
+    #[serde(default)]
+    error: Option<DeviceErrorFile>,
+    #[serde(default)]
+    delay_ms: u64,
+    #[serde(default)]
+    mig_devices: Vec<MigFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemoryFile {
+    total: u64,
+    #[serde(default)]
+    reserved: u64,
+    #[serde(default)]
+    used: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProcessFile {
+    pid: u32,
+    /// `null` (or absent): NVML could not attribute memory to the process.
+    #[serde(default)]
+    used: Option<u64>,
+    #[serde(default, rename = "type")]
+    kind: ProcessKind,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MigFile {
+    uuid: String,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
+    memory: MemoryFile,
+    #[serde(default)]
+    processes: Vec<ProcessFile>,
+}
+
+/// Which process queries list a process.
+#[derive(Deserialize, Default, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessKind {
+    #[default]
+    Compute,
+    Graphics,
+    Both,
+    Mps,
+}
+
+/// The three process queries NVML offers.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Query {
+    Compute,
+    Graphics,
+    Mps,
+}
+
+impl ProcessKind {
+    fn listed_by(self, query: Query) -> bool {
+        matches!(
+            (self, query),
+            (ProcessKind::Compute | ProcessKind::Both, Query::Compute)
+                | (ProcessKind::Graphics | ProcessKind::Both, Query::Graphics)
+                | (ProcessKind::Mps, Query::Mps)
+        )
+    }
+}
+
+// ------------------------------------------------------------- runtime types
+
+pub struct Scenario {
+    pub driver_version: String,
+    pub nvml_version: String,
+    pub cuda_driver_version: i32,
+    pub init_error: Option<nvmlReturn_t>,
+    pub init_delay: Duration,
+    pub gpus: Vec<Gpu>,
+}
+
+pub struct Gpu {
+    pub uuid: String,
+    pub name: String,
+    pub pci: nvmlPciInfo_t,
+    pub memory: Memory,
+    pub processes: Vec<Process>,
+    /// Every call taking this GPU's handle (or one of its MIG handles) fails with it.
+    pub error: Option<nvmlReturn_t>,
+    pub delay: Duration,
+    pub migs: Vec<Mig>,
+}
+
+pub struct Mig {
+    pub uuid: String,
+    pub name: String,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    pub memory: Memory,
+    pub processes: Vec<Process>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Memory {
+    pub total: u64,
+    pub reserved: u64,
+    pub used: u64,
+}
+
+impl Memory {
+    /// v2 semantics, as measured on an H200: free = total − reserved − used.
+    pub fn free(&self) -> u64 {
+        self.total
+            .saturating_sub(self.reserved)
+            .saturating_sub(self.used)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Process {
+    pub pid: u32,
+    pub used: u64,
+    pub kind: ProcessKind,
+}
+
+impl Gpu {
+    pub fn mig_enabled(&self) -> bool {
+        !self.migs.is_empty()
+    }
+}
+
+/// What a device handle points at, resolved against the current scenario.
+#[derive(Clone, Copy)]
+pub enum Target<'a> {
+    Gpu {
+        index: usize,
+        gpu: &'a Gpu,
+    },
+    Mig {
+        parent_index: usize,
+        parent: &'a Gpu,
+        mig: &'a Mig,
+    },
+}
+
+impl<'a> Target<'a> {
+    /// The physical GPU: owner of error injection, delay and PCI identity.
+    pub fn gpu(&self) -> &'a Gpu {
+        match *self {
+            Target::Gpu { gpu, .. } => gpu,
+            Target::Mig { parent, .. } => parent,
+        }
+    }
+
+    pub fn uuid(&self) -> &'a str {
+        match *self {
+            Target::Gpu { gpu, .. } => &gpu.uuid,
+            Target::Mig { mig, .. } => &mig.uuid,
+        }
+    }
+
+    pub fn name(&self) -> &'a str {
+        match *self {
+            Target::Gpu { gpu, .. } => &gpu.name,
+            Target::Mig { mig, .. } => &mig.name,
+        }
+    }
+
+    pub fn memory(&self) -> Memory {
+        match *self {
+            Target::Gpu { gpu, .. } => gpu.memory,
+            Target::Mig { mig, .. } => mig.memory,
+        }
+    }
+
+    /// The process table a query returns: a MIG-enabled GPU lists the
+    /// processes of all its MIG devices, each with its instance ids.
+    pub fn processes(&self, query: Query) -> Vec<nvmlProcessInfo_t> {
+        let entry = |p: &Process, gi: u32, ci: u32| nvmlProcessInfo_t {
+            pid: p.pid,
+            usedGpuMemory: p.used,
+            gpuInstanceId: gi,
+            computeInstanceId: ci,
+        };
+        let mut out = Vec::new();
+        let mut push_mig = |mig: &Mig| {
+            out.extend(
+                mig.processes
+                    .iter()
+                    .filter(|p| p.kind.listed_by(query))
+                    .map(|p| entry(p, mig.gpu_instance_id, mig.compute_instance_id)),
+            );
+        };
+        match *self {
+            Target::Gpu { gpu, .. } => {
+                gpu.migs.iter().for_each(&mut push_mig);
+                out.extend(
+                    gpu.processes
+                        .iter()
+                        .filter(|p| p.kind.listed_by(query))
+                        .map(|p| entry(p, NO_INSTANCE, NO_INSTANCE)),
+                );
+            }
+            Target::Mig { mig, .. } => push_mig(mig),
+        }
+        out
+    }
+}
+
+// ------------------------------------------------------------------ handles
+//
+// nvmlDevice_t is an opaque pointer nobody dereferences, so it carries indices:
+// low 16 bits = GPU index + 1, next 16 bits = MIG index + 1 (0 for the GPU
+// itself). Never null, and anything else resolves to None (INVALID_ARGUMENT).
+
+pub fn gpu_handle(index: usize) -> usize {
+    index + 1
+}
+
+pub fn mig_handle(parent_index: usize, mig_index: usize) -> usize {
+    ((mig_index + 1) << 16) | (parent_index + 1)
+}
+
+impl Scenario {
+    pub fn resolve(&self, handle: usize) -> Option<Target<'_>> {
+        if handle >> 32 != 0 {
+            return None;
+        }
+        let gpu_part = handle & 0xFFFF;
+        let mig_part = (handle >> 16) & 0xFFFF;
+        let index = gpu_part.checked_sub(1)?;
+        let gpu = self.gpus.get(index)?;
+        match mig_part.checked_sub(1) {
+            None => Some(Target::Gpu { index, gpu }),
+            Some(m) => Some(Target::Mig {
+                parent_index: index,
+                parent: gpu,
+                mig: gpu.migs.get(m)?,
+            }),
+        }
+    }
+
+    /// A GPU or MIG device by UUID, as its handle.
+    pub fn handle_by_uuid(&self, uuid: &[u8]) -> Option<usize> {
+        for (i, gpu) in self.gpus.iter().enumerate() {
+            if gpu.uuid.as_bytes() == uuid {
+                return Some(gpu_handle(i));
+            }
+            for (m, mig) in gpu.migs.iter().enumerate() {
+                if mig.uuid.as_bytes() == uuid {
+                    return Some(mig_handle(i, m));
+                }
+            }
+        }
+        None
+    }
+}
+
+// --------------------------------------------------------------- validation
+
+/// Parses and validates a scenario; the error is meant for one stderr line.
+pub fn parse(text: &str) -> Result<Scenario, String> {
+    // The first line names position and cause; the rest is a source snippet.
+    let file: ScenarioFile = serde_saphyr::from_str(text).map_err(|e| {
+        let full = e.to_string();
+        full.lines().next().unwrap_or_default().trim().to_owned()
+    })?;
+    validate(file)
+}
+
+fn validate(file: ScenarioFile) -> Result<Scenario, String> {
+    check_string(
+        "driver_version",
+        &file.driver_version,
+        NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE,
+    )?;
+    check_string(
+        "nvml_version",
+        &file.nvml_version,
+        NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE,
+    )?;
+    if file.devices.len() > MAX_ITEMS {
+        return Err(format!("at most {MAX_ITEMS} devices"));
+    }
+    let mut uuids: Vec<String> = Vec::new();
+    let mut gpus = Vec::with_capacity(file.devices.len());
+    for (i, d) in file.devices.into_iter().enumerate() {
+        let at = format!("devices[{i}]");
+        check_uuid(&format!("{at}.uuid"), &d.uuid, &mut uuids)?;
+        check_string(
+            &format!("{at}.name"),
+            &d.name,
+            NVML_DEVICE_NAME_V2_BUFFER_SIZE,
+        )?;
+        let bus_id = d
+            .pci_bus_id
+            .unwrap_or_else(|| format!("00000000:{:02X}:00.0", (i + 1) & 0xFF));
+        let pci = pci_info(&bus_id).map_err(|e| format!("{at}.pci_bus_id {bus_id:?}: {e}"))?;
+        if !d.mig_devices.is_empty() && !d.processes.is_empty() {
+            return Err(format!(
+                "{at}: a GPU with mig_devices runs its processes inside them; \
+                 move `processes` under the mig device"
+            ));
+        }
+        if d.mig_devices.len() > MAX_ITEMS {
+            return Err(format!("{at}: at most {MAX_ITEMS} mig_devices"));
+        }
+        let mut migs: Vec<Mig> = Vec::with_capacity(d.mig_devices.len());
+        for (m, md) in d.mig_devices.into_iter().enumerate() {
+            let at = format!("{at}.mig_devices[{m}]");
+            check_uuid(&format!("{at}.uuid"), &md.uuid, &mut uuids)?;
+            if migs.iter().any(|o| {
+                (o.gpu_instance_id, o.compute_instance_id)
+                    == (md.gpu_instance_id, md.compute_instance_id)
+            }) {
+                return Err(format!(
+                    "{at}: gpu_instance_id/compute_instance_id {}/{} used twice on this GPU",
+                    md.gpu_instance_id, md.compute_instance_id
+                ));
+            }
+            let name = format!("{} MIG", d.name);
+            check_string(
+                &format!("{at} name"),
+                &name,
+                NVML_DEVICE_NAME_V2_BUFFER_SIZE,
+            )?;
+            migs.push(Mig {
+                uuid: md.uuid,
+                name,
+                gpu_instance_id: md.gpu_instance_id,
+                compute_instance_id: md.compute_instance_id,
+                memory: memory(md.memory),
+                processes: processes(md.processes),
+            });
+        }
+        gpus.push(Gpu {
+            uuid: d.uuid,
+            name: d.name,
+            pci,
+            memory: memory(d.memory),
+            processes: processes(d.processes),
+            error: d.error.map(|e| match e {
+                DeviceErrorFile::GpuLost => nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
+                DeviceErrorFile::Unknown => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
+                DeviceErrorFile::NotSupported => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+                DeviceErrorFile::NoPermission => nvmlReturn_enum_NVML_ERROR_NO_PERMISSION,
+                DeviceErrorFile::Timeout => nvmlReturn_enum_NVML_ERROR_TIMEOUT,
+            }),
+            delay: Duration::from_millis(d.delay_ms),
+            migs,
+        });
+    }
+    Ok(Scenario {
+        driver_version: file.driver_version,
+        nvml_version: file.nvml_version,
+        cuda_driver_version: file.cuda_driver_version,
+        init_error: file.init_error.map(|e| match e {
+            InitErrorFile::DriverNotLoaded => nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED,
+            InitErrorFile::NoPermission => nvmlReturn_enum_NVML_ERROR_NO_PERMISSION,
+            InitErrorFile::Unknown => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
+        }),
+        init_delay: Duration::from_millis(file.init_delay_ms),
+        gpus,
+    })
+}
+
+fn memory(m: MemoryFile) -> Memory {
+    Memory {
+        total: m.total,
+        reserved: m.reserved,
+        used: m.used,
+    }
+}
+
+fn processes(list: Vec<ProcessFile>) -> Vec<Process> {
+    list.into_iter()
+        .map(|p| Process {
+            pid: p.pid,
+            used: p.used.unwrap_or(VALUE_NOT_AVAILABLE),
+            kind: p.kind,
+        })
+        .collect()
+}
+
+/// Strings are handed to C: no NUL inside, and room for the terminator in
+/// the buffer size NVML documents for them.
+fn check_string(what: &str, s: &str, buffer: u32) -> Result<(), String> {
+    if s.contains('\0') {
+        return Err(format!("{what}: contains a NUL byte"));
+    }
+    if s.len() >= buffer as usize {
+        return Err(format!(
+            "{what}: {} bytes, NVML's buffer holds {}",
+            s.len(),
+            buffer - 1
+        ));
+    }
+    Ok(())
+}
+
+fn check_uuid(what: &str, uuid: &str, seen: &mut Vec<String>) -> Result<(), String> {
+    check_string(what, uuid, NVML_DEVICE_UUID_BUFFER_SIZE)?;
+    if uuid.is_empty() {
+        return Err(format!("{what}: empty"));
+    }
+    if seen.iter().any(|u| u == uuid) {
+        return Err(format!("{what}: {uuid} used twice"));
+    }
+    seen.push(uuid.to_owned());
+    Ok(())
+}
+
+/// "DDDDDDDD:BB:DD.F" (or 4-digit domain) → nvmlPciInfo_t with busId in
+/// NVML's format (8-digit domain, upper-case hex) and busIdLegacy beside it.
+fn pci_info(bus_id: &str) -> Result<nvmlPciInfo_t, String> {
+    const FORMAT: &str = "want DDDDDDDD:BB:DD.F (hex)";
+    let (domain, rest) = bus_id.split_once(':').ok_or(FORMAT)?;
+    let (bus, rest) = rest.split_once(':').ok_or(FORMAT)?;
+    let (device, function) = rest.split_once('.').ok_or(FORMAT)?;
+    let hex = |s: &str, digits: usize, max: u32| -> Result<u32, String> {
+        if s.is_empty() || s.len() > digits || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(FORMAT.into());
+        }
+        let v = u32::from_str_radix(s, 16).map_err(|e| e.to_string())?;
+        if v > max {
+            return Err(format!("{s} is above {max:#x}"));
+        }
+        Ok(v)
+    };
+    let domain = hex(domain, 8, 0xFFFF)?;
+    let bus = hex(bus, 2, 0xFF)?;
+    let device = hex(device, 2, 0x1F)?;
+    let function = hex(function, 1, 7)?;
+    let long = format!("{domain:08X}:{bus:02X}:{device:02X}.{function:X}");
+    let legacy = format!("{domain:04X}:{bus:02X}:{device:02X}.{function:X}");
+    Ok(nvmlPciInfo_t {
+        busIdLegacy: c_array::<{ NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE as usize }>(&legacy),
+        domain,
+        bus,
+        device,
+        pciDeviceId: PCI_DEVICE_ID,
+        pciSubSystemId: PCI_SUBSYSTEM_ID,
+        busId: c_array::<{ NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE as usize }>(&long),
+    })
+}
+
+/// NUL-terminated copy; callers pass strings shorter than N (checked above).
+fn c_array<const N: usize>(s: &str) -> [c_char; N] {
+    let mut out = [0 as c_char; N];
+    for (dst, src) in out.iter_mut().take(N.saturating_sub(1)).zip(s.bytes()) {
+        *dst = src as c_char;
+    }
+    out
+}
