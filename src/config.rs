@@ -70,7 +70,7 @@ impl FromStr for HumanDuration {
 impl fmt::Display for HumanDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_millis();
-        if ms % 1000 == 0 {
+        if ms.is_multiple_of(1000) {
             write!(f, "{}s", ms / 1000)
         } else {
             write!(f, "{ms}ms")
@@ -355,13 +355,12 @@ fn parse_yaml(text: &str, origin: &str) -> Result<FileConfig, ConfigError> {
 
 /// Drop a leading "line N column M: " that the YAML parser adds.
 fn strip_position(msg: &str) -> &str {
-    if let Some(rest) = msg.strip_prefix("line ") {
-        if let Some(idx) = rest.find(": ") {
-            let head = &rest[..idx];
-            if head.split(' ').count() == 3 && head.contains("column") {
-                return &rest[idx + 2..];
-            }
-        }
+    if let Some(rest) = msg.strip_prefix("line ")
+        && let Some(idx) = rest.find(": ")
+        && rest[..idx].split(' ').count() == 3
+        && rest[..idx].contains("column")
+    {
+        return &rest[idx + 2..];
     }
     msg
 }

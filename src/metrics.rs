@@ -49,15 +49,15 @@ impl Format {
             let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
             let mut q: f32 = 1.0;
             for p in parts {
-                if let Some((k, v)) = p.split_once('=') {
-                    if k.trim().eq_ignore_ascii_case("q") {
-                        q = v
-                            .trim()
-                            .parse::<f32>()
-                            .ok()
-                            .filter(|q| q.is_finite())
-                            .unwrap_or(0.0);
-                    }
+                if let Some((k, v)) = p.split_once('=')
+                    && k.trim().eq_ignore_ascii_case("q")
+                {
+                    q = v
+                        .trim()
+                        .parse::<f32>()
+                        .ok()
+                        .filter(|q| q.is_finite())
+                        .unwrap_or(0.0);
                 }
             }
             if media == "application/openmetrics-text" {

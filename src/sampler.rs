@@ -235,8 +235,12 @@ where
             };
             thread_shared.alive.store(true, Ordering::Release);
             let _guard = AliveGuard(Arc::clone(&thread_shared));
+            // Publish the first snapshot before reporting success, so the
+            // first scrape after startup already has data.
+            let mut sampler = Sampler::new(gpu, names);
+            thread_shared.publish(sampler.tick());
             let _ = ready_tx.send(Ok(()));
-            run_loop(Sampler::new(gpu, names), &thread_shared, &stop);
+            run_loop(sampler, &thread_shared, &stop);
         })
         .map_err(|e| StartError::Thread(e.to_string()))?;
     match ready_rx.recv() {
@@ -262,8 +266,6 @@ fn run_loop<G: GpuSource, N: ProcessNames>(
     let interval = shared.interval;
     let mut next = Instant::now();
     loop {
-        let snapshot = sampler.tick();
-        shared.publish(snapshot);
         next += interval;
         let now = Instant::now();
         if next < now {
@@ -274,5 +276,6 @@ fn run_loop<G: GpuSource, N: ProcessNames>(
             Err(RecvTimeoutError::Timeout) => {}
             Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
         }
+        shared.publish(sampler.tick());
     }
 }

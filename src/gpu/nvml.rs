@@ -42,10 +42,7 @@ pub enum InitError {
 /// A stable snake_case name for an NVML error, used as the `error` label.
 pub fn error_name(e: &NvmlError) -> String {
     let debug = format!("{e:?}");
-    let head = debug
-        .split(|c: char| c == '(' || c == ' ' || c == '{')
-        .next()
-        .unwrap_or("unknown");
+    let head = debug.split(['(', ' ', '{']).next().unwrap_or("unknown");
     let mut out = String::with_capacity(head.len() + 4);
     for (i, ch) in head.chars().enumerate() {
         if ch.is_ascii_uppercase() {

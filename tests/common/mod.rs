@@ -1,0 +1,373 @@
+//! Helpers for end-to-end tests: build the fake NVML, write scenarios, run
+//! the real `gpumem-exporter` binary, scrape it over plain HTTP.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_gpumem-exporter");
+
+/// Path of the fake `libnvidia-ml` (built once per test binary).
+pub fn fake_nvml() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "fake-nvml", "--lib"])
+            .current_dir(manifest)
+            .status()
+            .expect("run cargo build -p fake-nvml");
+        assert!(status.success(), "cargo build -p fake-nvml failed");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| manifest.join("target"));
+        let lib = target.join("debug").join("libfake_nvml.so");
+        assert!(lib.exists(), "{} not built", lib.display());
+        lib
+    })
+}
+
+/// A scenario file the fake NVML re-reads when it changes.
+pub struct Scenario {
+    pub dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+impl Scenario {
+    pub fn new(yaml: &str) -> Scenario {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("scenario.yaml");
+        let s = Scenario { dir, path };
+        s.write(yaml);
+        s
+    }
+
+    /// Replace the scenario atomically (write + rename).
+    pub fn write(&self, yaml: &str) {
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(&tmp, yaml).expect("write scenario");
+        std::fs::rename(&tmp, &self.path).expect("rename scenario");
+    }
+
+    pub fn file(&self, name: &str, content: &[u8]) -> PathBuf {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, content).expect("write file");
+        p
+    }
+}
+
+/// A running exporter; killed on drop.
+pub struct Exporter {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Exporter {
+    /// Start on the fake NVML with `scenario`, listening on a free port.
+    pub fn start(scenario: &Scenario, extra: &[&str]) -> Exporter {
+        let lib = fake_nvml().to_str().expect("utf-8 path").to_string();
+        let mut args = vec![
+            "--nvml.library".to_string(),
+            lib,
+            "--web.listen-address".to_string(),
+            "127.0.0.1:0".to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Self::start_with(
+            &args,
+            &[("FAKE_NVML_CONFIG", scenario.path.to_str().unwrap_or(""))],
+        )
+    }
+
+    pub fn start_with(args: &[String], env: &[(&str, &str)]) -> Exporter {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn gpumem-exporter");
+        let stderr = child.stderr.take().expect("stderr");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel::<SocketAddr>();
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("msg=listening")
+                    && let Some(a) = field(&line, "address").and_then(|a| a.parse().ok())
+                {
+                    let _ = tx.send(a);
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "exporter did not start listening; stderr:\n{}",
+                    lines.lock().unwrap().join("\n")
+                );
+            }
+        };
+        Exporter {
+            child,
+            addr,
+            stderr: lines,
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        http_get(self.addr, path, &[])
+    }
+
+    pub fn metrics(&self) -> Metrics {
+        let r = self.get("/metrics");
+        assert_eq!(r.status, 200, "/metrics: {}", r.body);
+        Metrics::parse(&r.body)
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+
+    /// Send a signal and wait for the exit status.
+    pub fn signal(&mut self, sig: &str) -> (std::process::ExitStatus, Duration) {
+        let pid = self.child.id().to_string();
+        let t = Instant::now();
+        Command::new("kill")
+            .args(["-s", sig, &pid])
+            .status()
+            .expect("kill");
+        let status = self.child.wait().expect("wait");
+        (status, t.elapsed())
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Value of `key=value` in a logfmt line.
+pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let pat = format!(" {key}=");
+    let start = line.find(&pat)? + pat.len();
+    let rest = &line[start..];
+    Some(rest.split(' ').next().unwrap_or(rest).trim_matches('"'))
+}
+
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A minimal HTTP/1.1 GET (Connection: close), std only.
+pub fn http_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).expect("send");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read");
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Response {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Parsed exposition: `name{labels}` (labels as served) → value text.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub text: String,
+    pub samples: BTreeMap<String, String>,
+}
+
+impl Metrics {
+    pub fn parse(text: &str) -> Metrics {
+        let mut samples = BTreeMap::new();
+        for line in text.lines() {
+            if line.starts_with('#') || line.trim().is_empty() {
+                continue;
+            }
+            if let Some((series, value)) = line.rsplit_once(' ') {
+                samples.insert(series.to_string(), value.to_string());
+            }
+        }
+        Metrics {
+            text: text.to_string(),
+            samples,
+        }
+    }
+
+    /// The value of the series with this name and exactly these labels.
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.find(name, labels)
+            .into_iter()
+            .find(|(l, _)| l.len() == labels.len())
+            .map(|(_, v)| v)
+    }
+
+    /// All series of `name` whose labels include `labels`.
+    pub fn find(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+    ) -> Vec<(BTreeMap<String, String>, f64)> {
+        let mut out = Vec::new();
+        for (series, value) in &self.samples {
+            let (n, ls) = split_series(series);
+            if n != name {
+                continue;
+            }
+            if labels
+                .iter()
+                .all(|(k, v)| ls.get(*k).map(String::as_str) == Some(*v))
+            {
+                out.push((ls, value.parse::<f64>().unwrap_or(f64::NAN)));
+            }
+        }
+        out
+    }
+
+    /// The exact integer value (bytes are exact up to 2^53 as f64 text).
+    pub fn get_u64(&self, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
+        self.samples.iter().find_map(|(series, v)| {
+            let (n, ls) = split_series(series);
+            (n == name
+                && ls.len() == labels.len()
+                && labels
+                    .iter()
+                    .all(|(k, val)| ls.get(*k).map(String::as_str) == Some(*val)))
+            .then(|| v.parse::<u64>().ok())
+            .flatten()
+        })
+    }
+}
+
+fn split_series(series: &str) -> (&str, BTreeMap<String, String>) {
+    let Some((name, rest)) = series.split_once('{') else {
+        return (series, BTreeMap::new());
+    };
+    let body = rest.strip_suffix('}').unwrap_or(rest);
+    let mut labels = BTreeMap::new();
+    let mut chars = body.chars().peekable();
+    loop {
+        let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        if key.is_empty() {
+            break;
+        }
+        if chars.next() != Some('"') {
+            break;
+        }
+        let mut val = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some(n) = chars.next() {
+                        val.push(if n == 'n' { '\n' } else { n });
+                    }
+                }
+                '"' => break,
+                c => val.push(c),
+            }
+        }
+        labels.insert(key.trim_start_matches(',').to_string(), val);
+        if chars.peek() == Some(&',') {
+            chars.next();
+        }
+    }
+    (name, labels)
+}
+
+/// Poll `f` until it returns Some, or panic after `timeout`.
+pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `promtool`, or a loud failure naming the package to install.
+pub fn promtool() -> &'static str {
+    let ok = Command::new("promtool")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "promtool not found: install it (Debian: apt-get install -y prometheus)"
+    );
+    "promtool"
+}
