@@ -608,6 +608,13 @@ mod tests {
         }
     }
 
+    /// config.example.yaml lists every key with its default.
+    #[test]
+    fn example_file_is_the_defaults() {
+        let text = include_str!("../config.example.yaml");
+        assert_eq!(parse(text, "config.example.yaml").unwrap(), Config::default());
+    }
+
     #[test]
     fn binary_is_rejected() {
         let e = parse("\0\x01\x02", "c.yaml").unwrap_err().0;

@@ -95,7 +95,7 @@ fn run(cfg: config::Config, config_file: Option<PathBuf>) -> anyhow::Result<()> 
     let devices = shared.latest().map(|s| s.devices.len());
     tracing::info!(
         init_ms = started.elapsed().as_millis() as u64,
-        gpus = ?devices,
+        gpus = devices.unwrap_or(0),
         interval = %config::HumanDuration(cfg.sample_interval),
         "NVML initialised"
     );
