@@ -19,6 +19,8 @@ use serde::Deserialize;
 pub const DEFAULT_LISTEN: &str = ":9877";
 pub const DEFAULT_TELEMETRY_PATH: &str = "/metrics";
 pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_MEMORY_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+pub const DEFAULT_PEAK_WINDOW: Duration = Duration::from_secs(30);
 /// Larger config files are refused before parsing.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -216,6 +218,8 @@ deserialize_via_from_str!(Interval, ListenAddress, TelemetryPath, LogLevel, LogF
 struct FileConfig {
     web: FileWeb,
     sample_interval: Option<Interval>,
+    memory_sample_interval: Option<Interval>,
+    peak_window: Option<Interval>,
     nvml: FileNvml,
     log: FileLog,
 }
@@ -249,6 +253,8 @@ pub struct Overrides {
     pub listen_address: Option<String>,
     pub telemetry_path: Option<String>,
     pub sample_interval: Option<String>,
+    pub memory_sample_interval: Option<String>,
+    pub peak_window: Option<String>,
     pub nvml_library: Option<String>,
     pub log_level: Option<String>,
     pub log_format: Option<String>,
@@ -262,6 +268,10 @@ pub struct Config {
     pub listen_address: SocketAddr,
     pub telemetry_path: String,
     pub sample_interval: Duration,
+    /// Memory-only samples between full samples, for peaks.
+    pub memory_sample_interval: Duration,
+    /// Peaks are the maximum over this much history.
+    pub peak_window: Duration,
     /// `None`: let the dynamic loader find `libnvidia-ml.so.1`.
     pub nvml_library: Option<String>,
     pub log_level: LogLevel,
@@ -274,6 +284,8 @@ impl Default for Config {
             listen_address: SocketAddr::from(([0, 0, 0, 0], 9877)),
             telemetry_path: DEFAULT_TELEMETRY_PATH.to_string(),
             sample_interval: DEFAULT_SAMPLE_INTERVAL,
+            memory_sample_interval: DEFAULT_MEMORY_SAMPLE_INTERVAL,
+            peak_window: DEFAULT_PEAK_WINDOW,
             nvml_library: None,
             log_level: LogLevel::Info,
             log_format: LogFormat::Logfmt,
@@ -283,19 +295,42 @@ impl Default for Config {
 
 /// Read the config file (if any), apply flag overrides, validate.
 pub fn load(file: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigError> {
-    let parsed = match file {
+    match file {
         Some(path) => {
             let text = read_file(path)?;
-            parse_yaml(&text, &path.display().to_string())?
+            let origin = path.display().to_string();
+            build(parse_yaml(&text, &origin)?, flags).map_err(|e| locate(e, &text, &origin))
         }
-        None => FileConfig::default(),
-    };
-    build(parsed, flags)
+        None => build(FileConfig::default(), flags).map_err(|e| locate(e, "", "")),
+    }
+}
+
+/// Errors found after parsing (relations between keys) name a key; add the
+/// file and line where that key is written, when it is in the file.
+fn locate(e: Located, text: &str, origin: &str) -> ConfigError {
+    match e {
+        Located::Flag(msg) => ConfigError(msg),
+        Located::Key(key, msg) => {
+            let line =
+                (1..=text.lines().count()).find(|l| key_path_at(text, *l).as_deref() == Some(key));
+            match line {
+                Some(l) => ConfigError(format!("config file {origin} line {l}: key {key}: {msg}")),
+                None => ConfigError(format!("config file {origin}: key {key}: {msg}")),
+            }
+        }
+    }
+}
+
+/// An error from [`build`]: about a flag (already complete) or a key.
+#[derive(Debug)]
+enum Located {
+    Flag(String),
+    Key(&'static str, String),
 }
 
 /// Parse YAML text; `origin` names it in errors.
 pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-    build(parse_yaml(text, origin)?, &Overrides::default())
+    build(parse_yaml(text, origin)?, &Overrides::default()).map_err(|e| locate(e, text, origin))
 }
 
 fn read_file(path: &Path) -> Result<String, ConfigError> {
@@ -400,19 +435,16 @@ pub fn key_path_at(text: &str, line: usize) -> Option<String> {
     None
 }
 
-fn flag<T: FromStr<Err = String>>(
-    name: &str,
-    v: &Option<String>,
-) -> Result<Option<T>, ConfigError> {
+fn flag<T: FromStr<Err = String>>(name: &str, v: &Option<String>) -> Result<Option<T>, Located> {
     v.as_deref()
         .map(|s| {
             s.parse::<T>()
-                .map_err(|e| ConfigError(format!("flag --{name}: {e}")))
+                .map_err(|e| Located::Flag(format!("flag --{name}: {e}")))
         })
         .transpose()
 }
 
-fn build(file: FileConfig, o: &Overrides) -> Result<Config, ConfigError> {
+fn build(file: FileConfig, o: &Overrides) -> Result<Config, Located> {
     let d = Config::default();
     let listen = flag::<ListenAddress>("web.listen-address", &o.listen_address)?
         .or(file.web.listen_address)
@@ -426,6 +458,49 @@ fn build(file: FileConfig, o: &Overrides) -> Result<Config, ConfigError> {
         .or(file.sample_interval)
         .map(|i| i.0)
         .unwrap_or(d.sample_interval);
+    let mem_flag = flag::<Interval>("memory-sample-interval", &o.memory_sample_interval)?;
+    let mem_from_flag = mem_flag.is_some();
+    let memory_interval = mem_flag
+        .or(file.memory_sample_interval)
+        .map(|i| i.0)
+        .unwrap_or(d.memory_sample_interval)
+        .min(if mem_from_flag || file.memory_sample_interval.is_some() {
+            Duration::MAX
+        } else {
+            // Default: never slower than the full samples.
+            interval
+        });
+    if memory_interval > interval {
+        let msg = format!(
+            "memory_sample_interval {} is longer than sample_interval {}; it must be shorter or equal",
+            HumanDuration(memory_interval),
+            HumanDuration(interval)
+        );
+        return Err(if mem_from_flag {
+            Located::Flag(format!("flag --memory-sample-interval: {msg}"))
+        } else {
+            Located::Key("memory_sample_interval", msg)
+        });
+    }
+    let window_flag = flag::<Interval>("peak-window", &o.peak_window)?;
+    let window_from_flag = window_flag.is_some();
+    let peak_window = window_flag
+        .or(file.peak_window)
+        .map(|i| i.0)
+        // Default: 30s, or one sample interval when that is longer.
+        .unwrap_or(d.peak_window.max(interval));
+    if peak_window < interval {
+        let msg = format!(
+            "peak_window {} is shorter than sample_interval {}; it must be at least one sample interval (and should be at least the scrape interval)",
+            HumanDuration(peak_window),
+            HumanDuration(interval)
+        );
+        return Err(if window_from_flag {
+            Located::Flag(format!("flag --peak-window: {msg}"))
+        } else {
+            Located::Key("peak_window", msg)
+        });
+    }
     let library = o
         .nvml_library
         .clone()
@@ -441,6 +516,8 @@ fn build(file: FileConfig, o: &Overrides) -> Result<Config, ConfigError> {
         listen_address: listen,
         telemetry_path: path,
         sample_interval: interval,
+        memory_sample_interval: memory_interval,
+        peak_window,
         nvml_library: library,
         log_level: level,
         log_format: format,
@@ -554,12 +631,23 @@ mod tests {
     }
 
     #[test]
+    fn memory_interval_defaults_follow_sample_interval() {
+        let c = parse("sample_interval: 50ms\n", "t").unwrap();
+        assert_eq!(c.memory_sample_interval, Duration::from_millis(50));
+        let c = parse("", "t").unwrap();
+        assert_eq!(c.memory_sample_interval, Duration::from_millis(100));
+        assert_eq!(c.peak_window, Duration::from_secs(30));
+    }
+
+    #[test]
     fn bad_flag_names_the_flag() {
         let o = Overrides {
             sample_interval: Some("fast".into()),
             ..Default::default()
         };
-        let e = build(FileConfig::default(), &o).unwrap_err().0;
+        let Err(Located::Flag(e)) = build(FileConfig::default(), &o) else {
+            panic!("expected a flag error");
+        };
         assert!(
             e.starts_with("flag --sample-interval: invalid duration \"fast\""),
             "{e}"
@@ -599,6 +687,14 @@ mod tests {
                 "line 1 column 1: key bogus: unknown field `bogus`",
             ),
             ("web: 3\n", "line 1 column 6: key web:"),
+            (
+                "sample_interval: 1s\nmemory_sample_interval: 2s\n",
+                "line 2: key memory_sample_interval: memory_sample_interval 2s is longer than sample_interval 1s",
+            ),
+            (
+                "sample_interval: 10s\n\npeak_window: 5s\n",
+                "line 3: key peak_window: peak_window 5s is shorter than sample_interval 10s",
+            ),
         ];
         for (text, want) in cases {
             let e = parse(text, "c.yaml").unwrap_err().0;
@@ -612,7 +708,10 @@ mod tests {
     #[test]
     fn example_file_is_the_defaults() {
         let text = include_str!("../config.example.yaml");
-        assert_eq!(parse(text, "config.example.yaml").unwrap(), Config::default());
+        assert_eq!(
+            parse(text, "config.example.yaml").unwrap(),
+            Config::default()
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod gpu;
+pub mod kube;
 pub mod logging;
 pub mod metrics;
 pub mod model;

@@ -36,6 +36,12 @@ struct Cli {
     /// How often GPUs and their processes are sampled, e.g. 500ms, 2s [default: 1s]
     #[arg(long = "sample-interval", value_name = "DURATION")]
     sample_interval: Option<String>,
+    /// Memory-only samples between full samples, for peaks [default: 100ms]
+    #[arg(long = "memory-sample-interval", value_name = "DURATION")]
+    memory_sample_interval: Option<String>,
+    /// Peaks are the maximum over this window; keep it >= the scrape interval [default: 30s]
+    #[arg(long = "peak-window", value_name = "DURATION")]
+    peak_window: Option<String>,
     /// Path of libnvidia-ml.so.1 [default: found by the dynamic loader]
     #[arg(long = "nvml.library", value_name = "PATH")]
     nvml_library: Option<String>,
@@ -53,6 +59,8 @@ fn main() -> ExitCode {
         listen_address: cli.listen_address,
         telemetry_path: cli.telemetry_path,
         sample_interval: cli.sample_interval,
+        memory_sample_interval: cli.memory_sample_interval,
+        peak_window: cli.peak_window,
         nvml_library: cli.nvml_library,
         log_level: cli.log_level,
         log_format: cli.log_format,
@@ -87,12 +95,17 @@ fn run(cfg: config::Config, config_file: Option<PathBuf>) -> anyhow::Result<()> 
     let started = std::time::Instant::now();
     let _sampler = sampler::spawn(
         move || NvmlSource::open(library.as_deref()),
-        procfs::ProcRoot::default(),
+        sampler::ProcCache::new(procfs::ProcRoot::default()),
+        sampler::Timing {
+            sample_interval: cfg.sample_interval,
+            memory_sample_interval: cfg.memory_sample_interval,
+            peak_window: cfg.peak_window,
+        },
         Arc::clone(&shared),
         stop_rx,
     )
     .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let devices = shared.latest().map(|s| s.devices.len());
+    let devices = shared.latest().map(|p| p.snapshot.devices.len());
     tracing::info!(
         init_ms = started.elapsed().as_millis() as u64,
         gpus = devices.unwrap_or(0),
@@ -112,6 +125,9 @@ fn run(cfg: config::Config, config_file: Option<PathBuf>) -> anyhow::Result<()> 
 }
 
 async fn serve(cfg: config::Config, shared: Arc<Shared>) -> anyhow::Result<()> {
+    // Install the signal handlers before announcing the listener, so a
+    // SIGTERM that arrives right after startup is a clean shutdown too.
+    let signals = Signals::install();
     let listener = tokio::net::TcpListener::bind(cfg.listen_address)
         .await
         .map_err(|e| {
@@ -125,7 +141,7 @@ async fn serve(cfg: config::Config, shared: Arc<Shared>) -> anyhow::Result<()> {
     let signalled = Arc::new(tokio::sync::Notify::new());
     let notify = Arc::clone(&signalled);
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown_signal().await;
+        signals.recv().await;
         notify.notify_one();
     });
     tokio::select! {
@@ -138,20 +154,35 @@ async fn serve(cfg: config::Config, shared: Arc<Shared>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    match (term, int) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
-                _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
+/// SIGTERM and SIGINT, registered at creation.
+struct Signals(Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>);
+
+impl Signals {
+    fn install() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Signals(Some((term, int))),
+            _ => {
+                tracing::warn!(
+                    "cannot install signal handlers; only SIGKILL will stop the exporter"
+                );
+                Signals(None)
             }
         }
-        _ => {
-            tracing::warn!("cannot install signal handlers; only SIGKILL will stop the exporter");
-            std::future::pending::<()>().await;
+    }
+
+    async fn recv(self) {
+        match self.0 {
+            Some((mut term, mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
+                    _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
+                }
+            }
+            None => std::future::pending::<()>().await,
         }
     }
 }

@@ -2,8 +2,10 @@
 //! defined in this file. A scrape encodes the latest [`Snapshot`] through a
 //! custom `prometheus-client` collector and never touches NVML.
 
-use std::fmt;
-use std::sync::Arc;
+use std::fmt::{self, Write as _};
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
 use std::time::UNIX_EPOCH;
 
 use prometheus_client::collector::Collector;
@@ -11,7 +13,7 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::model::Snapshot;
+use crate::model::{DeviceSample, DurationHistogram, ProcessSample, Snapshot};
 
 /// Content types of the two formats served.
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -90,6 +92,71 @@ pub fn encode(snapshot: &Arc<Snapshot>, format: Format) -> Result<String, fmt::E
     Ok(out)
 }
 
+/// A published snapshot plus its encodings, made lazily and at most once
+/// per (format, compression): however many scrapers ask, a snapshot is
+/// encoded once per format and gzipped once.
+#[derive(Debug)]
+pub struct Published {
+    pub snapshot: Arc<Snapshot>,
+    cache: [OnceLock<Option<Bytes>>; 4],
+}
+
+impl Published {
+    pub fn new(snapshot: Snapshot) -> Self {
+        Published {
+            snapshot: Arc::new(snapshot),
+            cache: Default::default(),
+        }
+    }
+
+    /// The encoded body; `None` only if encoding failed (a bug, logged).
+    pub fn body(&self, format: Format, gzip: bool) -> Option<Bytes> {
+        let slot = match (format, gzip) {
+            (Format::Text, false) => 0,
+            (Format::Text, true) => 1,
+            (Format::OpenMetrics, false) => 2,
+            (Format::OpenMetrics, true) => 3,
+        };
+        self.cache[slot]
+            .get_or_init(|| {
+                if gzip {
+                    let plain = self.body(format, false)?;
+                    let mut z = flate2::write::GzEncoder::new(
+                        Vec::with_capacity(plain.len() / 4),
+                        flate2::Compression::fast(),
+                    );
+                    std::io::Write::write_all(&mut z, &plain).ok()?;
+                    z.finish().ok().map(Bytes::from)
+                } else {
+                    match encode(&self.snapshot, format) {
+                        Ok(s) => Some(Bytes::from(s)),
+                        Err(_) => {
+                            tracing::error!("encoding the snapshot failed");
+                            None
+                        }
+                    }
+                }
+            })
+            .clone()
+    }
+}
+
+/// True when the `Accept-Encoding` header accepts gzip (q > 0).
+pub fn accepts_gzip(accept_encoding: Option<&str>) -> bool {
+    accept_encoding.is_some_and(|h| {
+        h.split(',').any(|part| {
+            let mut it = part.split(';');
+            let coding = it.next().unwrap_or("").trim();
+            let q = it
+                .filter_map(|p| p.split_once('='))
+                .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+                .map(|(_, v)| v.trim().parse::<f32>().unwrap_or(0.0))
+                .unwrap_or(1.0);
+            (coding.eq_ignore_ascii_case("gzip") || coding == "*") && q > 0.0
+        })
+    })
+}
+
 #[derive(Debug)]
 struct SnapshotCollector(Arc<Snapshot>);
 
@@ -99,6 +166,63 @@ fn gauge<'a>(
     help: &str,
 ) -> Result<prometheus_client::encoding::MetricEncoder<'a>, fmt::Error> {
     enc.encode_descriptor(name, help, None, MetricType::Gauge)
+}
+
+type Labels<'a> = Vec<(&'static str, &'a str)>;
+
+fn gpu_labels(d: &DeviceSample) -> [(&'static str, &str); 2] {
+    [("gpu", d.info.gpu.as_str()), ("uuid", d.info.uuid.as_str())]
+}
+
+/// Labels of every per-process series: the GPU, the pid and its name.
+fn process_labels<'a>(d: &'a DeviceSample, p: &'a ProcessSample, pid: &'a str) -> Labels<'a> {
+    vec![
+        ("gpu", d.info.gpu.as_str()),
+        ("uuid", d.info.uuid.as_str()),
+        ("pid", pid),
+        ("process", &*p.process),
+    ]
+}
+
+/// One gauge family with a series per (GPU, process) for which `value`
+/// gives a figure.
+fn process_family(
+    enc: &mut DescriptorEncoder,
+    s: &Snapshot,
+    name: &str,
+    help: &str,
+    value: fn(&ProcessSample) -> Option<u64>,
+) -> Result<(), fmt::Error> {
+    let mut m = gauge(enc, name, help)?;
+    let mut pid = String::new();
+    for d in &s.devices {
+        for p in d.processes.iter() {
+            if let Some(v) = value(p) {
+                pid.clear();
+                let _ = write!(pid, "{}", p.pid);
+                m.encode_family(&process_labels(d, p, &pid))?
+                    .encode_gauge(&v)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn histogram(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    h: &DurationHistogram,
+) -> Result<(), fmt::Error> {
+    let mut buckets: Vec<(f64, u64)> = h
+        .bounds
+        .iter()
+        .copied()
+        .zip(h.counts.iter().copied())
+        .collect();
+    buckets.push((f64::INFINITY, h.counts.last().copied().unwrap_or(0)));
+    enc.encode_descriptor(name, help, None, MetricType::Histogram)?
+        .encode_histogram::<NoLabelSet>(h.sum, h.count, &buckets, None)
 }
 
 impl Collector for SnapshotCollector {
@@ -127,80 +251,68 @@ impl Collector for SnapshotCollector {
             "1 when the last sample of this GPU succeeded, else 0.",
         )?;
         for d in &s.devices {
-            let labels = [("gpu", d.info.gpu.as_str()), ("uuid", d.info.uuid.as_str())];
-            m.encode_family(&labels)?.encode_gauge(&u32::from(d.up()))?;
+            m.encode_family(&gpu_labels(d))?
+                .encode_gauge(&u32::from(d.up()))?;
         }
 
-        type Pick = fn(&crate::model::MemoryInfo) -> u64;
-        let memory: [(&str, &str, Pick); 4] = [
+        type Pick = fn(&DeviceSample) -> Option<u64>;
+        let memory: [(&str, &str, Pick); 5] = [
             (
                 "gpu_memory_total_bytes",
                 "Total device memory in bytes (NVML memory_info v2).",
-                |m| m.total,
+                |d| d.memory.map(|m| m.total),
             ),
             (
                 "gpu_memory_used_bytes",
                 "Device memory allocated by processes and the driver, in bytes.",
-                |m| m.used,
+                |d| d.memory.map(|m| m.used),
             ),
             (
                 "gpu_memory_free_bytes",
                 "Unallocated device memory in bytes: total - reserved - used.",
-                |m| m.free,
+                |d| d.memory.map(|m| m.free),
             ),
             (
                 "gpu_memory_reserved_bytes",
                 "Device memory reserved by the driver and firmware, in bytes.",
-                |m| m.reserved,
+                |d| d.memory.map(|m| m.reserved),
+            ),
+            (
+                "gpu_memory_used_peak_bytes",
+                "Largest gpu_memory_used_bytes seen over the last peak_window, fast memory samples included: catches spikes between scrapes.",
+                |d| d.used_peak_bytes,
             ),
         ];
         for (name, help, pick) in memory {
             let mut m = gauge(&mut enc, name, help)?;
             for d in &s.devices {
-                if let Some(mem) = &d.memory {
-                    let labels = [("gpu", d.info.gpu.as_str()), ("uuid", d.info.uuid.as_str())];
-                    m.encode_family(&labels)?.encode_gauge(&pick(mem))?;
+                if let Some(v) = pick(d) {
+                    m.encode_family(&gpu_labels(d))?.encode_gauge(&v)?;
                 }
             }
         }
 
-        let mut m = gauge(
+        process_family(
             &mut enc,
+            s,
             "gpu_process_memory_used_bytes",
             "Device memory used by one process on one GPU, in bytes, as NVML reports it.",
+            |p| p.used_bytes,
         )?;
-        for d in &s.devices {
-            for p in &d.processes {
-                if let Some(bytes) = p.used_bytes {
-                    let pid = pid_str(p.pid);
-                    let labels = [
-                        ("gpu", d.info.gpu.as_str()),
-                        ("uuid", d.info.uuid.as_str()),
-                        ("pid", pid.as_str()),
-                        ("process", p.process.as_str()),
-                    ];
-                    m.encode_family(&labels)?.encode_gauge(&bytes)?;
-                }
-            }
-        }
-
-        let mut m = gauge(
+        process_family(
             &mut enc,
+            s,
+            "gpu_process_memory_used_peak_bytes",
+            "Largest gpu_process_memory_used_bytes of this live process over the last peak_window (full samples).",
+            |p| p.used_peak_bytes,
+        )?;
+        process_family(
+            &mut enc,
+            s,
             "gpu_process_memory_unavailable",
             "1 for a process NVML lists on this GPU without a memory figure (NVML_VALUE_NOT_AVAILABLE); such a process has no gpu_process_memory_used_bytes series.",
+            |p| p.used_bytes.is_none().then_some(1),
         )?;
-        for d in &s.devices {
-            for p in d.processes.iter().filter(|p| p.used_bytes.is_none()) {
-                let pid = pid_str(p.pid);
-                let labels = [
-                    ("gpu", d.info.gpu.as_str()),
-                    ("uuid", d.info.uuid.as_str()),
-                    ("pid", pid.as_str()),
-                    ("process", p.process.as_str()),
-                ];
-                m.encode_family(&labels)?.encode_gauge(&1u32)?;
-            }
-        }
 
         let mut m = gauge(
             &mut enc,
@@ -222,21 +334,25 @@ impl Collector for SnapshotCollector {
         let labels = [("version", VERSION), ("revision", REVISION)];
         m.encode_family(&labels)?.encode_gauge(&1u32)?;
 
-        let h = &s.sample_duration;
-        let mut buckets: Vec<(f64, u64)> = h
-            .bounds
-            .iter()
-            .copied()
-            .zip(h.counts.iter().copied())
-            .collect();
-        buckets.push((f64::INFINITY, h.counts.last().copied().unwrap_or(0)));
-        enc.encode_descriptor(
+        histogram(
+            &mut enc,
             "gpumem_exporter_sample_duration_seconds",
-            "Wall time of one sampling tick over all GPUs, NVML calls and /proc reads included.",
+            "Wall time of one full sample over all GPUs: NVML calls and /proc reads.",
+            &s.sample_duration,
+        )?;
+        histogram(
+            &mut enc,
+            "gpumem_exporter_sample_nvml_duration_seconds",
+            "The part of each full sample spent inside NVML calls; the rest is the exporter's own work.",
+            &s.sample_nvml_duration,
+        )?;
+        enc.encode_descriptor(
+            "gpumem_exporter_memory_samples",
+            "Memory-only samples taken between full samples (memory_sample_interval).",
             None,
-            MetricType::Histogram,
+            MetricType::Counter,
         )?
-        .encode_histogram::<NoLabelSet>(h.sum, h.count, &buckets, None)?;
+        .encode_counter::<NoLabelSet, _, u64>(&s.memory_samples, None)?;
 
         let ts = s
             .taken_at
@@ -265,13 +381,25 @@ impl Collector for SnapshotCollector {
     }
 }
 
-fn pid_str(pid: u32) -> String {
-    pid.to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gzip_negotiation() {
+        for (h, want) in [
+            (None, false),
+            (Some("gzip"), true),
+            (Some("gzip, deflate, br"), true),
+            (Some("deflate"), false),
+            (Some("gzip;q=0"), false),
+            (Some("*"), true),
+            (Some("identity, gzip;q=0.5"), true),
+            (Some(";;,"), false),
+        ] {
+            assert_eq!(accepts_gzip(h), want, "{h:?}");
+        }
+    }
 
     #[test]
     fn negotiation() {

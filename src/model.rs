@@ -43,7 +43,10 @@ pub struct ProcessSample {
     /// never as a fake 0.
     pub used_bytes: Option<u64>,
     /// `/proc/<pid>/comm`, empty when unreadable.
-    pub process: String,
+    pub process: Arc<str>,
+    /// Largest `used_bytes` seen for this pid on this GPU over the last
+    /// `peak_window` (full samples only).
+    pub used_peak_bytes: Option<u64>,
 }
 
 /// One GPU in one sample.
@@ -52,8 +55,11 @@ pub struct DeviceSample {
     pub info: Arc<DeviceInfo>,
     /// `None` when the GPU did not answer in this sample (`gpu_up` 0).
     pub memory: Option<MemoryInfo>,
-    /// Sorted by pid.
-    pub processes: Vec<ProcessSample>,
+    /// Largest `memory.used` seen over the last `peak_window`, from the fast
+    /// memory samples and the full samples alike.
+    pub used_peak_bytes: Option<u64>,
+    /// Sorted by pid. Shared between snapshots: only full samples change it.
+    pub processes: Arc<[ProcessSample]>,
 }
 
 impl DeviceSample {
@@ -110,5 +116,10 @@ pub struct Snapshot {
     pub driver: Arc<DriverInfo>,
     pub devices: Vec<DeviceSample>,
     pub nvml_errors: Arc<BTreeMap<ErrorKey, u64>>,
+    /// Wall time of full samples (memory + processes + /proc).
     pub sample_duration: Arc<DurationHistogram>,
+    /// The part of each full sample spent inside NVML calls.
+    pub sample_nvml_duration: Arc<DurationHistogram>,
+    /// Memory-only samples taken so far (between full samples).
+    pub memory_samples: u64,
 }

@@ -6,12 +6,12 @@ use std::time::SystemTime;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::header::{ACCEPT, CONTENT_TYPE};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::header::{ACCEPT, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE, VARY};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 
-use crate::metrics::{Format, encode};
+use crate::metrics::{Format, accepts_gzip};
 use crate::sampler::Shared;
 
 #[derive(Clone)]
@@ -35,17 +35,28 @@ pub fn router(shared: Arc<Shared>, telemetry_path: &str) -> Router {
 }
 
 async fn metrics(State(app): State<App>, headers: HeaderMap) -> Response {
-    let Some(snapshot) = app.shared.latest() else {
+    let Some(published) = app.shared.latest() else {
         return (StatusCode::SERVICE_UNAVAILABLE, "no GPU sample taken yet\n").into_response();
     };
     let format = Format::negotiate(headers.get(ACCEPT).and_then(|v| v.to_str().ok()));
-    match encode(&snapshot, format) {
-        Ok(body) => ([(CONTENT_TYPE, format.content_type())], body).into_response(),
-        Err(_) => {
-            tracing::error!("encoding the snapshot failed");
-            (StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n").into_response()
-        }
+    let gzip = accepts_gzip(headers.get(ACCEPT_ENCODING).and_then(|v| v.to_str().ok()));
+    let Some(body) = published.body(format, gzip) else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n").into_response();
+    };
+    let mut response = (
+        [
+            (CONTENT_TYPE, format.content_type()),
+            (VARY, "Accept, Accept-Encoding"),
+        ],
+        body,
+    )
+        .into_response();
+    if gzip {
+        response
+            .headers_mut()
+            .insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
     }
+    response
 }
 
 async fn healthz(State(app): State<App>) -> Response {

@@ -371,3 +371,33 @@ pub fn promtool() -> &'static str {
     );
     "promtool"
 }
+
+/// GET returning (Content-Encoding, raw body bytes), for compressed bodies.
+pub fn http_get_bytes(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (Option<String>, Vec<u8>) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let mut req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).expect("send");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("header end");
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let encoding = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case("content-encoding")
+            .then(|| v.trim().to_string())
+    });
+    (encoding, raw[split + 4..].to_vec())
+}
