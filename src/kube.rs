@@ -878,7 +878,7 @@ impl Watcher {
                         return match applied {
                             Applied::Failed(e) => WatchEnd::Reconnect {
                                 error: Some(e),
-                                progressed: true,
+                                progressed,
                             },
                             _ => WatchEnd::Expired,
                         };

@@ -1,0 +1,595 @@
+//! The pod watcher against a local API server that speaks the real
+//! list/watch wire format: paged PodList JSON, then a chunked stream of
+//! newline-delimited watch events that the test scripts line by line.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, RawQuery, State};
+use axum::http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use gpumem_exporter::kube::{KubeConfig, PodIndex, PodRef, run_watcher};
+use http_body_util::channel::{Channel, Sender};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+const NODE: &str = "gpu-node-1";
+const UID_A: &str = "6f1c2a4e-3b5d-4c7e-9f10-2a3b4c5d6e7f";
+const UID_B: &str = "0b9e8d7c-6a5b-4c3d-8e2f-1a0b9c8d7e6f";
+const UID_C: &str = "a1b2c3d4-e5f6-4a7b-8c9d-0e1f2a3b4c5d";
+const UID_D: &str = "d4c3b2a1-0f9e-4d8c-b7a6-5f4e3d2c1b0a";
+const UID_E: &str = "e5e5e5e5-1111-4222-8333-444455556666";
+const UID_F: &str = "f6f6f6f6-1111-4222-8333-444455556666";
+const UID_G: &str = "a7a7a7a7-1111-4222-8333-444455556666";
+const UID_H: &str = "b8b8b8b8-1111-4222-8333-444455556666";
+
+/// A 64-hex container id, distinct per seed.
+fn cid(seed: u8) -> String {
+    format!("{seed:02x}").repeat(32)
+}
+
+/// A pod as the API server serialises it (trimmed, but with the noise real
+/// objects carry: labels, owner references, managed fields, image ids).
+/// `containers`: (name, containerID with runtime prefix, or None while pending).
+fn pod(
+    ns: &str,
+    name: &str,
+    uid: &str,
+    node: &str,
+    rv: &str,
+    containers: &[(&str, Option<String>)],
+) -> Value {
+    let statuses: Vec<Value> = containers
+        .iter()
+        .map(|(c, id)| {
+            let mut s = json!({
+                "name": c,
+                "image": "nvcr.io/nvidia/pytorch:24.01-py3",
+                "imageID": "nvcr.io/nvidia/pytorch@sha256:4f2e",
+                "ready": id.is_some(),
+                "restartCount": 0,
+                "started": id.is_some(),
+            });
+            match id {
+                Some(id) => {
+                    s["containerID"] = json!(id);
+                    s["state"] = json!({"running": {"startedAt": "2025-06-01T10:00:00Z"}});
+                }
+                None => s["state"] = json!({"waiting": {"reason": "ContainerCreating"}}),
+            }
+            s
+        })
+        .collect();
+    json!({
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": uid,
+            "resourceVersion": rv,
+            "creationTimestamp": "2025-06-01T09:59:58Z",
+            "labels": {"app.kubernetes.io/name": name},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": "0000", "controller": true}],
+            "managedFields": [{"manager": "kubelet", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}]
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": containers.iter().map(|(c, _)| json!({
+                "name": c,
+                "image": "nvcr.io/nvidia/pytorch:24.01-py3",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}
+            })).collect::<Vec<_>>(),
+            "restartPolicy": "Never",
+            "schedulerName": "default-scheduler"
+        },
+        "status": {
+            "phase": "Running",
+            "hostIP": "10.0.0.5",
+            "podIP": "10.244.1.17",
+            "qosClass": "Burstable",
+            "containerStatuses": statuses
+        }
+    })
+}
+
+fn pod_a() -> Value {
+    let mut p = pod(
+        "team-a",
+        "trainer-0",
+        UID_A,
+        NODE,
+        "990",
+        &[("trainer", Some(format!("containerd://{}", cid(0xa1))))],
+    );
+    p["status"]["initContainerStatuses"] = json!([{
+        "name": "fetch-weights",
+        "containerID": format!("containerd://{}", cid(0xa0)),
+        "ready": true, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}
+    }]);
+    p
+}
+
+fn pod_b() -> Value {
+    pod(
+        "team-b",
+        "infer-0",
+        UID_B,
+        NODE,
+        "991",
+        &[
+            ("server", Some(format!("cri-o://{}", cid(0xb1)))),
+            ("metrics", None),
+        ],
+    )
+}
+
+fn pod_c() -> Value {
+    pod(
+        "team-a",
+        "notebook-7f9c",
+        UID_C,
+        NODE,
+        "992",
+        &[("notebook", Some(format!("docker://{}", cid(0xc1))))],
+    )
+}
+
+/// On another node: the server filters by node, but the watcher must not
+/// trust that.
+fn pod_d() -> Value {
+    pod(
+        "team-b",
+        "elsewhere",
+        UID_D,
+        "gpu-node-2",
+        "993",
+        &[("trainer", Some(format!("containerd://{}", cid(0xd1))))],
+    )
+}
+
+fn pod_list(items: &[Value], rv: &str, continue_token: &str) -> Value {
+    json!({
+        "kind": "PodList",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": rv, "continue": continue_token},
+        "items": items
+    })
+}
+
+fn event(kind: &str, object: Value) -> String {
+    format!("{}\n", json!({"type": kind, "object": object}))
+}
+
+fn bookmark(rv: &str) -> String {
+    event(
+        "BOOKMARK",
+        json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": rv}}),
+    )
+}
+
+fn gone() -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "too old resource version: 1011 (1500)", "reason": "Expired", "code": 410
+    })
+}
+
+#[derive(Debug, Clone)]
+struct Seen {
+    query: HashMap<String, String>,
+    raw_query: String,
+    auth: Option<String>,
+    accept: Option<String>,
+}
+
+#[derive(Default)]
+struct ApiState {
+    items: Vec<Value>,
+    rv: String,
+    /// Pods per LIST page, so pagination is exercised.
+    page_size: usize,
+    lists: Vec<Seen>,
+    watches: Vec<Seen>,
+    /// Answer the next watch request with this status instead of a stream.
+    next_watch_status: Option<StatusCode>,
+}
+
+type WatchStream = Sender<Bytes, std::io::Error>;
+
+#[derive(Clone)]
+struct Api {
+    state: Arc<Mutex<ApiState>>,
+    watch_tx: mpsc::UnboundedSender<(Seen, WatchStream)>,
+}
+
+async fn pods_handler(
+    State(api): State<Api>,
+    RawQuery(raw): RawQuery,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let header = |h| {
+        headers
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let seen = Seen {
+        query: query.clone(),
+        raw_query: raw.unwrap_or_default(),
+        auth: header(AUTHORIZATION),
+        accept: header(ACCEPT),
+    };
+    let mut state = api.state.lock().unwrap();
+    if query.get("watch").map(String::as_str) == Some("1") {
+        state.watches.push(seen.clone());
+        if let Some(status) = state.next_watch_status.take() {
+            return (status, axum::Json(gone())).into_response();
+        }
+        let (tx, body) = Channel::<Bytes, std::io::Error>::new(64);
+        api.watch_tx.send((seen, tx)).unwrap();
+        return Response::builder()
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::new(body))
+            .unwrap();
+    }
+    state.lists.push(seen);
+    // Continue tokens are opaque; this one needs percent-encoding.
+    let offset: usize = query
+        .get("continue")
+        .and_then(|c| c.strip_prefix("c+/"))
+        .and_then(|c| c.strip_suffix('='))
+        .map_or(0, |n| n.parse().unwrap());
+    let end = (offset + state.page_size).min(state.items.len());
+    let token = if end < state.items.len() {
+        format!("c+/{end}=")
+    } else {
+        String::new()
+    };
+    axum::Json(pod_list(&state.items[offset..end], &state.rv, &token)).into_response()
+}
+
+struct Harness {
+    state: Arc<Mutex<ApiState>>,
+    watches: mpsc::UnboundedReceiver<(Seen, WatchStream)>,
+    index: Arc<PodIndex>,
+    token_file: tempfile::NamedTempFile,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.watcher.abort();
+    }
+}
+
+async fn start(items: Vec<Value>, rv: &str, page_size: usize) -> Harness {
+    let state = Arc::new(Mutex::new(ApiState {
+        items,
+        rv: rv.into(),
+        page_size,
+        ..Default::default()
+    }));
+    let (watch_tx, watches) = mpsc::unbounded_channel();
+    let app = Router::new()
+        .route("/api/v1/pods", get(pods_handler))
+        .with_state(Api {
+            state: state.clone(),
+            watch_tx,
+        });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let mut token_file = tempfile::NamedTempFile::new().unwrap();
+    writeln!(token_file, "test-token").unwrap();
+    let index = Arc::new(PodIndex::new());
+    let cfg = KubeConfig {
+        api_url: format!("http://{addr}"),
+        node_name: NODE.into(),
+        token: None,
+        token_file: Some(token_file.path().to_owned()),
+        ca_file: None,
+    };
+    let watcher = tokio::spawn(run_watcher(cfg, index.clone()));
+    Harness {
+        state,
+        watches,
+        index,
+        token_file,
+        watcher,
+    }
+}
+
+impl Harness {
+    async fn next_watch(&mut self) -> (Seen, WatchStream) {
+        tokio::time::timeout(Duration::from_secs(5), self.watches.recv())
+            .await
+            .expect("no watch request within 5 s")
+            .unwrap()
+    }
+
+    fn lookup(&self, uid: Option<&str>, container: Option<&str>) -> Option<PodRef> {
+        self.index.lookup(uid, container)
+    }
+}
+
+/// Polls `cond` every 5 ms for up to 5 s.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn send(stream: &mut WatchStream, text: impl Into<String>) {
+    stream.send_data(Bytes::from(text.into())).await.unwrap();
+}
+
+fn r(ns: &str, pod: &str, container: &str) -> Option<PodRef> {
+    Some(PodRef {
+        namespace: ns.into(),
+        pod: pod.into(),
+        container: container.into(),
+    })
+}
+
+fn check_common(seen: &Seen, token: &str) {
+    assert_eq!(
+        seen.auth.as_deref(),
+        Some(format!("Bearer {token}").as_str())
+    );
+    assert_eq!(seen.accept.as_deref(), Some("application/json"));
+    assert_eq!(
+        seen.query.get("fieldSelector").map(String::as_str),
+        Some("spec.nodeName=gpu-node-1")
+    );
+    assert!(
+        seen.raw_query
+            .starts_with("fieldSelector=spec.nodeName%3Dgpu-node-1&"),
+        "{}",
+        seen.raw_query
+    );
+}
+
+fn check_watch(seen: &Seen, rv: &str, token: &str) {
+    check_common(seen, token);
+    let q = |k: &str| seen.query.get(k).map(String::as_str);
+    assert_eq!(q("watch"), Some("1"), "{}", seen.raw_query);
+    assert_eq!(q("resourceVersion"), Some(rv), "{}", seen.raw_query);
+    assert_eq!(q("allowWatchBookmarks"), Some("true"));
+    assert_eq!(q("timeoutSeconds"), Some("300"));
+}
+
+#[tokio::test]
+async fn list_watch_reconnect_and_relist() {
+    let mut h = start(vec![pod_a(), pod_b(), pod_c(), pod_d()], "1000", 2).await;
+
+    // LIST: two pages, the other node's pod ignored.
+    eventually("first list", || h.index.stats().synced).await;
+    let stats = h.index.stats();
+    assert_eq!(stats.lists_total, 1);
+    assert!(stats.last_sync_unix_seconds > 1_700_000_000);
+    assert_eq!(h.index.pods(), 3);
+    assert_eq!(
+        h.lookup(None, Some(&cid(0xa1))),
+        r("team-a", "trainer-0", "trainer")
+    );
+    assert_eq!(
+        h.lookup(None, Some(&cid(0xa0))),
+        r("team-a", "trainer-0", "fetch-weights")
+    );
+    assert_eq!(
+        h.lookup(Some(UID_B), Some(&cid(0xb1))),
+        r("team-b", "infer-0", "server")
+    );
+    assert_eq!(h.lookup(Some(UID_B), None), r("team-b", "infer-0", ""));
+    assert_eq!(
+        h.lookup(None, Some(&cid(0xc1))),
+        r("team-a", "notebook-7f9c", "notebook")
+    );
+    // The container id wins over the pod UID.
+    assert_eq!(
+        h.lookup(Some(UID_A), Some(&cid(0xc1))),
+        r("team-a", "notebook-7f9c", "notebook")
+    );
+    assert_eq!(h.lookup(Some(UID_D), Some(&cid(0xd1))), None);
+    {
+        let s = h.state.lock().unwrap();
+        assert_eq!(s.lists.len(), 2, "two pages");
+        for seen in &s.lists {
+            check_common(seen, "test-token");
+            assert_eq!(seen.query.get("limit").map(String::as_str), Some("500"));
+            assert!(!seen.query.contains_key("watch"));
+        }
+        assert!(!s.lists[0].query.contains_key("continue"));
+        assert_eq!(
+            s.lists[1].query.get("continue").map(String::as_str),
+            Some("c+/2=")
+        );
+        assert!(
+            s.lists[1].raw_query.contains("continue=c%2B%2F2%3D"),
+            "{}",
+            s.lists[1].raw_query
+        );
+    }
+
+    // WATCH from the list's resourceVersion.
+    let (seen, mut stream) = h.next_watch().await;
+    check_watch(&seen, "1000", "test-token");
+
+    // ADDED (pending: no container id yet) → MODIFIED (started) → DELETED.
+    let e_pending = pod(
+        "team-b",
+        "infer-1",
+        UID_E,
+        NODE,
+        "1001",
+        &[("server", None)],
+    );
+    send(&mut stream, event("ADDED", e_pending)).await;
+    eventually("ADDED pod", || h.lookup(Some(UID_E), None).is_some()).await;
+    assert_eq!(h.lookup(Some(UID_E), None), r("team-b", "infer-1", ""));
+    let e_running = pod(
+        "team-b",
+        "infer-1",
+        UID_E,
+        NODE,
+        "1002",
+        &[("server", Some(format!("containerd://{}", cid(0xe1))))],
+    );
+    send(&mut stream, event("MODIFIED", e_running.clone())).await;
+    eventually("MODIFIED container id", || {
+        h.lookup(None, Some(&cid(0xe1))) == r("team-b", "infer-1", "server")
+    })
+    .await;
+    assert_eq!(h.index.pods(), 4);
+    let mut e_deleted = e_running;
+    e_deleted["metadata"]["resourceVersion"] = json!("1003");
+    send(&mut stream, event("DELETED", e_deleted)).await;
+    eventually("DELETED pod", || h.lookup(Some(UID_E), None).is_none()).await;
+    assert_eq!(h.lookup(None, Some(&cid(0xe1))), None);
+    assert_eq!(h.index.pods(), 3);
+
+    // A malformed line between good ones is counted and skipped; a bookmark
+    // moves the resourceVersion; another node's pod is ignored.
+    let errors_before = h.index.stats().errors_total;
+    let events_before = h.index.stats().events_total;
+    send(
+        &mut stream,
+        format!(
+            "{{\"type\":\"ADDED\",\"object\":{{not json\n{}",
+            bookmark("1010")
+        ),
+    )
+    .await;
+    let elsewhere = pod("team-b", "far", UID_G, "gpu-node-2", "1010", &[]);
+    send(&mut stream, event("ADDED", elsewhere)).await;
+    let f = pod(
+        "team-a",
+        "eval-0",
+        UID_F,
+        NODE,
+        "1011",
+        &[("eval", Some(format!("containerd://{}", cid(0xf1))))],
+    );
+    // The event split across two chunks still parses.
+    let f_line = event("ADDED", f);
+    let (head, tail) = f_line.split_at(40);
+    send(&mut stream, head).await;
+    send(&mut stream, tail).await;
+    eventually("pod after malformed line", || {
+        h.lookup(Some(UID_F), None).is_some()
+    })
+    .await;
+    let stats = h.index.stats();
+    assert_eq!(stats.errors_total, errors_before + 1);
+    assert_eq!(stats.events_total, events_before + 3);
+    assert_eq!(h.lookup(Some(UID_G), None), None);
+    assert_eq!(h.index.pods(), 4);
+
+    // The server drops the connection mid-event: the watcher re-watches from
+    // the last resourceVersion, with a token re-read from the file.
+    let restarts_before = h.index.stats().watch_restarts_total;
+    std::fs::write(h.token_file.path(), "rotated-token\n").unwrap();
+    send(&mut stream, "{\"type\":\"ADDED\",\"obj").await;
+    stream.abort(std::io::Error::other("connection reset"));
+    let (seen, mut stream) = h.next_watch().await;
+    check_watch(&seen, "1011", "rotated-token");
+    assert!(h.index.stats().watch_restarts_total > restarts_before);
+    assert_eq!(
+        h.index.stats().lists_total,
+        1,
+        "a dropped watch does not relist"
+    );
+    let g = pod(
+        "team-b",
+        "infer-2",
+        UID_G,
+        NODE,
+        "1012",
+        &[("server", Some(format!("cri-o://{}", cid(0x61))))],
+    );
+    send(&mut stream, event("ADDED", g)).await;
+    eventually("event after re-watch", || {
+        h.lookup(None, Some(&cid(0x61))) == r("team-b", "infer-2", "server")
+    })
+    .await;
+
+    // 410 Gone as an ERROR event: relist and replace the index wholesale.
+    {
+        let mut s = h.state.lock().unwrap();
+        let h_pod = pod(
+            "team-b",
+            "batch-9",
+            UID_H,
+            NODE,
+            "1999",
+            &[("job", Some(format!("containerd://{}", cid(0x81))))],
+        );
+        s.items = vec![pod_a(), pod_c(), h_pod, pod_d()];
+        s.rv = "2000".into();
+    }
+    send(&mut stream, event("ERROR", gone())).await;
+    eventually("relist after 410", || h.index.stats().lists_total == 2).await;
+    assert_eq!(
+        h.lookup(None, Some(&cid(0x81))),
+        r("team-b", "batch-9", "job")
+    );
+    assert_eq!(
+        h.lookup(Some(UID_B), Some(&cid(0xb1))),
+        None,
+        "gone from the new list"
+    );
+    assert_eq!(h.lookup(Some(UID_F), None), None);
+    assert_eq!(h.lookup(Some(UID_G), None), None);
+    assert_eq!(h.lookup(Some(UID_A), None), r("team-a", "trainer-0", ""));
+    assert_eq!(h.index.pods(), 3);
+    let (seen, _stream) = h.next_watch().await;
+    check_watch(&seen, "2000", "rotated-token");
+    assert!(h.index.stats().synced);
+}
+
+#[tokio::test]
+async fn watch_410_status_relists_and_oversize_line_reconnects() {
+    let mut h = start(vec![pod_a(), pod_d()], "500", 500).await;
+    h.state.lock().unwrap().next_watch_status = Some(StatusCode::GONE);
+
+    // HTTP 410 on the watch request → relist, then watch again.
+    eventually("relist after HTTP 410", || h.index.stats().lists_total == 2).await;
+    let (seen, mut stream) = h.next_watch().await;
+    check_watch(&seen, "500", "test-token");
+    assert_eq!(h.state.lock().unwrap().watches.len(), 2);
+    assert_eq!(h.index.stats().watch_restarts_total, 0);
+    assert_eq!(h.index.pods(), 1);
+
+    // A line over 4 MiB without a newline forces a reconnect, same rv.
+    send(&mut stream, bookmark("510")).await;
+    let chunk = "x".repeat(256 << 10);
+    for _ in 0..17 {
+        if stream.send_data(Bytes::from(chunk.clone())).await.is_err() {
+            break;
+        }
+    }
+    let (seen, _stream) = h.next_watch().await;
+    check_watch(&seen, "510", "test-token");
+    let stats = h.index.stats();
+    assert_eq!(stats.watch_restarts_total, 1);
+    assert!(stats.errors_total >= 1);
+    assert_eq!(
+        h.lookup(None, Some(&cid(0xa1))),
+        r("team-a", "trainer-0", "trainer")
+    );
+}
