@@ -209,7 +209,77 @@ macro_rules! deserialize_via_from_str {
         }
     )*};
 }
-deserialize_via_from_str!(Interval, ListenAddress, TelemetryPath, LogLevel, LogFormat);
+deserialize_via_from_str!(
+    Interval,
+    ListenAddress,
+    TelemetryPath,
+    LogLevel,
+    LogFormat,
+    KubeMode,
+    ApiUrl,
+    CmdlineLength
+);
+
+/// `kubernetes.enabled`: `auto` turns the pod watcher on when running in a
+/// cluster (KUBERNETES_SERVICE_HOST set) or when `api_url` is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KubeMode {
+    Auto,
+    On,
+    Off,
+}
+
+impl FromStr for KubeMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(KubeMode::Auto),
+            "true" => Ok(KubeMode::On),
+            "false" => Ok(KubeMode::Off),
+            _ => Err(format!("invalid value {s:?} (one of auto, true, false)")),
+        }
+    }
+}
+
+/// The Kubernetes API base URL: `https://host:port` (or `http://` for a
+/// local proxy), no path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiUrl(pub String);
+
+impl FromStr for ApiUrl {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let rest = s
+            .strip_prefix("https://")
+            .or_else(|| s.strip_prefix("http://"))
+            .ok_or_else(|| {
+                format!("invalid API URL {s:?} (must start with https:// or http://)")
+            })?;
+        let host = rest.trim_end_matches('/');
+        if host.is_empty() || host.contains('/') || host.contains(char::is_whitespace) {
+            return Err(format!(
+                "invalid API URL {s:?} (use scheme://host[:port], no path)"
+            ));
+        }
+        Ok(ApiUrl(s.trim_end_matches('/').to_string()))
+    }
+}
+
+/// Maximum command-line label length: 16 .. 4096 characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CmdlineLength(pub usize);
+
+impl FromStr for CmdlineLength {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.parse::<usize>() {
+            Ok(n) if (16..=4096).contains(&n) => Ok(CmdlineLength(n)),
+            _ => Err(format!(
+                "invalid length {s:?} (a whole number from 16 to 4096)"
+            )),
+        }
+    }
+}
 
 // ---------------------------------------------------------- file (serde)
 
@@ -222,6 +292,36 @@ struct FileConfig {
     peak_window: Option<Interval>,
     nvml: FileNvml,
     log: FileLog,
+    path: FilePath,
+    processes: FileProcesses,
+    kubernetes: FileKubernetes,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct FilePath {
+    procfs: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct FileProcesses {
+    enabled: Option<bool>,
+    min_bytes: Option<u64>,
+    top_n: Option<u32>,
+    cmdline: Option<bool>,
+    cmdline_max_length: Option<CmdlineLength>,
+    passwd_file: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct FileKubernetes {
+    enabled: Option<KubeMode>,
+    node_name: Option<String>,
+    api_url: Option<ApiUrl>,
+    token_file: Option<String>,
+    ca_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -258,6 +358,7 @@ pub struct Overrides {
     pub nvml_library: Option<String>,
     pub log_level: Option<String>,
     pub log_format: Option<String>,
+    pub procfs: Option<String>,
 }
 
 // ---------------------------------------------------------------- runtime
@@ -276,7 +377,49 @@ pub struct Config {
     pub nvml_library: Option<String>,
     pub log_level: LogLevel,
     pub log_format: LogFormat,
+    /// Where /proc is (the host's, e.g. /host/proc, when mounted elsewhere).
+    pub procfs: String,
+    pub processes: Processes,
+    /// `None`: the pod watcher is off.
+    pub kubernetes: Option<Kubernetes>,
 }
+
+/// Per-process series: cardinality and privacy knobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Processes {
+    pub enabled: bool,
+    pub min_bytes: u64,
+    /// 0: no limit.
+    pub top_n: usize,
+    /// `Some(max length)` when the command line is exported.
+    pub cmdline: Option<usize>,
+    pub passwd_file: String,
+}
+
+impl Default for Processes {
+    fn default() -> Self {
+        Processes {
+            enabled: true,
+            min_bytes: 0,
+            top_n: 0,
+            cmdline: None,
+            passwd_file: "/etc/passwd".to_string(),
+        }
+    }
+}
+
+/// Where and how to watch this node's pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kubernetes {
+    pub api_url: String,
+    pub node_name: String,
+    pub token_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Default service account files, used when present.
+pub const SA_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+pub const SA_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
 
 impl Default for Config {
     fn default() -> Self {
@@ -289,19 +432,26 @@ impl Default for Config {
             nvml_library: None,
             log_level: LogLevel::Info,
             log_format: LogFormat::Logfmt,
+            procfs: "/proc".to_string(),
+            processes: Processes::default(),
+            kubernetes: None,
         }
     }
 }
 
 /// Read the config file (if any), apply flag overrides, validate.
-pub fn load(file: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigError> {
+pub fn load(
+    file: Option<&Path>,
+    flags: &Overrides,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
     match file {
         Some(path) => {
             let text = read_file(path)?;
             let origin = path.display().to_string();
-            build(parse_yaml(&text, &origin)?, flags).map_err(|e| locate(e, &text, &origin))
+            build(parse_yaml(&text, &origin)?, flags, env).map_err(|e| locate(e, &text, &origin))
         }
-        None => build(FileConfig::default(), flags).map_err(|e| locate(e, "", "")),
+        None => build(FileConfig::default(), flags, env).map_err(|e| locate(e, "", "")),
     }
 }
 
@@ -330,7 +480,8 @@ enum Located {
 
 /// Parse YAML text; `origin` names it in errors.
 pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-    build(parse_yaml(text, origin)?, &Overrides::default()).map_err(|e| locate(e, text, origin))
+    build(parse_yaml(text, origin)?, &Overrides::default(), &|_| None)
+        .map_err(|e| locate(e, text, origin))
 }
 
 fn read_file(path: &Path) -> Result<String, ConfigError> {
@@ -444,7 +595,11 @@ fn flag<T: FromStr<Err = String>>(name: &str, v: &Option<String>) -> Result<Opti
         .transpose()
 }
 
-fn build(file: FileConfig, o: &Overrides) -> Result<Config, Located> {
+fn build(
+    file: FileConfig,
+    o: &Overrides,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, Located> {
     let d = Config::default();
     let listen = flag::<ListenAddress>("web.listen-address", &o.listen_address)?
         .or(file.web.listen_address)
@@ -521,7 +676,82 @@ fn build(file: FileConfig, o: &Overrides) -> Result<Config, Located> {
         nvml_library: library,
         log_level: level,
         log_format: format,
+        procfs: o
+            .procfs
+            .clone()
+            .or(file.path.procfs)
+            .filter(|p| !p.is_empty())
+            .unwrap_or(d.procfs),
+        processes: processes(file.processes),
+        kubernetes: kubernetes(file.kubernetes, env)?,
     })
+}
+
+fn processes(f: FileProcesses) -> Processes {
+    let d = Processes::default();
+    Processes {
+        enabled: f.enabled.unwrap_or(d.enabled),
+        min_bytes: f.min_bytes.unwrap_or(d.min_bytes),
+        top_n: f.top_n.map(|n| n as usize).unwrap_or(d.top_n),
+        cmdline: f
+            .cmdline
+            .unwrap_or(false)
+            .then(|| f.cmdline_max_length.map(|l| l.0).unwrap_or(256)),
+        passwd_file: f
+            .passwd_file
+            .filter(|p| !p.is_empty())
+            .unwrap_or(d.passwd_file),
+    }
+}
+
+/// Resolve the pod watcher's settings: explicit keys first, then the
+/// in-cluster environment (KUBERNETES_SERVICE_HOST/PORT, NODE_NAME).
+fn kubernetes(
+    f: FileKubernetes,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<Kubernetes>, Located> {
+    let mode = f.enabled.unwrap_or(KubeMode::Auto);
+    if mode == KubeMode::Off {
+        return Ok(None);
+    }
+    let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
+    let api_url = f.api_url.map(|u| u.0).or_else(|| {
+        let host = nonempty(env("KUBERNETES_SERVICE_HOST"))?;
+        let port = nonempty(env("KUBERNETES_SERVICE_PORT"))?;
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        Some(format!("https://{host}:{port}"))
+    });
+    let Some(api_url) = api_url else {
+        return if mode == KubeMode::On {
+            Err(Located::Key(
+                "kubernetes.enabled",
+                "is true but no API is known: set kubernetes.api_url or run in a cluster (KUBERNETES_SERVICE_HOST)".into(),
+            ))
+        } else {
+            Ok(None)
+        };
+    };
+    let Some(node_name) = nonempty(f.node_name).or_else(|| nonempty(env("NODE_NAME"))) else {
+        return Err(Located::Key(
+            "kubernetes.node_name",
+            "is empty and NODE_NAME is not set: the pod watcher needs this node's name (downward API spec.nodeName), or set kubernetes.enabled: false".into(),
+        ));
+    };
+    let existing = |p: &str| Some(PathBuf::from(p)).filter(|p| p.exists());
+    Ok(Some(Kubernetes {
+        api_url,
+        node_name,
+        token_file: nonempty(f.token_file)
+            .map(PathBuf::from)
+            .or_else(|| existing(SA_TOKEN)),
+        ca_file: nonempty(f.ca_file)
+            .map(PathBuf::from)
+            .or_else(|| existing(SA_CA)),
+    }))
 }
 
 /// Where the config came from, for the startup log line.
@@ -625,7 +855,7 @@ mod tests {
             sample_interval: Some("250ms".into()),
             ..Default::default()
         };
-        let c = build(file, &o).unwrap();
+        let c = build(file, &o, &|_| None).unwrap();
         assert_eq!(c.sample_interval, Duration::from_millis(250));
         assert_eq!(c.log_level, LogLevel::Debug);
     }
@@ -645,7 +875,7 @@ mod tests {
             sample_interval: Some("fast".into()),
             ..Default::default()
         };
-        let Err(Located::Flag(e)) = build(FileConfig::default(), &o) else {
+        let Err(Located::Flag(e)) = build(FileConfig::default(), &o, &|_| None) else {
             panic!("expected a flag error");
         };
         assert!(
@@ -701,6 +931,103 @@ mod tests {
             assert!(e.starts_with("config file c.yaml "), "{e}");
             assert!(e.contains(want), "{text:?}: got {e:?}, want {want:?}");
             assert!(!e.contains('\n'), "one line: {e:?}");
+        }
+    }
+
+    #[test]
+    fn kubernetes_settings() {
+        let env = |k: &str| match k {
+            "KUBERNETES_SERVICE_HOST" => Some("10.0.0.1".to_string()),
+            "KUBERNETES_SERVICE_PORT" => Some("443".to_string()),
+            "NODE_NAME" => Some("gpu-1".to_string()),
+            _ => None,
+        };
+        let k = kubernetes(FileKubernetes::default(), &env)
+            .unwrap()
+            .unwrap();
+        assert_eq!(k.api_url, "https://10.0.0.1:443");
+        assert_eq!(k.node_name, "gpu-1");
+        // auto outside a cluster: off.
+        assert_eq!(
+            kubernetes(FileKubernetes::default(), &|_| None).unwrap(),
+            None
+        );
+        // explicit URL, node from the file.
+        let f = parse_yaml(
+            "kubernetes:\n  api_url: http://127.0.0.1:8001\n  node_name: n1\n",
+            "t",
+        )
+        .unwrap();
+        let k = kubernetes(f.kubernetes, &|_| None).unwrap().unwrap();
+        assert_eq!(
+            (k.api_url.as_str(), k.node_name.as_str()),
+            ("http://127.0.0.1:8001", "n1")
+        );
+        // on, but nothing known.
+        let e = parse("kubernetes:\n  enabled: true\n", "c.yaml")
+            .unwrap_err()
+            .0;
+        assert!(
+            e.contains("line 2: key kubernetes.enabled: is true but no API is known"),
+            "{e}"
+        );
+        let e = parse("kubernetes:\n  api_url: http://x:1\n", "c.yaml")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("key kubernetes.node_name: is empty"), "{e}");
+        assert_eq!(
+            parse("kubernetes:\n  enabled: false\n", "c")
+                .unwrap()
+                .kubernetes,
+            None
+        );
+    }
+
+    #[test]
+    fn process_knobs() {
+        let c = parse(
+            "processes:\n  enabled: true\n  min_bytes: 1048576\n  top_n: 10\n  cmdline: true\n  cmdline_max_length: 64\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            c.processes,
+            Processes {
+                enabled: true,
+                min_bytes: 1 << 20,
+                top_n: 10,
+                cmdline: Some(64),
+                passwd_file: "/etc/passwd".into()
+            }
+        );
+        for (text, want) in [
+            (
+                "processes:\n  min_bytes: -1\n",
+                "line 2 column 14: key processes.min_bytes:",
+            ),
+            (
+                "processes:\n  top_n: many\n",
+                "line 2 column 10: key processes.top_n:",
+            ),
+            (
+                "processes:\n  cmdline: yes please\n",
+                "key processes.cmdline:",
+            ),
+            (
+                "processes:\n  cmdline_max_length: 3\n",
+                "key processes.cmdline_max_length: invalid length",
+            ),
+            (
+                "kubernetes:\n  enabled: maybe\n",
+                "key kubernetes.enabled: invalid value \"maybe\"",
+            ),
+            (
+                "kubernetes:\n  api_url: ftp://x\n",
+                "key kubernetes.api_url: invalid API URL",
+            ),
+        ] {
+            let e = parse(text, "c.yaml").unwrap_err().0;
+            assert!(e.contains(want), "{text:?}: {e}");
         }
     }
 

@@ -12,7 +12,7 @@ use clap::Parser;
 
 use gpumem_exporter::gpu::nvml::NvmlSource;
 use gpumem_exporter::sampler::Shared;
-use gpumem_exporter::{config, logging, metrics, procfs, sampler, server};
+use gpumem_exporter::{config, kube, logging, metrics, procfs, sampler, server};
 
 /// How long in-flight scrapes may take to finish after SIGTERM/SIGINT.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(800);
@@ -45,6 +45,9 @@ struct Cli {
     /// Path of libnvidia-ml.so.1 [default: found by the dynamic loader]
     #[arg(long = "nvml.library", value_name = "PATH")]
     nvml_library: Option<String>,
+    /// Where /proc is, e.g. /host/proc when the host's is mounted there [default: /proc]
+    #[arg(long = "path.procfs", value_name = "PATH")]
+    procfs: Option<String>,
     /// error, warn, info, debug or trace [default: info]
     #[arg(long = "log.level", value_name = "LEVEL")]
     log_level: Option<String>,
@@ -64,8 +67,10 @@ fn main() -> ExitCode {
         nvml_library: cli.nvml_library,
         log_level: cli.log_level,
         log_format: cli.log_format,
+        procfs: cli.procfs,
     };
-    let cfg = match config::load(cli.config_file.as_deref(), &overrides) {
+    let env = |k: &str| std::env::var(k).ok();
+    let cfg = match config::load(cli.config_file.as_deref(), &overrides, &env) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("gpumem-exporter: {e}");
@@ -93,14 +98,32 @@ fn run(cfg: config::Config, config_file: Option<PathBuf>) -> anyhow::Result<()> 
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     let library = cfg.nvml_library.clone();
     let started = std::time::Instant::now();
+    let mut lookup = sampler::ProcCache::new(procfs::ProcRoot::new(&cfg.procfs))
+        .with_users(procfs::UserNames::new(&cfg.processes.passwd_file));
+    if let Some(max) = cfg.processes.cmdline {
+        lookup = lookup.with_cmdline(max);
+    }
+    let pods = cfg
+        .kubernetes
+        .as_ref()
+        .map(|_| Arc::new(kube::PodIndex::new()));
+    if let Some(p) = &pods {
+        lookup = lookup.with_pods(Arc::clone(p));
+    }
+    let selection = sampler::Selection {
+        enabled: cfg.processes.enabled,
+        min_bytes: cfg.processes.min_bytes,
+        top_n: cfg.processes.top_n,
+    };
     let _sampler = sampler::spawn(
         move || NvmlSource::open(library.as_deref()),
-        sampler::ProcCache::new(procfs::ProcRoot::default()),
+        lookup,
         sampler::Timing {
             sample_interval: cfg.sample_interval,
             memory_sample_interval: cfg.memory_sample_interval,
             peak_window: cfg.peak_window,
         },
+        selection,
         Arc::clone(&shared),
         stop_rx,
     )
@@ -118,6 +141,19 @@ fn run(cfg: config::Config, config_file: Option<PathBuf>) -> anyhow::Result<()> 
         .enable_all()
         .thread_name("http")
         .build()?;
+    if let (Some(k), Some(index)) = (&cfg.kubernetes, pods) {
+        tracing::info!(api = %k.api_url, node = %k.node_name, "watching this node's pods");
+        runtime.spawn(kube::run_watcher(
+            kube::KubeConfig {
+                api_url: k.api_url.clone(),
+                node_name: k.node_name.clone(),
+                token: None,
+                token_file: k.token_file.clone(),
+                ca_file: k.ca_file.clone(),
+            },
+            index,
+        ));
+    }
     runtime.block_on(serve(cfg, shared))?;
     drop(stop_tx);
     tracing::info!("stopped");

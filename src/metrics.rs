@@ -2,7 +2,7 @@
 //! defined in this file. A scrape encodes the latest [`Snapshot`] through a
 //! custom `prometheus-client` collector and never touches NVML.
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -13,7 +13,7 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::model::{DeviceSample, DurationHistogram, ProcessSample, Snapshot};
+use crate::model::{DeviceSample, DurationHistogram, OtherProcesses, ProcessSample, Snapshot};
 
 /// Content types of the two formats served.
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -168,41 +168,68 @@ fn gauge<'a>(
     enc.encode_descriptor(name, help, None, MetricType::Gauge)
 }
 
-type Labels<'a> = Vec<(&'static str, &'a str)>;
-
 fn gpu_labels(d: &DeviceSample) -> [(&'static str, &str); 2] {
     [("gpu", d.info.gpu.as_str()), ("uuid", d.info.uuid.as_str())]
 }
 
-/// Labels of every per-process series: the GPU, the pid and its name.
-fn process_labels<'a>(d: &'a DeviceSample, p: &'a ProcessSample, pid: &'a str) -> Labels<'a> {
-    vec![
+/// An optional id as label text ("" when absent).
+fn id_label(v: Option<u32>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_default()
+}
+
+/// Labels of every per-process value series: the GPU (and MIG instance),
+/// the pid, its name and its pod.
+fn process_labels<'a>(
+    d: &'a DeviceSample,
+    p: &'a ProcessSample,
+    pid: &'a str,
+    gi: &'a str,
+    ci: &'a str,
+) -> [(&'static str, &'a str); 9] {
+    [
         ("gpu", d.info.gpu.as_str()),
         ("uuid", d.info.uuid.as_str()),
         ("pid", pid),
-        ("process", &*p.process),
+        ("process", &*p.ident.comm),
+        ("namespace", &*p.ident.namespace),
+        ("pod", &*p.ident.pod),
+        ("container", &*p.ident.container),
+        ("gpu_instance_id", gi),
+        ("compute_instance_id", ci),
     ]
 }
 
 /// One gauge family with a series per (GPU, process) for which `value`
-/// gives a figure.
+/// gives a figure, plus the `pid="other"` rollup when `other` gives one.
 fn process_family(
     enc: &mut DescriptorEncoder,
     s: &Snapshot,
     name: &str,
     help: &str,
     value: fn(&ProcessSample) -> Option<u64>,
+    other: fn(&OtherProcesses) -> Option<u64>,
 ) -> Result<(), fmt::Error> {
     let mut m = gauge(enc, name, help)?;
-    let mut pid = String::new();
+    let empty = ProcessSample {
+        pid: 0,
+        used_bytes: None,
+        ident: Default::default(),
+        gpu_instance_id: None,
+        compute_instance_id: None,
+        used_peak_bytes: None,
+    };
     for d in &s.devices {
         for p in d.processes.iter() {
             if let Some(v) = value(p) {
-                pid.clear();
-                let _ = write!(pid, "{}", p.pid);
-                m.encode_family(&process_labels(d, p, &pid))?
-                    .encode_gauge(&v)?;
+                let pid = p.pid.to_string();
+                let (gi, ci) = (id_label(p.gpu_instance_id), id_label(p.compute_instance_id));
+                let labels = process_labels(d, p, &pid, &gi, &ci);
+                m.encode_family(&labels)?.encode_gauge(&v)?;
             }
+        }
+        if let Some(v) = d.other.as_ref().and_then(other) {
+            let labels = process_labels(d, &empty, "other", "", "");
+            m.encode_family(&labels)?.encode_gauge(&v)?;
         }
     }
     Ok(())
@@ -296,8 +323,9 @@ impl Collector for SnapshotCollector {
             &mut enc,
             s,
             "gpu_process_memory_used_bytes",
-            "Device memory used by one process on one GPU, in bytes, as NVML reports it.",
+            "Device memory used by one process on one GPU, in bytes, as NVML reports it. pid=\"other\" sums the processes left out by processes.min_bytes / processes.top_n.",
             |p| p.used_bytes,
+            |o| Some(o.used_bytes),
         )?;
         process_family(
             &mut enc,
@@ -305,6 +333,7 @@ impl Collector for SnapshotCollector {
             "gpu_process_memory_used_peak_bytes",
             "Largest gpu_process_memory_used_bytes of this live process over the last peak_window (full samples).",
             |p| p.used_peak_bytes,
+            |_| None,
         )?;
         process_family(
             &mut enc,
@@ -312,7 +341,108 @@ impl Collector for SnapshotCollector {
             "gpu_process_memory_unavailable",
             "1 for a process NVML lists on this GPU without a memory figure (NVML_VALUE_NOT_AVAILABLE); such a process has no gpu_process_memory_used_bytes series.",
             |p| p.used_bytes.is_none().then_some(1),
+            |_| None,
         )?;
+
+        let mut m = gauge(
+            &mut enc,
+            "gpu_processes_other",
+            "Number of processes summed into the pid=\"other\" series of this GPU.",
+        )?;
+        for d in &s.devices {
+            if let Some(o) = &d.other {
+                m.encode_family(&gpu_labels(d))?.encode_gauge(&o.count)?;
+            }
+        }
+
+        let mut m = gauge(
+            &mut enc,
+            "gpu_process_info",
+            "Identity of a process on a GPU; value is always 1. user from the host's passwd (or the uid), container_id and pod_uid from its cgroup.",
+        )?;
+        for d in &s.devices {
+            for p in d.processes.iter() {
+                let pid = p.pid.to_string();
+                let i = &p.ident;
+                let base = [
+                    ("gpu", d.info.gpu.as_str()),
+                    ("uuid", d.info.uuid.as_str()),
+                    ("pid", pid.as_str()),
+                    ("process", &*i.comm),
+                    ("user", &*i.user),
+                    ("container_id", &*i.container_id),
+                    ("pod_uid", &*i.pod_uid),
+                ];
+                match &i.cmdline {
+                    Some(c) => m
+                        .encode_family(&(base, [("cmdline", &**c)]))?
+                        .encode_gauge(&1u32)?,
+                    None => m.encode_family(&base)?.encode_gauge(&1u32)?,
+                }
+            }
+        }
+
+        let mut m = gauge(
+            &mut enc,
+            "gpu_mig_info",
+            "Identity of a MIG instance; value is always 1. gpu and uuid name the parent GPU.",
+        )?;
+        for d in &s.devices {
+            for g in d.mig.iter() {
+                let gi = g.info.gpu_instance_id.to_string();
+                let ci = g.info.compute_instance_id.to_string();
+                let labels = [
+                    ("gpu", d.info.gpu.as_str()),
+                    ("uuid", d.info.uuid.as_str()),
+                    ("mig_uuid", g.info.mig_uuid.as_str()),
+                    ("name", g.info.name.as_str()),
+                    ("gpu_instance_id", gi.as_str()),
+                    ("compute_instance_id", ci.as_str()),
+                ];
+                m.encode_family(&labels)?.encode_gauge(&1u32)?;
+            }
+        }
+        type MigPick = fn(&crate::model::MemoryInfo) -> u64;
+        let mig_memory: [(&str, &str, MigPick); 4] = [
+            (
+                "gpu_mig_memory_total_bytes",
+                "Memory of one MIG instance (its own memory_info), in bytes.",
+                |m| m.total,
+            ),
+            (
+                "gpu_mig_memory_used_bytes",
+                "Memory used in one MIG instance, in bytes.",
+                |m| m.used,
+            ),
+            (
+                "gpu_mig_memory_free_bytes",
+                "Free memory of one MIG instance, in bytes.",
+                |m| m.free,
+            ),
+            (
+                "gpu_mig_memory_reserved_bytes",
+                "Reserved memory of one MIG instance, in bytes.",
+                |m| m.reserved,
+            ),
+        ];
+        for (name, help, pick) in mig_memory {
+            let mut m = gauge(&mut enc, name, help)?;
+            for d in &s.devices {
+                for g in d.mig.iter() {
+                    if let Some(mem) = &g.memory {
+                        let gi = g.info.gpu_instance_id.to_string();
+                        let ci = g.info.compute_instance_id.to_string();
+                        let labels = [
+                            ("gpu", d.info.gpu.as_str()),
+                            ("uuid", d.info.uuid.as_str()),
+                            ("gpu_instance_id", gi.as_str()),
+                            ("compute_instance_id", ci.as_str()),
+                        ];
+                        m.encode_family(&labels)?.encode_gauge(&pick(mem))?;
+                    }
+                }
+            }
+        }
 
         let mut m = gauge(
             &mut enc,
@@ -353,6 +483,49 @@ impl Collector for SnapshotCollector {
             MetricType::Counter,
         )?
         .encode_counter::<NoLabelSet, _, u64>(&s.memory_samples, None)?;
+
+        enc.encode_descriptor(
+            "gpumem_exporter_process_lookup_failures",
+            "Pids reported by NVML that were not visible in /proc (exited, or no host PID namespace): their series carry the pid but no name, user or pod.",
+            None,
+            MetricType::Counter,
+        )?
+        .encode_counter::<NoLabelSet, _, u64>(&s.process_lookup_failures, None)?;
+
+        if let Some(k) = &s.kubernetes {
+            gauge(
+                &mut enc,
+                "gpumem_exporter_kubernetes_pods",
+                "Pods of this node in the pod watcher's cache.",
+            )?
+            .encode_gauge(&k.pods)?;
+            gauge(
+                &mut enc,
+                "gpumem_exporter_kubernetes_synced",
+                "1 once the pod watcher has listed this node's pods.",
+            )?
+            .encode_gauge(&u32::from(k.synced))?;
+            for (name, help, v) in [
+                (
+                    "gpumem_exporter_kubernetes_lists",
+                    "Full LISTs of this node's pods (start, and after a watch expired).",
+                    k.lists_total,
+                ),
+                (
+                    "gpumem_exporter_kubernetes_watch_restarts",
+                    "Pod watches re-established after a drop.",
+                    k.watch_restarts_total,
+                ),
+                (
+                    "gpumem_exporter_kubernetes_errors",
+                    "Errors talking to the Kubernetes API or parsing its answers.",
+                    k.errors_total,
+                ),
+            ] {
+                enc.encode_descriptor(name, help, None, MetricType::Counter)?
+                    .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+            }
+        }
 
         let ts = s
             .taken_at

@@ -15,6 +15,52 @@ pub struct DeviceInfo {
     pub pci_bus_id: String,
 }
 
+/// A MIG instance of a GPU, read once at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigInfo {
+    pub mig_uuid: String,
+    pub name: String,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+}
+
+/// One MIG instance in one sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigSample {
+    pub info: Arc<MigInfo>,
+    /// `None` when its memory query failed in this sample.
+    pub memory: Option<MemoryInfo>,
+}
+
+/// Who a process is, from /proc (and the Kubernetes API for pod names).
+/// Shared (`Arc`) between snapshots: looked up once per (pid, start time).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcIdentity {
+    /// `/proc/<pid>/comm`, empty when unreadable.
+    pub comm: Arc<str>,
+    /// Owner's user name (host passwd), or the uid in decimal; empty when
+    /// the process is not visible.
+    pub user: Arc<str>,
+    /// 64-hex container id from the cgroup path; empty outside containers.
+    pub container_id: Arc<str>,
+    /// Kubernetes pod UID from the cgroup path; empty outside pods.
+    pub pod_uid: Arc<str>,
+    /// Redacted, truncated command line; `None` unless enabled.
+    pub cmdline: Option<Arc<str>>,
+    /// Resolved through the pod watcher; empty when unknown.
+    pub namespace: Arc<str>,
+    pub pod: Arc<str>,
+    pub container: Arc<str>,
+}
+
+/// Processes left out of the per-process series by `processes.min_bytes`
+/// or `processes.top_n`, summed so totals still add up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OtherProcesses {
+    pub count: u64,
+    pub used_bytes: u64,
+}
+
 /// Driver-wide identity, read once at start.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DriverInfo {
@@ -42,8 +88,11 @@ pub struct ProcessSample {
     /// (e.g. under some virtualisation): exported as a separate signal,
     /// never as a fake 0.
     pub used_bytes: Option<u64>,
-    /// `/proc/<pid>/comm`, empty when unreadable.
-    pub process: Arc<str>,
+    /// Name, owner, container and pod.
+    pub ident: Arc<ProcIdentity>,
+    /// MIG instance the process runs on (MIG mode only).
+    pub gpu_instance_id: Option<u32>,
+    pub compute_instance_id: Option<u32>,
     /// Largest `used_bytes` seen for this pid on this GPU over the last
     /// `peak_window` (full samples only).
     pub used_peak_bytes: Option<u64>,
@@ -60,6 +109,10 @@ pub struct DeviceSample {
     pub used_peak_bytes: Option<u64>,
     /// Sorted by pid. Shared between snapshots: only full samples change it.
     pub processes: Arc<[ProcessSample]>,
+    /// Processes not listed one by one (min_bytes / top_n), if any.
+    pub other: Option<OtherProcesses>,
+    /// MIG instances with their memory (empty without MIG).
+    pub mig: Arc<[MigSample]>,
 }
 
 impl DeviceSample {
@@ -122,4 +175,18 @@ pub struct Snapshot {
     pub sample_nvml_duration: Arc<DurationHistogram>,
     /// Memory-only samples taken so far (between full samples).
     pub memory_samples: u64,
+    /// Pids NVML reported that could not be looked up in /proc.
+    pub process_lookup_failures: u64,
+    /// State of the Kubernetes pod watcher, when enabled.
+    pub kubernetes: Option<KubeState>,
+}
+
+/// The pod watcher's health, copied into each full snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KubeState {
+    pub pods: u64,
+    pub synced: bool,
+    pub lists_total: u64,
+    pub watch_restarts_total: u64,
+    pub errors_total: u64,
 }

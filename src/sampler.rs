@@ -16,11 +16,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwapOption;
 
 use crate::gpu::{GpuError, GpuSource, RawProcess};
+use crate::kube::PodIndex;
 use crate::metrics::Published;
 use crate::model::{
-    DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ErrorKey, MemoryInfo, ProcessSample,
-    Snapshot,
+    DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ErrorKey, KubeState, MemoryInfo,
+    MigSample, OtherProcesses, ProcIdentity, ProcessSample, Snapshot,
 };
+use crate::procfs::{ProcRoot, UserNames};
 
 /// Bucket bounds (seconds) of the tick histograms: a tick costs
 /// microseconds per GPU and ~20 µs per process and query.
@@ -51,6 +53,58 @@ impl Timing {
             peak_window: sample_interval,
         }
     }
+}
+
+/// Which processes get series of their own (cardinality knobs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Selection {
+    /// Per-process series at all.
+    pub enabled: bool,
+    /// Processes using less are summed into the `pid="other"` series.
+    pub min_bytes: u64,
+    /// Keep at most this many processes per GPU (largest first); 0: all.
+    pub top_n: usize,
+}
+
+impl Default for Selection {
+    fn default() -> Self {
+        Selection {
+            enabled: true,
+            min_bytes: 0,
+            top_n: 0,
+        }
+    }
+}
+
+/// Indices (into `procs`, which is sorted by pid) of the processes that get
+/// their own series, still in pid order, and the sum of the rest. A process
+/// without a memory figure has nothing to sum and is always listed.
+pub fn select(procs: &[RawProcess], sel: &Selection) -> (Vec<usize>, Option<OtherProcesses>) {
+    let mut other = OtherProcesses::default();
+    let mut keep: Vec<usize> = Vec::with_capacity(procs.len());
+    let mut ranked: Vec<(u64, u32, usize)> = Vec::with_capacity(procs.len());
+    for (i, p) in procs.iter().enumerate() {
+        match p.used_bytes {
+            None if sel.enabled => keep.push(i),
+            None => other.count += 1,
+            Some(b) if sel.enabled && b >= sel.min_bytes => ranked.push((b, p.pid, i)),
+            Some(b) => {
+                other.count += 1;
+                other.used_bytes += b;
+            }
+        }
+    }
+    if sel.top_n > 0 && ranked.len() > sel.top_n {
+        ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(b, _, _) in &ranked[sel.top_n..] {
+            other.count += 1;
+            other.used_bytes += b;
+        }
+        ranked.truncate(sel.top_n);
+    }
+    keep.extend(ranked.iter().map(|r| r.2));
+    keep.sort_unstable();
+    (keep, (other.count > 0).then_some(other))
 }
 
 /// State shared between the sampler thread and the HTTP handlers.
@@ -117,14 +171,24 @@ fn unix_ms(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-/// What the sampler learns about a pid from /proc. Implementations cache by
-/// (pid, start time), so a tick reads one small file per known process.
+/// What the sampler learns about a pid from /proc (and the pod watcher).
+/// Implementations cache by (pid, start time), so a tick reads one small
+/// file per known process.
 pub trait ProcessLookup {
-    /// `/proc/<pid>/comm`, "" when the process is gone or hidden.
-    fn comm(&mut self, pid: u32) -> Arc<str>;
+    /// Name, owner, container and pod of `pid`; all empty when the process
+    /// is gone or not visible (no host PID namespace).
+    fn identify(&mut self, pid: u32) -> Arc<ProcIdentity>;
     /// Called once per full tick with the pids still on some GPU, so the
     /// cache can drop the rest.
     fn retain(&mut self, live: &dyn Fn(u32) -> bool);
+    /// Lookups of pids that were not visible in /proc, so far.
+    fn failures(&self) -> u64 {
+        0
+    }
+    /// The pod watcher's state, when one feeds this lookup.
+    fn kubernetes(&self) -> Option<KubeState> {
+        None
+    }
 }
 
 /// Sliding-window maximum: a deque of (time, value) with decreasing values,
@@ -164,7 +228,9 @@ struct DeviceState {
     memory: Option<MemoryInfo>,
     used_peak: WindowMax,
     processes: Arc<[ProcessSample]>,
+    other: Option<OtherProcesses>,
     process_peaks: HashMap<u32, WindowMax>,
+    mig: Arc<[MigSample]>,
 }
 
 /// Builds snapshots from a [`GpuSource`]. Owns all cumulative state (error
@@ -173,6 +239,7 @@ pub struct Sampler<G: GpuSource, P: ProcessLookup> {
     gpu: G,
     procs: P,
     timing: Timing,
+    selection: Selection,
     driver: Arc<DriverInfo>,
     devices: Vec<DeviceState>,
     errors: Arc<BTreeMap<ErrorKey, u64>>,
@@ -189,18 +256,29 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             .devices()
             .iter()
             .cloned()
-            .map(|info| DeviceState {
+            .enumerate()
+            .map(|(i, info)| DeviceState {
                 info: Arc::new(info),
                 memory: None,
                 used_peak: WindowMax::default(),
                 processes: Arc::from(Vec::new()),
+                other: None,
                 process_peaks: HashMap::new(),
+                mig: gpu
+                    .mig_devices(i)
+                    .iter()
+                    .map(|m| MigSample {
+                        info: Arc::new(m.clone()),
+                        memory: None,
+                    })
+                    .collect(),
             })
             .collect();
         Sampler {
             gpu,
             procs,
             timing,
+            selection: Selection::default(),
             driver,
             devices,
             errors: Arc::new(BTreeMap::new()),
@@ -209,6 +287,12 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             memory_samples: 0,
             scratch: Vec::new(),
         }
+    }
+
+    /// Which processes get their own series.
+    pub fn with_selection(mut self, selection: Selection) -> Self {
+        self.selection = selection;
+        self
     }
 
     fn count_error(errors: &mut Arc<BTreeMap<ErrorKey, u64>>, e: GpuError) {
@@ -258,42 +342,73 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         for i in 0..self.devices.len() {
             in_nvml += self.read_memory(i, started);
             if self.devices[i].memory.is_none() {
-                self.devices[i].processes = Arc::from(Vec::new());
-                self.devices[i].process_peaks.clear();
+                let dev = &mut self.devices[i];
+                dev.processes = Arc::from(Vec::new());
+                dev.other = None;
+                dev.process_peaks.clear();
                 continue;
             }
             self.scratch.clear();
             let t = Instant::now();
             let listed = self.gpu.processes(i, &mut self.scratch);
+            let mut mig = Vec::with_capacity(self.devices[i].mig.len());
+            for (k, m) in self.devices[i].mig.iter().enumerate() {
+                let memory = match self.gpu.mig_memory(i, k) {
+                    Ok(mem) => Some(mem),
+                    Err(e) => {
+                        Self::count_error(&mut self.errors, e);
+                        None
+                    }
+                };
+                mig.push(MigSample {
+                    info: Arc::clone(&m.info),
+                    memory,
+                });
+            }
             in_nvml += t.elapsed();
+            self.devices[i].mig = Arc::from(mig);
             if let Err(e) = listed {
                 Self::count_error(&mut self.errors, e);
                 let dev = &mut self.devices[i];
                 dev.memory = None;
                 dev.processes = Arc::from(Vec::new());
+                dev.other = None;
                 dev.process_peaks.clear();
                 continue;
             }
             self.scratch.sort_unstable_by_key(|p| p.pid);
             let dev = &mut self.devices[i];
-            let mut list = Vec::with_capacity(self.scratch.len());
+            // Peaks follow every listed process, exported or not, so a
+            // process that climbs into the top N arrives with its history.
             for p in &self.scratch {
-                let peak = p.used_bytes.and_then(|b| {
-                    let w = dev.process_peaks.entry(p.pid).or_default();
-                    w.push(started, b, window);
-                    w.max()
-                });
-                list.push(ProcessSample {
-                    pid: p.pid,
-                    used_bytes: p.used_bytes,
-                    process: self.procs.comm(p.pid),
-                    used_peak_bytes: peak,
-                });
+                if let Some(b) = p.used_bytes {
+                    dev.process_peaks
+                        .entry(p.pid)
+                        .or_default()
+                        .push(started, b, window);
+                }
             }
             let scratch = &self.scratch;
             dev.process_peaks
                 .retain(|pid, _| scratch.binary_search_by_key(pid, |p| p.pid).is_ok());
+            let (keep, other) = select(&self.scratch, &self.selection);
+            let mut list = Vec::with_capacity(keep.len());
+            for k in keep {
+                let p = &self.scratch[k];
+                list.push(ProcessSample {
+                    pid: p.pid,
+                    used_bytes: p.used_bytes,
+                    ident: self.procs.identify(p.pid),
+                    gpu_instance_id: p.gpu_instance_id,
+                    compute_instance_id: p.compute_instance_id,
+                    used_peak_bytes: p
+                        .used_bytes
+                        .and_then(|_| dev.process_peaks.get(&p.pid))
+                        .and_then(WindowMax::max),
+                });
+            }
             dev.processes = Arc::from(list);
+            dev.other = other;
         }
         let devices = &self.devices;
         self.procs.retain(&|pid| {
@@ -318,54 +433,177 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
                     memory: d.memory,
                     used_peak_bytes: d.memory.and(d.used_peak.max()),
                     processes: Arc::clone(&d.processes),
+                    other: d.other,
+                    mig: Arc::clone(&d.mig),
                 })
                 .collect(),
             nvml_errors: Arc::clone(&self.errors),
             sample_duration: Arc::clone(&self.durations),
             sample_nvml_duration: Arc::clone(&self.nvml_durations),
             memory_samples: self.memory_samples,
+            process_lookup_failures: self.procs.failures(),
+            kubernetes: self.procs.kubernetes(),
         }
     }
 }
 
 /// /proc lookups cached by (pid, start time): a pid reused by a new process
 /// gets fresh data; a known process costs one read of `/proc/<pid>/stat`.
+/// Pod names come from the pod watcher's cache (never the API itself) and
+/// are retried each tick until the watcher knows the pod.
 pub struct ProcCache {
-    root: crate::procfs::ProcRoot,
-    entries: HashMap<u32, (Option<u64>, Arc<str>)>,
-    empty: Arc<str>,
+    root: ProcRoot,
+    users: UserNames,
+    pods: Option<Arc<PodIndex>>,
+    /// Include the command line, redacted and cut to this many characters.
+    cmdline_max: Option<usize>,
+    entries: HashMap<u32, (u64, Arc<ProcIdentity>)>,
+    unknown: Arc<ProcIdentity>,
+    failures: u64,
+    warned_hidden: bool,
 }
 
 impl ProcCache {
-    pub fn new(root: crate::procfs::ProcRoot) -> Self {
+    pub fn new(root: ProcRoot) -> Self {
         ProcCache {
             root,
+            users: UserNames::new("/etc/passwd"),
+            pods: None,
+            cmdline_max: None,
             entries: HashMap::new(),
-            empty: Arc::from(""),
+            unknown: Arc::new(ProcIdentity::default()),
+            failures: 0,
+            warned_hidden: false,
+        }
+    }
+
+    /// Map uids to names with this passwd file (e.g. the host's).
+    pub fn with_users(mut self, users: UserNames) -> Self {
+        self.users = users;
+        self
+    }
+
+    /// Resolve pod UIDs and container ids through this pod index.
+    pub fn with_pods(mut self, pods: Arc<PodIndex>) -> Self {
+        self.pods = Some(pods);
+        self
+    }
+
+    /// Add the (redacted, truncated) command line to identities.
+    pub fn with_cmdline(mut self, max_len: usize) -> Self {
+        self.cmdline_max = Some(max_len);
+        self
+    }
+
+    fn read(&self, pid: u32) -> ProcIdentity {
+        let s = |v: String| -> Arc<str> { Arc::from(v) };
+        let cg = self
+            .root
+            .cgroup(pid)
+            .map(|c| crate::procfs::parse_cgroup(&c))
+            .unwrap_or_default();
+        ProcIdentity {
+            comm: s(self.root.comm(pid).unwrap_or_default()),
+            user: s(self
+                .root
+                .uid(pid)
+                .map(|u| self.users.name(u))
+                .unwrap_or_default()),
+            container_id: s(cg.container_id.unwrap_or_default()),
+            pod_uid: s(cg.pod_uid.unwrap_or_default()),
+            cmdline: self.cmdline_max.map(|max| {
+                let args = self.root.cmdline(pid).unwrap_or_default();
+                s(crate::procfs::redact_cmdline(&args, max))
+            }),
+            namespace: Arc::from(""),
+            pod: Arc::from(""),
+            container: Arc::from(""),
+        }
+    }
+
+    /// Fill namespace/pod/container from the pod index, if it knows them.
+    fn resolve_pod(&self, ident: &mut ProcIdentity) -> bool {
+        let Some(pods) = &self.pods else {
+            return false;
+        };
+        let uid = (!ident.pod_uid.is_empty()).then_some(&*ident.pod_uid);
+        let cid = (!ident.container_id.is_empty()).then_some(&*ident.container_id);
+        if uid.is_none() && cid.is_none() {
+            return false;
+        }
+        match pods.lookup(uid, cid) {
+            Some(r) => {
+                ident.namespace = Arc::from(r.namespace);
+                ident.pod = Arc::from(r.pod);
+                ident.container = Arc::from(r.container);
+                true
+            }
+            None => false,
         }
     }
 }
 
 impl ProcessLookup for ProcCache {
-    fn comm(&mut self, pid: u32) -> Arc<str> {
-        let start = self.root.start_time(pid);
-        if start.is_none() {
-            // Gone or hidden (no hostPID): nothing to cache.
+    fn identify(&mut self, pid: u32) -> Arc<ProcIdentity> {
+        let Some(start) = self.root.start_time(pid) else {
+            // Gone, or hidden because we do not share the host's PID
+            // namespace: the bytes are still exported by pid.
             self.entries.remove(&pid);
-            return Arc::clone(&self.empty);
-        }
-        if let Some((s, comm)) = self.entries.get(&pid)
+            self.failures += 1;
+            if !self.warned_hidden {
+                self.warned_hidden = true;
+                tracing::warn!(
+                    pid,
+                    procfs = %self.root.path().display(),
+                    "a pid reported by NVML is not visible in /proc: process names, users and pods cannot be resolved (run with hostPID: true, or point path.procfs at the host's /proc); memory is still exported by pid. Counted in gpumem_exporter_process_lookup_failures_total; this is logged once"
+                );
+            }
+            return Arc::clone(&self.unknown);
+        };
+        if let Some((s, ident)) = self.entries.get(&pid)
             && *s == start
         {
-            return Arc::clone(comm);
+            if !ident.pod.is_empty()
+                || self.pods.is_none()
+                || (ident.pod_uid.is_empty() && ident.container_id.is_empty())
+            {
+                return Arc::clone(ident);
+            }
+            // Known process, pod not resolved yet: try the index again.
+            let mut updated = ProcIdentity::clone(ident);
+            if self.resolve_pod(&mut updated) {
+                let updated = Arc::new(updated);
+                self.entries.insert(pid, (start, Arc::clone(&updated)));
+                return updated;
+            }
+            return Arc::clone(ident);
         }
-        let comm: Arc<str> = self.root.comm(pid).map(Arc::from).unwrap_or_default();
-        self.entries.insert(pid, (start, Arc::clone(&comm)));
-        comm
+        let mut ident = self.read(pid);
+        self.resolve_pod(&mut ident);
+        let ident = Arc::new(ident);
+        self.entries.insert(pid, (start, Arc::clone(&ident)));
+        ident
     }
 
     fn retain(&mut self, live: &dyn Fn(u32) -> bool) {
         self.entries.retain(|pid, _| live(*pid));
+    }
+
+    fn failures(&self) -> u64 {
+        self.failures
+    }
+
+    fn kubernetes(&self) -> Option<KubeState> {
+        self.pods.as_ref().map(|p| {
+            let st = p.stats();
+            KubeState {
+                pods: p.pods() as u64,
+                synced: st.synced,
+                lists_total: st.lists_total,
+                watch_restarts_total: st.watch_restarts_total,
+                errors_total: st.errors_total,
+            }
+        })
     }
 }
 
@@ -395,6 +633,7 @@ pub fn spawn<G, P, E, F>(
     open: F,
     procs: P,
     timing: Timing,
+    selection: Selection,
     shared: Arc<Shared>,
     stop: Receiver<()>,
 ) -> Result<JoinHandle<()>, StartError<E>>
@@ -418,7 +657,7 @@ where
             };
             thread_shared.alive.store(true, Ordering::Release);
             let _guard = AliveGuard(Arc::clone(&thread_shared));
-            let mut sampler = Sampler::new(gpu, procs, timing);
+            let mut sampler = Sampler::new(gpu, procs, timing).with_selection(selection);
             thread_shared.publish(sampler.tick());
             let _ = ready_tx.send(Ok(()));
             run_loop(sampler, &thread_shared, &stop);
@@ -514,6 +753,82 @@ mod tests {
         }
         assert!(m.q.len() <= 1001, "{}", m.q.len());
         assert_eq!(m.max(), Some(99));
+    }
+
+    fn raw(pid: u32, used: Option<u64>) -> RawProcess {
+        RawProcess {
+            pid,
+            used_bytes: used,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
+    #[test]
+    fn selection_keeps_totals() {
+        let procs = [
+            raw(1, Some(100)),
+            raw(2, Some(5)),
+            raw(3, None),
+            raw(4, Some(50)),
+            raw(5, Some(70)),
+        ];
+        let total: u64 = procs.iter().filter_map(|p| p.used_bytes).sum();
+        let cases = [
+            (Selection::default(), vec![0, 1, 2, 3, 4], None),
+            (
+                Selection {
+                    top_n: 2,
+                    ..Default::default()
+                },
+                vec![0, 2, 4],
+                Some(OtherProcesses {
+                    count: 2,
+                    used_bytes: 55,
+                }),
+            ),
+            (
+                Selection {
+                    min_bytes: 60,
+                    ..Default::default()
+                },
+                vec![0, 2, 4],
+                Some(OtherProcesses {
+                    count: 2,
+                    used_bytes: 55,
+                }),
+            ),
+            (
+                Selection {
+                    min_bytes: 60,
+                    top_n: 1,
+                    ..Default::default()
+                },
+                vec![0, 2],
+                Some(OtherProcesses {
+                    count: 3,
+                    used_bytes: 125,
+                }),
+            ),
+            (
+                Selection {
+                    enabled: false,
+                    ..Default::default()
+                },
+                vec![],
+                Some(OtherProcesses {
+                    count: 5,
+                    used_bytes: 225,
+                }),
+            ),
+        ];
+        for (sel, want_keep, want_other) in cases {
+            let (keep, other) = select(&procs, &sel);
+            assert_eq!(keep, want_keep, "{sel:?}");
+            assert_eq!(other, want_other, "{sel:?}");
+            let kept: u64 = keep.iter().filter_map(|&i| procs[i].used_bytes).sum();
+            assert_eq!(kept + other.map_or(0, |o| o.used_bytes), total, "{sel:?}");
+        }
     }
 
     #[test]

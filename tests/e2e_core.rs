@@ -100,15 +100,22 @@ fn values_equal_the_scenario_to_the_byte() {
     );
     let me_s = me.to_string();
     let comm = comm_of_self();
-    let p = |pid: &'static str, process: &'static str| {
-        [G0[0], G0[1], ("pid", pid), ("process", process)]
+    // Outside Kubernetes and MIG those labels are empty.
+    let labels = |pid, process| {
+        [
+            G0[0],
+            G0[1],
+            ("pid", pid),
+            ("process", process),
+            ("namespace", ""),
+            ("pod", ""),
+            ("container", ""),
+            ("gpu_instance_id", ""),
+            ("compute_instance_id", ""),
+        ]
     };
-    let mine = [
-        G0[0],
-        G0[1],
-        ("pid", me_s.as_str()),
-        ("process", comm.as_str()),
-    ];
+    let p = |pid: &'static str, process: &'static str| labels(pid, process);
+    let mine = labels(me_s.as_str(), comm.as_str());
     assert_eq!(
         m.get_u64("gpu_process_memory_used_bytes", &mine),
         Some(12354322432)

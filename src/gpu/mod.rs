@@ -3,7 +3,7 @@
 
 pub mod nvml;
 
-use crate::model::{DeviceInfo, DriverInfo, MemoryInfo};
+use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
 
 /// A failed driver call: the operation and a stable snake_case error name,
 /// exactly the labels of `gpumem_exporter_nvml_errors_total`.
@@ -19,6 +19,9 @@ pub struct GpuError {
 pub struct RawProcess {
     pub pid: u32,
     pub used_bytes: Option<u64>,
+    /// MIG GPU / compute instance the process runs on (MIG mode only).
+    pub gpu_instance_id: Option<u32>,
+    pub compute_instance_id: Option<u32>,
 }
 
 /// What the sampler needs from a GPU driver. Implementations are owned by
@@ -28,9 +31,13 @@ pub trait GpuSource {
     /// Devices in NVML index order, identities read once at start.
     fn devices(&self) -> &[DeviceInfo];
     fn memory(&mut self, device: usize) -> Result<MemoryInfo, GpuError>;
-    /// Running compute and graphics processes, merged to one entry per pid
-    /// and appended to `out`.
+    /// Running compute, graphics and MPS client processes, merged to one
+    /// entry per pid and appended to `out`.
     fn processes(&mut self, device: usize, out: &mut Vec<RawProcess>) -> Result<(), GpuError>;
+    /// MIG instances of a GPU in MIG mode (read once at start), else empty.
+    fn mig_devices(&self, device: usize) -> &[MigInfo];
+    /// Memory of one MIG instance (its own memory_info).
+    fn mig_memory(&mut self, device: usize, mig: usize) -> Result<MemoryInfo, GpuError>;
 }
 
 /// Merge `p` into `out`, keeping one entry per pid. A process with both a
@@ -42,7 +49,9 @@ pub fn merge_process(out: &mut Vec<RawProcess>, p: RawProcess) {
             q.used_bytes = match (q.used_bytes, p.used_bytes) {
                 (Some(a), Some(b)) => Some(a.max(b)),
                 (a, b) => a.or(b),
-            }
+            };
+            q.gpu_instance_id = q.gpu_instance_id.or(p.gpu_instance_id);
+            q.compute_instance_id = q.compute_instance_id.or(p.compute_instance_id);
         }
         None => out.push(p),
     }
@@ -52,49 +61,22 @@ pub fn merge_process(out: &mut Vec<RawProcess>, p: RawProcess) {
 mod tests {
     use super::*;
 
+    fn p(pid: u32, used_bytes: Option<u64>) -> RawProcess {
+        RawProcess {
+            pid,
+            used_bytes,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
     #[test]
     fn merge_dedupes_by_pid_and_keeps_known_bytes() {
         let mut out = Vec::new();
-        merge_process(
-            &mut out,
-            RawProcess {
-                pid: 1,
-                used_bytes: None,
-            },
-        );
-        merge_process(
-            &mut out,
-            RawProcess {
-                pid: 2,
-                used_bytes: Some(5),
-            },
-        );
-        merge_process(
-            &mut out,
-            RawProcess {
-                pid: 1,
-                used_bytes: Some(7),
-            },
-        );
-        merge_process(
-            &mut out,
-            RawProcess {
-                pid: 2,
-                used_bytes: Some(3),
-            },
-        );
-        assert_eq!(
-            out,
-            vec![
-                RawProcess {
-                    pid: 1,
-                    used_bytes: Some(7)
-                },
-                RawProcess {
-                    pid: 2,
-                    used_bytes: Some(5)
-                },
-            ]
-        );
+        merge_process(&mut out, p(1, None));
+        merge_process(&mut out, p(2, Some(5)));
+        merge_process(&mut out, p(1, Some(7)));
+        merge_process(&mut out, p(2, Some(3)));
+        assert_eq!(out, vec![p(1, Some(7)), p(2, Some(5))]);
     }
 }

@@ -7,10 +7,10 @@ use std::ffi::OsStr;
 use nvml_wrapper::Device;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 
 use super::{GpuError, GpuSource, RawProcess, merge_process};
-use crate::model::{DeviceInfo, DriverInfo, MemoryInfo};
+use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
 
 /// The library name the dynamic loader resolves when none is configured.
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -69,6 +69,9 @@ fn gpu_err(operation: &'static str) -> impl Fn(NvmlError) -> GpuError {
 pub struct NvmlSource {
     // Field order matters: `handles` must drop before `nvml`.
     handles: Vec<Device<'static>>,
+    /// Per GPU: its MIG instance handles and identities (empty without MIG).
+    mig_handles: Vec<Vec<Device<'static>>>,
+    mig_infos: Vec<Vec<MigInfo>>,
     infos: Vec<DeviceInfo>,
     driver: DriverInfo,
     _nvml: Box<Nvml>,
@@ -134,6 +137,8 @@ impl NvmlSource {
         let nvml_ref: &'static Nvml = unsafe { &*(nvml.as_ref() as *const Nvml) };
         let mut handles = Vec::with_capacity(count as usize);
         let mut infos = Vec::with_capacity(count as usize);
+        let mut mig_handles = Vec::with_capacity(count as usize);
+        let mut mig_infos = Vec::with_capacity(count as usize);
         for index in 0..count {
             let dev = nvml_ref
                 .device_by_index(index)
@@ -144,10 +149,15 @@ impl NvmlSource {
                 name: dev.name().map_err(other("device_name"))?,
                 pci_bus_id: dev.pci_info().map_err(other("device_pci_info"))?.bus_id,
             });
+            let (migs, mig_info) = mig_instances(&dev).map_err(other("mig_devices"))?;
+            mig_handles.push(migs);
+            mig_infos.push(mig_info);
             handles.push(dev);
         }
         Ok(Self {
             handles,
+            mig_handles,
+            mig_infos,
             infos,
             driver,
             _nvml: nvml,
@@ -162,6 +172,58 @@ impl NvmlSource {
     }
 }
 
+/// The MIG instances of a GPU in MIG mode; empty when MIG is off or not
+/// supported. Read once at start: MIG layouts change only with the GPU idle
+/// and an admin's action, after which the exporter is restarted.
+fn mig_instances(dev: &Device<'static>) -> Result<(Vec<Device<'static>>, Vec<MigInfo>), NvmlError> {
+    match dev.mig_mode() {
+        Ok(m) if m.current == 1 => {}
+        Ok(_) | Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        Err(e) => return Err(e),
+    }
+    let max = dev.mig_device_count()?;
+    let mut handles = Vec::new();
+    let mut infos = Vec::new();
+    for i in 0..max {
+        let mig = match dev.mig_device_by_index(i) {
+            Ok(m) => m,
+            // Slots without an instance answer NOT_FOUND.
+            Err(NvmlError::NotFound) | Err(NvmlError::InvalidArg) => continue,
+            Err(e) => return Err(e),
+        };
+        infos.push(MigInfo {
+            mig_uuid: mig.uuid()?,
+            name: mig.name().unwrap_or_default(),
+            gpu_instance_id: instance_id(&mig, InstanceKind::Gpu)?,
+            compute_instance_id: instance_id(&mig, InstanceKind::Compute)?,
+        });
+        handles.push(mig);
+    }
+    Ok((handles, infos))
+}
+
+enum InstanceKind {
+    Gpu,
+    Compute,
+}
+
+/// nvmlDeviceGetGpuInstanceId / nvmlDeviceGetComputeInstanceId, which
+/// nvml-wrapper does not wrap.
+fn instance_id(mig: &Device<'static>, kind: InstanceKind) -> Result<u32, NvmlError> {
+    let lib = mig.nvml().lib();
+    let sym = match kind {
+        InstanceKind::Gpu => nvml_sym(lib.nvmlDeviceGetGpuInstanceId.as_ref())?,
+        InstanceKind::Compute => nvml_sym(lib.nvmlDeviceGetComputeInstanceId.as_ref())?,
+    };
+    let mut id: std::os::raw::c_uint = 0;
+    // SAFETY: the handle comes from this NVML instance and `id` is a valid
+    // out-pointer for the duration of the call.
+    nvml_try(unsafe { sym(mig.handle(), &mut id) })?;
+    Ok(id)
+}
+
 /// 13000 → "13.0", 12040 → "12.4" (NVML encodes major*1000 + minor*10).
 pub fn cuda_version_string(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
@@ -174,7 +236,19 @@ fn raw(p: nvml_wrapper::struct_wrappers::device::ProcessInfo) -> RawProcess {
             UsedGpuMemory::Used(b) => Some(b),
             UsedGpuMemory::Unavailable => None,
         },
+        gpu_instance_id: p.gpu_instance_id,
+        compute_instance_id: p.compute_instance_id,
     }
+}
+
+fn memory_of(dev: &Device<'static>) -> Result<MemoryInfo, GpuError> {
+    let m = dev.memory_info().map_err(gpu_err("memory_info"))?;
+    Ok(MemoryInfo {
+        total: m.total,
+        reserved: m.reserved,
+        used: m.used,
+        free: m.free,
+    })
 }
 
 impl GpuSource for NvmlSource {
@@ -187,16 +261,7 @@ impl GpuSource for NvmlSource {
     }
 
     fn memory(&mut self, device: usize) -> Result<MemoryInfo, GpuError> {
-        let m = self
-            .handle(device, "memory_info")?
-            .memory_info()
-            .map_err(gpu_err("memory_info"))?;
-        Ok(MemoryInfo {
-            total: m.total,
-            reserved: m.reserved,
-            used: m.used,
-            free: m.free,
-        })
+        memory_of(self.handle(device, "memory_info")?)
     }
 
     fn processes(&mut self, device: usize, out: &mut Vec<RawProcess>) -> Result<(), GpuError> {
@@ -207,14 +272,39 @@ impl GpuSource for NvmlSource {
         {
             merge_process(out, raw(p));
         }
+        // Compute-only boards may not support the graphics query, and GPUs
+        // without an MPS server may not support the MPS one: neither is a
+        // fault of the GPU.
         match dev.running_graphics_processes() {
             Ok(list) => list.into_iter().for_each(|p| merge_process(out, raw(p))),
-            // Compute-only boards (most data-centre GPUs) may not support
-            // the graphics query: that is not a fault of the GPU.
             Err(NvmlError::NotSupported) => {}
             Err(e) => return Err(gpu_err("running_graphics_processes")(e)),
         }
+        match dev.mps_running_compute_processes() {
+            Ok(list) => list.into_iter().for_each(|p| merge_process(out, raw(p))),
+            Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {}
+            Err(e) => return Err(gpu_err("mps_running_compute_processes")(e)),
+        }
         Ok(())
+    }
+
+    fn mig_devices(&self, device: usize) -> &[MigInfo] {
+        self.mig_infos.get(device).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    fn mig_memory(&mut self, device: usize, mig: usize) -> Result<MemoryInfo, GpuError> {
+        let h = self
+            .mig_handles
+            .get(device)
+            .and_then(|m| m.get(mig))
+            .ok_or(GpuError {
+                operation: "mig_memory_info",
+                error: "invalid_device_index".to_string(),
+            })?;
+        memory_of(h).map_err(|e| GpuError {
+            operation: "mig_memory_info",
+            error: e.error,
+        })
     }
 }
 
