@@ -1,0 +1,29 @@
+# syntax=docker/dockerfile:1
+#
+# gpumem-exporter container image. UNTESTED in this repository's CI (no
+# Docker engine there); see docs/OPERATIONS.md, "Docker".
+#
+#     docker build -t registry.example.com/gpumem-exporter:0.1.0 .
+#
+# The image holds no NVIDIA library: NVML (libnvidia-ml.so.1) is dlopened at
+# run time and injected by the NVIDIA container runtime
+# (NVIDIA_DRIVER_CAPABILITIES=utility), so the binary is built against glibc
+# (a static musl binary could not dlopen the driver's glibc library).
+
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY . .
+# Cache mounts keep the registry and target/ between builds; the binary is
+# copied out of the cached target/ so it lands in the image layer.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p gpumem-exporter \
+ && cp target/release/gpumem-exporter /gpumem-exporter
+
+# distroless/cc: glibc, libgcc, CA certificates, no shell; the :nonroot tag
+# runs as uid/gid 65532, matching runAsUser in deploy/kubernetes.
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /gpumem-exporter /gpumem-exporter
+USER 65532:65532
+EXPOSE 9877
+ENTRYPOINT ["/gpumem-exporter"]

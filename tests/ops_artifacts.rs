@@ -1,0 +1,1416 @@
+//! The operations artifacts — alert rules, Kubernetes manifests, systemd
+//! unit, Dockerfile, Grafana dashboard — checked with the tools that consume
+//! them, so a broken manifest fails `cargo test` instead of a deployment.
+//!
+//! Tools (each test panics with an install hint when its tool is missing,
+//! it never skips):
+//! - `promtool` (Debian/Ubuntu: `apt-get install -y prometheus`),
+//! - `kubectl` (ships kustomize; works offline here),
+//! - `systemd-analyze` (Debian/Ubuntu: `apt-get install -y systemd`),
+//! - `sh` and `sed`.
+//!
+//! std only: kustomize output is turned into JSON by
+//! `kubectl annotate --local -o json` and read by the small JSON parser at
+//! the end of this file.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+const IMAGE: &str = "ghcr.io/gpumem-exporter/gpumem-exporter:0.1.0";
+const NAMESPACE: &str = "gpumem-exporter";
+const RUNBOOK_BASE: &str = "https://github.com/gpumem-exporter/gpumem-exporter/blob/main/README.md";
+const ALERTS: [&str; 7] = [
+    "GpuMemoryHigh",
+    "GpuMemoryExhaustionPredicted",
+    "GpuProcessMemoryLeakSuspected",
+    "GpuDown",
+    "GpuMemExporterDown",
+    "GpuMemExporterSamplesStale",
+    "NvmlErrorsRising",
+];
+
+// ------------------------------------------------------------------ helpers
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    let path = repo().join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+fn install_hint(program: &str) -> &'static str {
+    match program {
+        "promtool" => {
+            "install promtool: `apt-get install -y prometheus` (Debian/Ubuntu) or the \
+             prometheus release tarball from https://prometheus.io/download/"
+        }
+        "kubectl" => {
+            "install kubectl (it includes kustomize): https://kubernetes.io/docs/tasks/tools/ \
+             or `apt-get install -y kubectl` from pkgs.k8s.io"
+        }
+        "systemd-analyze" => "install systemd-analyze: `apt-get install -y systemd`",
+        _ => "install it and put it on PATH",
+    }
+}
+
+/// Runs `program args...` in the repository root, feeding `stdin`. Panics
+/// loudly when the program is not installed: these checks must never be
+/// skipped silently.
+fn run(program: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .current_dir(repo())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+            "`{program}` is not installed, so this check cannot run; {}",
+            install_hint(program)
+        ),
+        Err(e) => panic!("cannot start `{program}`: {e}"),
+    };
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin was piped");
+        pipe.write_all(input)
+            .unwrap_or_else(|e| panic!("writing to `{program}`: {e}"));
+    }
+    child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("waiting for `{program}`: {e}"))
+}
+
+/// Like [`run`], and panics with the tool's output unless it succeeded.
+fn run_ok(program: &str, args: &[&str], stdin: Option<&[u8]>) -> String {
+    let out = run(program, args, stdin);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "`{program} {}` failed ({}):\n{stdout}\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A scratch directory, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("gpumem-ops-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        Scratch(dir)
+    }
+
+    fn write(&self, name: &str, content: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, content).expect("write scratch file");
+        path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `kubectl kustomize <dir>`, as a list of objects. kustomize prints YAML
+/// only; `kubectl annotate --local` reads it offline (no cluster, any kind)
+/// and prints JSON. Removing an annotation nobody sets changes nothing.
+fn render(dir: &str) -> Vec<Json> {
+    let yaml = run_ok("kubectl", &["kustomize", dir], None);
+    let json = run_ok(
+        "kubectl",
+        &[
+            "annotate",
+            "--local",
+            "-f",
+            "-",
+            "gpumem-exporter.test/unused-",
+            "-o",
+            "json",
+        ],
+        Some(yaml.as_bytes()),
+    );
+    let mut objects = Vec::new();
+    for value in parse_json_stream(&json) {
+        if value.s("kind") == Some("List") {
+            objects.extend(value.a("items").iter().cloned());
+        } else {
+            objects.push(value);
+        }
+    }
+    assert!(!objects.is_empty(), "{dir} rendered no objects");
+    objects
+}
+
+fn kinds(objects: &[Json]) -> BTreeSet<String> {
+    objects
+        .iter()
+        .filter_map(|o| o.s("kind"))
+        .map(str::to_string)
+        .collect()
+}
+
+fn only<'a>(objects: &'a [Json], kind: &str) -> &'a Json {
+    let found: Vec<&Json> = objects
+        .iter()
+        .filter(|o| o.s("kind") == Some(kind))
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected exactly one {kind}, got {}",
+        found.len()
+    );
+    found[0]
+}
+
+fn strings(value: Option<&Json>) -> Vec<String> {
+    value
+        .map(|v| {
+            v.items()
+                .iter()
+                .filter_map(|s| s.str())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// GitHub's anchor for a Markdown heading: lower case, punctuation other
+/// than `-` and `_` removed, spaces turned into `-`.
+fn github_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn heading_anchors(markdown: &str) -> BTreeSet<String> {
+    markdown
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| github_anchor(l.trim_start_matches('#')))
+        .collect()
+}
+
+fn alert_names_in_rules_yml() -> Vec<String> {
+    read("deploy/prometheus/rules.yml")
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert:"))
+        .map(|n| n.trim().to_string())
+        .collect()
+}
+
+// ------------------------------------------------------------------ alert rules
+
+#[test]
+fn promtool_accepts_the_rule_file() {
+    let out = run_ok(
+        "promtool",
+        &["check", "rules", "deploy/prometheus/rules.yml"],
+        None,
+    );
+    assert!(out.contains("SUCCESS"), "promtool check rules: {out}");
+}
+
+#[test]
+fn rule_unit_tests_pass() {
+    let out = run(
+        "promtool",
+        &["test", "rules", "deploy/prometheus/rules_test.yml"],
+        None,
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("SUCCESS"),
+        "promtool test rules failed:\n{text}"
+    );
+}
+
+/// Each alert has a unit test where it fires and one where it must stay
+/// silent (`exp_alerts: []`).
+#[test]
+fn every_alert_is_tested_firing_and_silent() {
+    let names = alert_names_in_rules_yml();
+    assert_eq!(names, ALERTS, "alerts in rules.yml");
+    let tests = read("deploy/prometheus/rules_test.yml");
+    let lines: Vec<&str> = tests
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut fires = BTreeSet::new();
+    let mut silent = BTreeSet::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(name) = line.strip_prefix("alertname:") else {
+            continue;
+        };
+        let name = name.trim().to_string();
+        match (lines.get(i + 1).copied(), lines.get(i + 2).copied()) {
+            (Some("exp_alerts: []"), _) => silent.insert(name),
+            (Some("exp_alerts:"), Some(next)) if next.starts_with("- exp_labels:") => {
+                fires.insert(name)
+            }
+            other => panic!("rules_test.yml: unexpected lines after `{line}`: {other:?}"),
+        };
+    }
+    for alert in ALERTS {
+        assert!(
+            fires.contains(alert),
+            "no rules_test.yml case where {alert} fires"
+        );
+        assert!(
+            silent.contains(alert),
+            "no rules_test.yml case where {alert} stays silent"
+        );
+    }
+}
+
+#[test]
+fn prometheusrule_is_generated_from_rules_yml() {
+    let generated = run_ok("sh", &["scripts/gen-prometheusrule.sh"], None);
+    let committed = read("deploy/kubernetes/base/prometheusrule.yaml");
+    assert!(
+        generated == committed,
+        "deploy/kubernetes/base/prometheusrule.yaml is out of date with \
+         deploy/prometheus/rules.yml; run\n    \
+         scripts/gen-prometheusrule.sh > deploy/kubernetes/base/prometheusrule.yaml"
+    );
+    // The generator copies rules.yml from `groups:` on, indented under spec.
+    let rules = read("deploy/prometheus/rules.yml");
+    let groups = &rules[rules.find("\ngroups:").expect("rules.yml has groups:") + 1..];
+    let indented: String = groups
+        .lines()
+        .map(|l| {
+            if l.is_empty() {
+                "\n".to_string()
+            } else {
+                format!("  {l}\n")
+            }
+        })
+        .collect();
+    assert!(
+        committed.ends_with(&format!("spec:\n{indented}")),
+        "spec.groups of the PrometheusRule is not rules.yml's groups"
+    );
+}
+
+/// Severity, summary, description and a runbook_url whose anchor is a
+/// heading in docs/OPERATIONS.md (or README.md, where the runbooks move).
+#[test]
+fn every_alert_has_severity_annotations_and_a_runbook() {
+    let rule = render("deploy/kubernetes/base")
+        .into_iter()
+        .find(|o| o.s("kind") == Some("PrometheusRule"))
+        .expect("the base renders a PrometheusRule");
+    let mut anchors = heading_anchors(&read("docs/OPERATIONS.md"));
+    if let Ok(readme) = std::fs::read_to_string(repo().join("README.md")) {
+        anchors.extend(heading_anchors(&readme));
+    }
+    let groups = rule.at("spec.groups").expect("spec.groups").items();
+    assert_eq!(groups.len(), 1, "one rule group");
+    assert_eq!(groups[0].s("name"), Some("gpumem-exporter"));
+    let mut seen = Vec::new();
+    for r in groups[0].a("rules") {
+        let Some(alert) = r.s("alert") else {
+            assert!(
+                r.s("record").is_some(),
+                "a rule that is neither alert nor record"
+            );
+            continue;
+        };
+        seen.push(alert.to_string());
+        let severity = r.at("labels.severity").and_then(Json::str);
+        assert!(
+            matches!(severity, Some("warning" | "critical")),
+            "{alert}: severity {severity:?}"
+        );
+        for key in ["summary", "description"] {
+            let text = r.at(&format!("annotations.{key}")).and_then(Json::str);
+            assert!(
+                text.is_some_and(|t| !t.trim().is_empty()),
+                "{alert}: no {key}"
+            );
+        }
+        let anchor = format!("alert-{}", alert.to_lowercase());
+        assert_eq!(
+            r.at("annotations.runbook_url").and_then(Json::str),
+            Some(format!("{RUNBOOK_BASE}#{anchor}").as_str()),
+            "{alert}: runbook_url"
+        );
+        assert!(
+            anchors.contains(&anchor),
+            "{alert}: no heading `### Alert: {alert}` (anchor #{anchor}) in docs/OPERATIONS.md or README.md"
+        );
+        assert!(
+            r.s("expr").is_some() && r.s("for").is_some(),
+            "{alert}: expr and for"
+        );
+    }
+    assert_eq!(seen, ALERTS, "alerts in the PrometheusRule");
+}
+
+// ------------------------------------------------------------------ kubernetes
+
+/// The DaemonSet checks shared by the base and the overlay.
+fn check_daemonset(objects: &[Json]) {
+    let ds = only(objects, "DaemonSet");
+    let ctx = "DaemonSet";
+    assert_eq!(
+        ds.at("metadata.namespace").and_then(Json::str),
+        Some(NAMESPACE)
+    );
+    assert_eq!(
+        ds.at("spec.updateStrategy.type").and_then(Json::str),
+        Some("RollingUpdate")
+    );
+    assert_eq!(
+        ds.at("spec.updateStrategy.rollingUpdate.maxUnavailable")
+            .and_then(Json::num),
+        Some(1.0),
+        "{ctx}: maxUnavailable"
+    );
+    let pod = ds.at("spec.template.spec").expect("pod spec");
+    assert_eq!(
+        pod.at("hostPID").and_then(Json::bool),
+        Some(true),
+        "hostPID"
+    );
+    assert_eq!(pod.s("priorityClassName"), Some("system-node-critical"));
+    assert_eq!(pod.s("runtimeClassName"), Some("nvidia"));
+
+    // GPU nodes only.
+    let terms = pod
+        .at("affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms")
+        .expect("required node affinity");
+    assert!(
+        terms
+            .items()
+            .iter()
+            .all(|t| t.a("matchExpressions").iter().any(|e| {
+                e.s("key") == Some("nvidia.com/gpu.present")
+                    && e.s("operator") == Some("In")
+                    && strings(e.get("values")) == ["true"]
+            })),
+        "every node selector term requires nvidia.com/gpu.present=true"
+    );
+    assert!(
+        pod.a("tolerations")
+            .iter()
+            .any(|t| t.s("key") == Some("nvidia.com/gpu")
+                && t.s("operator") == Some("Exists")
+                && t.get("effect").is_none()),
+        "toleration for the nvidia.com/gpu taint (Exists, any effect)"
+    );
+
+    // Non-root, locked down.
+    assert_eq!(
+        pod.at("securityContext.runAsNonRoot").and_then(Json::bool),
+        Some(true)
+    );
+    let uid = pod.at("securityContext.runAsUser").and_then(Json::num);
+    assert!(
+        uid.is_some_and(|u| u > 0.0),
+        "fixed non-zero runAsUser, got {uid:?}"
+    );
+    assert_eq!(
+        pod.at("securityContext.seccompProfile.type")
+            .and_then(Json::str),
+        Some("RuntimeDefault")
+    );
+    let containers = pod.a("containers");
+    assert_eq!(containers.len(), 1, "one container");
+    let c = &containers[0];
+    assert_eq!(c.s("image"), Some(IMAGE));
+    let sc = c.get("securityContext").expect("container securityContext");
+    assert_eq!(sc.at("runAsNonRoot").and_then(Json::bool), Some(true));
+    assert_eq!(
+        sc.at("allowPrivilegeEscalation").and_then(Json::bool),
+        Some(false)
+    );
+    assert_eq!(
+        sc.at("readOnlyRootFilesystem").and_then(Json::bool),
+        Some(true)
+    );
+    assert_eq!(strings(sc.at("capabilities.drop")), ["ALL"]);
+    assert!(sc.at("capabilities.add").is_none(), "no added capabilities");
+    assert_ne!(sc.at("privileged").and_then(Json::bool), Some(true));
+
+    // The port named metrics is the exporter's default, and the probes use it.
+    let ports = c.a("ports");
+    assert!(
+        ports.iter().any(|p| p.s("name") == Some("metrics")
+            && p.get("containerPort").and_then(Json::num) == Some(9877.0)),
+        "containerPort 9877 named metrics"
+    );
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        assert_eq!(
+            c.at(&format!("{probe}.httpGet.path")).and_then(Json::str),
+            Some(path)
+        );
+        assert_eq!(
+            c.at(&format!("{probe}.httpGet.port")).and_then(Json::str),
+            Some("metrics"),
+            "{probe} uses the port by name"
+        );
+    }
+
+    // Environment.
+    let env = |name: &str| {
+        c.a("env")
+            .iter()
+            .find(|e| e.s("name") == Some(name))
+            .cloned()
+    };
+    let node = env("NODE_NAME").expect("NODE_NAME env");
+    assert_eq!(
+        node.at("valueFrom.fieldRef.fieldPath").and_then(Json::str),
+        Some("spec.nodeName"),
+        "NODE_NAME from the downward API"
+    );
+    assert_eq!(
+        env("NVIDIA_VISIBLE_DEVICES")
+            .and_then(|e| e.s("value").map(String::from))
+            .as_deref(),
+        Some("all")
+    );
+    assert_eq!(
+        env("NVIDIA_DRIVER_CAPABILITIES")
+            .and_then(|e| e.s("value").map(String::from))
+            .as_deref(),
+        Some("utility")
+    );
+
+    // Resources, as sized from the benchmark.
+    for (path, want) in [
+        ("resources.requests.cpu", "10m"),
+        ("resources.requests.memory", "16Mi"),
+        ("resources.limits.cpu", "100m"),
+        ("resources.limits.memory", "64Mi"),
+    ] {
+        assert_eq!(c.at(path).and_then(Json::str), Some(want), "{path}");
+    }
+
+    // Config from the generated ConfigMap, passed with --config.file.
+    assert!(
+        strings(c.get("args"))
+            .contains(&"--config.file=/etc/gpumem-exporter/config.yaml".to_string()),
+        "--config.file in args"
+    );
+    let mount = |path: &str| {
+        c.a("volumeMounts")
+            .iter()
+            .find(|m| m.s("mountPath") == Some(path))
+            .cloned()
+            .unwrap_or_else(|| panic!("no volumeMount at {path}"))
+    };
+    let volume = |name: &str| {
+        pod.a("volumes")
+            .iter()
+            .find(|v| v.s("name") == Some(name))
+            .cloned()
+            .unwrap_or_else(|| panic!("no volume {name}"))
+    };
+    let config_mount = mount("/etc/gpumem-exporter");
+    let config_volume = volume(config_mount.s("name").unwrap());
+    let cm_name = config_volume
+        .at("configMap.name")
+        .and_then(Json::str)
+        .expect("configMap volume");
+    let cm = objects
+        .iter()
+        .find(|o| {
+            o.s("kind") == Some("ConfigMap")
+                && o.at("metadata.name").and_then(Json::str) == Some(cm_name)
+        })
+        .unwrap_or_else(|| panic!("ConfigMap {cm_name} is not rendered"));
+    assert!(
+        cm_name.starts_with("gpumem-exporter-config-"),
+        "generated (hashed) name: {cm_name}"
+    );
+    let config = cm
+        .at("data.config.yaml")
+        .and_then(Json::str)
+        .expect("config.yaml key");
+    assert_eq!(config, read("deploy/kubernetes/base/config.yaml"));
+
+    let passwd = mount("/host/etc/passwd");
+    assert_eq!(passwd.get("readOnly").and_then(Json::bool), Some(true));
+    assert_eq!(
+        volume(passwd.s("name").unwrap())
+            .at("hostPath.path")
+            .and_then(Json::str),
+        Some("/etc/passwd")
+    );
+
+    // Identity.
+    let sa = pod.s("serviceAccountName").expect("serviceAccountName");
+    let account = only(objects, "ServiceAccount");
+    assert_eq!(account.at("metadata.name").and_then(Json::str), Some(sa));
+    assert_eq!(
+        account.at("metadata.namespace").and_then(Json::str),
+        Some(NAMESPACE)
+    );
+
+    // RBAC: get/list/watch on pods, nothing else.
+    assert!(!kinds(objects).contains("Role") && !kinds(objects).contains("RoleBinding"));
+    let role = only(objects, "ClusterRole");
+    let rules = role.a("rules");
+    assert_eq!(rules.len(), 1, "one RBAC rule");
+    assert_eq!(strings(rules[0].get("apiGroups")), [""]);
+    assert_eq!(strings(rules[0].get("resources")), ["pods"]);
+    assert_eq!(strings(rules[0].get("verbs")), ["get", "list", "watch"]);
+    assert!(rules[0].get("resourceNames").is_none() && rules[0].get("nonResourceURLs").is_none());
+    let binding = only(objects, "ClusterRoleBinding");
+    assert_eq!(
+        binding.at("roleRef.kind").and_then(Json::str),
+        Some("ClusterRole")
+    );
+    assert_eq!(binding.at("roleRef.name"), role.at("metadata.name"));
+    let subjects = binding.a("subjects");
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].s("kind"), Some("ServiceAccount"));
+    assert_eq!(subjects[0].s("name"), Some(sa));
+    assert_eq!(subjects[0].s("namespace"), Some(NAMESPACE));
+
+    // Headless Service with the named port.
+    let svc = only(objects, "Service");
+    assert_eq!(svc.at("spec.clusterIP").and_then(Json::str), Some("None"));
+    let port = &svc.a("spec.ports")[0];
+    assert_eq!(port.s("name"), Some("metrics"));
+    assert_eq!(port.get("port").and_then(Json::num), Some(9877.0));
+    assert_eq!(port.s("targetPort"), Some("metrics"));
+    let labels = ds.at("spec.template.metadata.labels").expect("pod labels");
+    for (k, v) in svc.at("spec.selector").expect("selector").entries() {
+        assert_eq!(
+            labels.get(k),
+            Some(v),
+            "Service selector {k} matches the pods"
+        );
+    }
+
+    // Everything namespaced lives in the gpumem-exporter namespace.
+    for o in objects {
+        let kind = o.s("kind").unwrap_or("?");
+        if !matches!(kind, "Namespace" | "ClusterRole" | "ClusterRoleBinding") {
+            assert_eq!(
+                o.at("metadata.namespace").and_then(Json::str),
+                Some(NAMESPACE),
+                "{kind}"
+            );
+        }
+    }
+}
+
+#[test]
+fn kustomize_base_renders_a_locked_down_daemonset() {
+    let objects = render("deploy/kubernetes");
+    let want: BTreeSet<String> = [
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "Service",
+        "DaemonSet",
+        "ServiceMonitor",
+        "PrometheusRule",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(kinds(&objects), want);
+    check_daemonset(&objects);
+
+    let sm = only(&objects, "ServiceMonitor");
+    let endpoints = sm.a("spec.endpoints");
+    assert_eq!(endpoints.len(), 1);
+    assert_eq!(endpoints[0].s("port"), Some("metrics"));
+    assert_eq!(endpoints[0].s("path"), Some("/metrics"));
+    let relabel = endpoints[0].a("relabelings");
+    assert!(
+        relabel.iter().any(|r| strings(r.get("sourceLabels"))
+            == ["__meta_kubernetes_pod_node_name"]
+            && r.s("targetLabel") == Some("node")),
+        "ServiceMonitor relabels the pod's node name to `node`"
+    );
+    let dropped = relabel
+        .iter()
+        .find(|r| r.s("action") == Some("labeldrop"))
+        .and_then(|r| r.s("regex"))
+        .expect("labeldrop of the operator's target labels");
+    for label in ["namespace", "pod", "container"] {
+        assert!(
+            dropped.split('|').any(|l| l == label),
+            "target label {label} would clash with the exporter's process label"
+        );
+    }
+    let svc = only(&objects, "Service");
+    for (k, v) in sm
+        .at("spec.selector.matchLabels")
+        .expect("matchLabels")
+        .entries()
+    {
+        assert_eq!(
+            svc.at("metadata.labels").and_then(|l| l.get(k)),
+            Some(v),
+            "ServiceMonitor selects the Service"
+        );
+    }
+}
+
+#[test]
+fn plain_annotations_overlay_swaps_operator_objects_for_annotations() {
+    let objects = render("deploy/kubernetes/overlays/plain-annotations");
+    let kinds = kinds(&objects);
+    assert!(
+        !kinds.contains("ServiceMonitor") && !kinds.contains("PrometheusRule"),
+        "{kinds:?}"
+    );
+    check_daemonset(&objects);
+    let ds = only(&objects, "DaemonSet");
+    let ann = ds
+        .at("spec.template.metadata.annotations")
+        .expect("pod annotations");
+    assert_eq!(ann.s("prometheus.io/scrape"), Some("true"));
+    assert_eq!(ann.s("prometheus.io/port"), Some("9877"));
+    assert_eq!(ann.s("prometheus.io/path"), Some("/metrics"));
+}
+
+// ------------------------------------------------------------------ grafana
+
+/// The `$variables` an expression uses.
+fn variables(expr: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find('$') {
+        rest = &rest[i + 1..];
+        let braced = rest.starts_with('{');
+        let body = if braced { &rest[1..] } else { rest };
+        let name: String = body
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        out.insert(name);
+    }
+    out
+}
+
+#[test]
+fn grafana_dashboard_is_valid_and_complete() {
+    let text = read("grafana/gpumem-exporter.json");
+    let values = parse_json_stream(&text);
+    assert_eq!(values.len(), 1, "one JSON document");
+    let dash = &values[0];
+    assert!(
+        dash.get("schemaVersion")
+            .and_then(Json::num)
+            .is_some_and(|v| v >= 39.0),
+        "schemaVersion >= 39"
+    );
+
+    let vars = dash.a("templating.list");
+    let var = |name: &str| {
+        vars.iter()
+            .find(|v| v.s("name") == Some(name))
+            .unwrap_or_else(|| panic!("no template variable {name}"))
+    };
+    assert_eq!(var("datasource").s("type"), Some("datasource"));
+    assert_eq!(var("datasource").s("query"), Some("prometheus"));
+    for (name, query) in [
+        ("instance", "label_values(gpu_info, instance)"),
+        (
+            "gpu",
+            "label_values(gpu_info{instance=~\"$instance\"}, gpu)",
+        ),
+    ] {
+        assert_eq!(var(name).s("definition"), Some(query), "${name}");
+    }
+    for name in ["instance", "gpu", "namespace", "pod"] {
+        let v = var(name);
+        assert_eq!(v.s("type"), Some("query"));
+        assert_eq!(
+            v.get("multi").and_then(Json::bool),
+            Some(true),
+            "${name} multi"
+        );
+        assert_eq!(
+            v.get("includeAll").and_then(Json::bool),
+            Some(true),
+            "${name} all"
+        );
+    }
+    for name in ["namespace", "pod"] {
+        assert!(
+            var(name)
+                .s("definition")
+                .is_some_and(|d| d.contains("gpu_process_memory_used_bytes")),
+            "${name} from gpu_process_memory_used_bytes"
+        );
+    }
+
+    let allowed: BTreeSet<String> = ["instance", "gpu", "namespace", "pod", "__rate_interval"]
+        .map(String::from)
+        .into();
+    let mut ids = BTreeSet::new();
+    let mut exprs = Vec::new();
+    for panel in dash.a("panels") {
+        let title = panel.s("title").unwrap_or("?").to_string();
+        let id = panel.get("id").and_then(Json::num).expect("panel id");
+        assert!(ids.insert(id as i64), "duplicate panel id {id}");
+        assert!(panel.get("gridPos").is_some(), "{title}: gridPos");
+        let kind = panel.s("type").unwrap_or("?");
+        if kind == "row" {
+            continue;
+        }
+        assert!(
+            matches!(kind, "timeseries" | "table" | "stat"),
+            "{title}: panel type {kind}"
+        );
+        let unit = panel.at("fieldConfig.defaults.unit").and_then(Json::str);
+        assert!(unit.is_some_and(|u| !u.is_empty()), "{title}: no unit");
+        assert_eq!(
+            panel.at("datasource.uid").and_then(Json::str),
+            Some("${datasource}"),
+            "{title}"
+        );
+        let targets = panel.a("targets");
+        assert!(!targets.is_empty(), "{title}: no query");
+        for t in targets {
+            let expr = t
+                .s("expr")
+                .unwrap_or_else(|| panic!("{title}: target without expr"));
+            let used = variables(expr);
+            assert!(
+                used.is_subset(&allowed),
+                "{title}: variables {used:?} in {expr}"
+            );
+            exprs.push((title.clone(), expr.to_string()));
+        }
+    }
+
+    // Every metric of the exporter is on the dashboard.
+    for metric in [
+        "gpu_info",
+        "gpu_memory_total_bytes",
+        "gpu_memory_used_bytes",
+        "gpu_memory_free_bytes",
+        "gpu_memory_reserved_bytes",
+        "gpu_up",
+        "gpu_process_memory_used_bytes",
+        "gpu_process_info",
+        "gpu_memory_used_peak_bytes",
+        "gpu_process_memory_used_peak_bytes",
+        "gpu_driver_info",
+        "gpumem_exporter_build_info",
+        "gpumem_exporter_sample_duration_seconds_bucket",
+        "gpumem_exporter_last_sample_timestamp_seconds",
+        "gpumem_exporter_nvml_errors_total",
+    ] {
+        assert!(
+            exprs
+                .iter()
+                .any(|(_, e)| e.contains(&format!("{metric}{{"))),
+            "no panel queries {metric}"
+        );
+    }
+
+    // Every expression is valid PromQL once Grafana substituted the
+    // variables: promtool parses them as recording rules.
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, (title, expr)) in exprs.iter().enumerate() {
+        let substituted = expr
+            .replace("$__rate_interval", "1m")
+            .replace("$instance", "10.0.0.1:9877|ws-1:9877")
+            .replace("$gpu", ".*")
+            .replace("$namespace", ".*")
+            .replace("$pod", ".*");
+        rules.push_str(&format!(
+            "      # {}\n      - record: dashboard:expr_{i}\n        expr: {}\n",
+            title.replace('\n', " "),
+            json_quote(&substituted)
+        ));
+    }
+    let scratch = Scratch::new("dashboard");
+    let file = scratch.write("dashboard-exprs.yml", &rules);
+    let out = run(
+        "promtool",
+        &["check", "rules", file.to_str().unwrap()],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "dashboard expressions are not valid PromQL:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+// ------------------------------------------------------------------ systemd
+
+fn unit_settings(unit: &str) -> Vec<(String, String)> {
+    unit.lines()
+        .map(str::trim)
+        .filter(|l| {
+            !l.is_empty() && !l.starts_with('#') && !l.starts_with(';') && !l.starts_with('[')
+        })
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+#[test]
+fn systemd_unit_is_sandboxed_and_verifies() {
+    let unit = read("deploy/systemd/gpumem-exporter.service");
+    let settings = unit_settings(&unit);
+    let all = |key: &str| -> Vec<&str> {
+        settings
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    };
+    let one = |key: &str| -> &str {
+        let v = all(key);
+        assert_eq!(v.len(), 1, "{key}= set once, got {v:?}");
+        v[0]
+    };
+    assert_eq!(
+        one("ExecStart"),
+        "/usr/local/bin/gpumem-exporter --config.file=/etc/gpumem-exporter/config.yaml"
+    );
+    assert_eq!(one("Restart"), "on-failure");
+    assert!(
+        all("DynamicUser") == ["yes"] || all("User").iter().any(|u| !u.is_empty() && *u != "root"),
+        "DynamicUser=yes or a dedicated User="
+    );
+    for (key, want) in [
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("NoNewPrivileges", "yes"),
+        ("ProtectKernelTunables", "yes"),
+        ("ProtectKernelModules", "yes"),
+        ("ProtectControlGroups", "yes"),
+        ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX"),
+        ("CapabilityBoundingSet", ""),
+        ("LockPersonality", "yes"),
+        ("MemoryDenyWriteExecute", "yes"),
+        ("RestrictRealtime", "yes"),
+        ("SystemCallArchitectures", "native"),
+        ("DevicePolicy", "closed"),
+    ] {
+        assert_eq!(one(key), want, "{key}");
+    }
+    let devices = all("DeviceAllow");
+    for want in [
+        "/dev/nvidiactl rw",
+        "char-nvidia rw",
+        "char-nvidia-frontend rw",
+    ] {
+        assert!(
+            devices.contains(&want),
+            "DeviceAllow={want} missing: {devices:?}"
+        );
+    }
+    // Things that would break NVML or hide the processes to describe.
+    assert!(
+        !all("PrivateDevices").contains(&"yes"),
+        "PrivateDevices=yes hides /dev/nvidia*"
+    );
+    assert!(
+        all("ProtectProc")
+            .iter()
+            .all(|v| *v == "default" || *v == "ptraceable"),
+        "ProtectProc must not hide other users' /proc/<pid>"
+    );
+    assert!(!all("ProcSubset").contains(&"pid"), "ProcSubset=pid");
+
+    // systemd's own parser: warnings go to stderr with exit code 0, so
+    // demand silence. The binary is not installed here: verify a copy whose
+    // ExecStart points at /bin/true (ExecStart itself is checked above).
+    let copy = unit.replace(
+        "ExecStart=/usr/local/bin/gpumem-exporter ",
+        "ExecStart=/bin/true ",
+    );
+    let scratch = Scratch::new("systemd");
+    let path = scratch.write("gpumem-exporter.service", &copy);
+    let out = run("systemd-analyze", &["verify", path.to_str().unwrap()], None);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.trim().is_empty(),
+        "systemd-analyze verify complains about the unit:\n{text}"
+    );
+}
+
+// ------------------------------------------------------------------ docker
+
+#[test]
+fn dockerfile_builds_a_nonroot_glibc_image() {
+    let dockerfile = read("Dockerfile");
+    let lines: Vec<&str> = dockerfile.lines().map(str::trim).collect();
+    for want in [
+        "FROM rust:1-bookworm AS build",
+        "FROM gcr.io/distroless/cc-debian12:nonroot",
+        "EXPOSE 9877",
+        "ENTRYPOINT [\"/gpumem-exporter\"]",
+    ] {
+        assert!(lines.contains(&want), "Dockerfile: missing `{want}`");
+    }
+    assert!(dockerfile.contains("cargo build --release --locked -p gpumem-exporter"));
+    assert!(
+        lines
+            .iter()
+            .any(|l| *l == "USER 65532" || l.starts_with("USER 65532:")),
+        "Dockerfile: USER 65532"
+    );
+    let ignore = read(".dockerignore");
+    let ignored: Vec<&str> = ignore.lines().map(str::trim).collect();
+    for want in ["target/", ".dev/", ".git"] {
+        assert!(ignored.contains(&want), ".dockerignore: {want}");
+    }
+}
+
+/// The config files shipped for Kubernetes and systemd use only the keys of
+/// the exporter's documented config schema (the exporter rejects unknown
+/// keys).
+#[test]
+fn shipped_config_files_use_known_keys() {
+    let known = [
+        "web",
+        "web.listen_address",
+        "web.telemetry_path",
+        "sample_interval",
+        "memory_sample_interval",
+        "peak_window",
+        "nvml",
+        "nvml.library",
+        "log",
+        "log.level",
+        "log.format",
+        "kubernetes",
+        "kubernetes.enabled",
+        "kubernetes.node_name",
+        "processes",
+        "processes.enabled",
+        "processes.min_bytes",
+        "processes.top_n",
+        "processes.cmdline",
+        "processes.passwd_file",
+    ];
+    for file in [
+        "deploy/kubernetes/base/config.yaml",
+        "deploy/systemd/config.yaml",
+    ] {
+        let mut parent = String::new();
+        for line in read(file).lines() {
+            let trimmed = line.trim();
+            if trimmed.is_empty() || trimmed.starts_with('#') {
+                continue;
+            }
+            let key = trimmed.split(':').next().unwrap().trim();
+            let path = if line.starts_with(' ') {
+                format!("{parent}.{key}")
+            } else {
+                parent = key.to_string();
+                key.to_string()
+            };
+            assert!(known.contains(&path.as_str()), "{file}: unknown key {path}");
+        }
+    }
+}
+
+/// The real exporter accepts the shipped config files: with a valid config
+/// and no NVML library it stops with exit code 1 (NVML not loadable), while
+/// a config error is exit code 2. Each file runs in the environment it is
+/// shipped for: the DaemonSet's (in-cluster API variables, NODE_NAME from the
+/// downward API) or a plain host's (none of those).
+#[test]
+fn exporter_accepts_the_shipped_config_files() {
+    let in_cluster = [
+        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+        ("KUBERNETES_SERVICE_PORT", "443"),
+        ("NODE_NAME", "gpu-node-1"),
+    ];
+    for (file, cluster) in [
+        ("deploy/kubernetes/base/config.yaml", true),
+        ("deploy/systemd/config.yaml", false),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpumem-exporter"));
+        for (key, value) in in_cluster {
+            if cluster {
+                cmd.env(key, value);
+            } else {
+                cmd.env_remove(key);
+            }
+        }
+        let mut child = cmd
+            .arg(format!("--config.file={}", repo().join(file).display()))
+            .args([
+                "--nvml.library=/nonexistent/libnvidia-ml.so.1",
+                "--web.listen-address=127.0.0.1:0",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run gpumem-exporter");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while child.try_wait().expect("wait").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{file}: gpumem-exporter did not exit within 30s without NVML");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("collect output");
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{file}: expected exit 1 (NVML missing) after the config was accepted; stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+// ------------------------------------------------------------------ JSON
+
+/// Just enough JSON for kubectl's and Grafana's output: a value tree with
+/// object keys in document order.
+#[derive(Debug, Clone, PartialEq)]
+enum Json {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str(String),
+    Arr(Vec<Json>),
+    Obj(Vec<(String, Json)>),
+}
+
+impl Json {
+    fn get(&self, key: &str) -> Option<&Json> {
+        match self {
+            Json::Obj(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    /// A dotted path of object keys, e.g. `spec.template.spec`. Keys may
+    /// themselves contain dots (`data.config.yaml`, `prometheus.io/port`):
+    /// the longest matching key is tried first at each level.
+    fn at(&self, path: &str) -> Option<&Json> {
+        if path.is_empty() {
+            return Some(self);
+        }
+        if let Some(v) = self.get(path) {
+            return Some(v);
+        }
+        let mut split = path.len();
+        while let Some(i) = path[..split].rfind('.') {
+            if let Some(found) = self.get(&path[..i]).and_then(|v| v.at(&path[i + 1..])) {
+                return Some(found);
+            }
+            split = i;
+        }
+        None
+    }
+
+    fn str(&self) -> Option<&str> {
+        match self {
+            Json::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn num(&self) -> Option<f64> {
+        match self {
+            Json::Num(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    fn bool(&self) -> Option<bool> {
+        match self {
+            Json::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    fn items(&self) -> &[Json] {
+        match self {
+            Json::Arr(items) => items,
+            _ => &[],
+        }
+    }
+
+    fn entries(&self) -> impl Iterator<Item = (&str, &Json)> {
+        let entries: &[(String, Json)] = match self {
+            Json::Obj(entries) => entries,
+            _ => &[],
+        };
+        entries.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// The string at `path`.
+    fn s(&self, path: &str) -> Option<&str> {
+        self.at(path).and_then(Json::str)
+    }
+
+    /// The array at `path`, or an empty slice.
+    fn a(&self, path: &str) -> &[Json] {
+        self.at(path).map(Json::items).unwrap_or(&[])
+    }
+}
+
+/// Parses one or more concatenated JSON values (kubectl prints one object
+/// per resource). Panics with the byte offset on malformed input.
+fn parse_json_stream(text: &str) -> Vec<Json> {
+    let mut p = JsonParser {
+        s: text.as_bytes(),
+        i: 0,
+    };
+    let mut values = Vec::new();
+    loop {
+        p.ws();
+        if p.i >= p.s.len() {
+            return values;
+        }
+        values.push(p.value());
+    }
+}
+
+struct JsonParser<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl JsonParser<'_> {
+    fn fail(&self, what: &str) -> ! {
+        let end = (self.i + 40).min(self.s.len());
+        panic!(
+            "JSON: {what} at byte {}: {:?}",
+            self.i,
+            String::from_utf8_lossy(&self.s[self.i.min(end)..end])
+        )
+    }
+
+    fn ws(&mut self) {
+        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) {
+        self.ws();
+        if self.s.get(self.i) != Some(&c) {
+            self.fail(&format!("expected {:?}", c as char));
+        }
+        self.i += 1;
+    }
+
+    fn literal(&mut self, word: &str, value: Json) -> Json {
+        if self.s[self.i..].starts_with(word.as_bytes()) {
+            self.i += word.len();
+            value
+        } else {
+            self.fail("unknown literal")
+        }
+    }
+
+    fn value(&mut self) -> Json {
+        self.ws();
+        match self.s.get(self.i) {
+            Some(b'{') => {
+                self.i += 1;
+                let mut entries = Vec::new();
+                self.ws();
+                if self.s.get(self.i) == Some(&b'}') {
+                    self.i += 1;
+                    return Json::Obj(entries);
+                }
+                loop {
+                    self.ws();
+                    let key = self.string();
+                    self.eat(b':');
+                    entries.push((key, self.value()));
+                    self.ws();
+                    match self.s.get(self.i) {
+                        Some(b',') => self.i += 1,
+                        Some(b'}') => {
+                            self.i += 1;
+                            return Json::Obj(entries);
+                        }
+                        _ => self.fail("expected , or }"),
+                    }
+                }
+            }
+            Some(b'[') => {
+                self.i += 1;
+                let mut items = Vec::new();
+                self.ws();
+                if self.s.get(self.i) == Some(&b']') {
+                    self.i += 1;
+                    return Json::Arr(items);
+                }
+                loop {
+                    items.push(self.value());
+                    self.ws();
+                    match self.s.get(self.i) {
+                        Some(b',') => self.i += 1,
+                        Some(b']') => {
+                            self.i += 1;
+                            return Json::Arr(items);
+                        }
+                        _ => self.fail("expected , or ]"),
+                    }
+                }
+            }
+            Some(b'"') => Json::Str(self.string()),
+            Some(b't') => self.literal("true", Json::Bool(true)),
+            Some(b'f') => self.literal("false", Json::Bool(false)),
+            Some(b'n') => self.literal("null", Json::Null),
+            Some(c) if *c == b'-' || c.is_ascii_digit() => {
+                let start = self.i;
+                while self
+                    .s
+                    .get(self.i)
+                    .is_some_and(|c| c.is_ascii_digit() || b"+-.eE".contains(c))
+                {
+                    self.i += 1;
+                }
+                let text = std::str::from_utf8(&self.s[start..self.i]).unwrap();
+                Json::Num(text.parse().unwrap_or_else(|_| self.fail("bad number")))
+            }
+            _ => self.fail("expected a value"),
+        }
+    }
+
+    fn hex4(&mut self) -> u32 {
+        let digits = self
+            .s
+            .get(self.i..self.i + 4)
+            .unwrap_or_else(|| self.fail("short \\u escape"));
+        let text = std::str::from_utf8(digits).unwrap_or_else(|_| self.fail("bad \\u escape"));
+        let v = u32::from_str_radix(text, 16).unwrap_or_else(|_| self.fail("bad \\u escape"));
+        self.i += 4;
+        v
+    }
+
+    fn string(&mut self) -> String {
+        if self.s.get(self.i) != Some(&b'"') {
+            self.fail("expected a string");
+        }
+        self.i += 1;
+        let mut out: Vec<u8> = Vec::new();
+        loop {
+            let Some(&c) = self.s.get(self.i) else {
+                self.fail("unterminated string")
+            };
+            self.i += 1;
+            match c {
+                b'"' => break,
+                b'\\' => {
+                    let Some(&e) = self.s.get(self.i) else {
+                        self.fail("unterminated escape")
+                    };
+                    self.i += 1;
+                    let ch = match e {
+                        b'"' => '"',
+                        b'\\' => '\\',
+                        b'/' => '/',
+                        b'b' => '\u{8}',
+                        b'f' => '\u{c}',
+                        b'n' => '\n',
+                        b'r' => '\r',
+                        b't' => '\t',
+                        b'u' => {
+                            let hi = self.hex4();
+                            let code = if (0xD800..0xDC00).contains(&hi)
+                                && self.s[self.i..].starts_with(b"\\u")
+                            {
+                                self.i += 2;
+                                let lo = self.hex4();
+                                0x10000 + ((hi - 0xD800) << 10) + (lo.wrapping_sub(0xDC00) & 0x3FF)
+                            } else {
+                                hi
+                            };
+                            char::from_u32(code).unwrap_or('\u{FFFD}')
+                        }
+                        _ => self.fail("unknown escape"),
+                    };
+                    let mut buf = [0u8; 4];
+                    out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
+                }
+                _ => out.push(c),
+            }
+        }
+        String::from_utf8(out).unwrap_or_else(|_| self.fail("invalid UTF-8 in string"))
+    }
+}
+
+/// A JSON string literal, which YAML also reads as a double-quoted scalar.
+fn json_quote(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[test]
+fn json_parser_reads_what_kubectl_and_grafana_write() {
+    let values = parse_json_stream(
+        "{\"a\": {\"b.c\": [1, -2.5e3, true, null]}, \"s\": \"q\\\"\\u00e9\\ud83d\\ude00\\n\"}\n{\"kind\": \"X\"}",
+    );
+    assert_eq!(values.len(), 2);
+    assert_eq!(values[0].a("a.b.c").len(), 4);
+    assert_eq!(values[0].a("a.b.c")[1], Json::Num(-2500.0));
+    assert_eq!(values[0].a("a.b.c")[3], Json::Null);
+    assert_eq!(values[0].s("s"), Some("q\"é😀\n"));
+    assert_eq!(values[1].s("kind"), Some("X"));
+    assert_eq!(json_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
+    assert_eq!(
+        github_anchor(" Alert: GpuMemoryHigh"),
+        "alert-gpumemoryhigh"
+    );
+    assert_eq!(
+        variables("rate(x{instance=~\"$instance\"}[$__rate_interval]) ${gpu}"),
+        ["__rate_interval", "gpu", "instance"]
+            .map(String::from)
+            .into()
+    );
+}
