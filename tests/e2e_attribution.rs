@@ -1,0 +1,537 @@
+//! End-to-end attribution: the real binary on the fake NVML, a fake /proc
+//! root (`--path.procfs`) laid out like the kernel's, and a local HTTP
+//! server speaking the Kubernetes list/watch wire format.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use common::*;
+use http_body_util::channel::{Channel, Sender};
+use serde_json::{Value, json};
+
+const NODE: &str = "gpu-node-1";
+const GPU: &str = "GPU-dddddddd-0000-0000-0000-000000000000";
+
+fn cid(seed: char) -> String {
+    std::iter::repeat_n(seed, 64).collect()
+}
+
+fn uid(seed: char) -> String {
+    let s: String = std::iter::repeat_n(seed, 32).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &s[..8],
+        &s[8..12],
+        &s[12..16],
+        &s[16..20],
+        &s[20..]
+    )
+}
+
+/// A process in the fake /proc root.
+struct FakeProc {
+    pid: u32,
+    comm: &'static str,
+    uid: u32,
+    cgroup: String,
+    cmdline: &'static [&'static str],
+}
+
+fn write_proc(root: &Path, p: &FakeProc) {
+    let dir = root.join(p.pid.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("comm"), format!("{}\n", p.comm)).unwrap();
+    // Field 22 (start time) is the last one here.
+    std::fs::write(
+        dir.join("stat"),
+        format!(
+            "{} ({}) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {}\n",
+            p.pid,
+            p.comm,
+            1000 + p.pid
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("status"),
+        format!("Name:\t{}\nUid:\t{u}\t{u}\t{u}\t{u}\n", p.comm, u = p.uid),
+    )
+    .unwrap();
+    std::fs::write(dir.join("cgroup"), &p.cgroup).unwrap();
+    let mut cmd = p.cmdline.join("\0");
+    cmd.push('\0');
+    std::fs::write(dir.join("cmdline"), cmd).unwrap();
+}
+
+/// Three pods time-sharing one GPU, each with a different runtime and
+/// cgroup layout, and their owners.
+fn three_pods() -> Vec<FakeProc> {
+    vec![
+        FakeProc {
+            pid: 4101,
+            comm: "python3",
+            uid: 1000,
+            // containerd, systemd cgroup driver, cgroup v2.
+            cgroup: format!(
+                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n",
+                uid('a').replace('-', "_"),
+                cid('a')
+            ),
+            cmdline: &["python3", "train.py", "--token", "s3cr3t", "--lr", "0.1"],
+        },
+        FakeProc {
+            pid: 4102,
+            comm: "tritonserver",
+            uid: 1001,
+            // CRI-O, systemd driver, cgroup v2.
+            cgroup: format!(
+                "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/crio-{}.scope\n",
+                uid('b').replace('-', "_"),
+                cid('b')
+            ),
+            cmdline: &["tritonserver", "--model-repository=/models"],
+        },
+        FakeProc {
+            pid: 4103,
+            comm: "jupyter",
+            uid: 4242,
+            // cgroupfs driver, cgroup v1.
+            cgroup: format!(
+                "12:memory:/kubepods/burstable/pod{u}/{c}\n11:cpu,cpuacct:/kubepods/burstable/pod{u}/{c}\n1:name=systemd:/kubepods/burstable/pod{u}/{c}\n",
+                u = uid('c'),
+                c = cid('c')
+            ),
+            cmdline: &["jupyter", "lab", "API_KEY=abc"],
+        },
+    ]
+}
+
+fn pod_json(ns: &str, name: &str, seed: char, container: &str, runtime: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": ns, "uid": uid(seed), "resourceVersion": "10"},
+        "spec": {"nodeName": NODE, "containers": [{"name": container}]},
+        "status": {"phase": "Running", "containerStatuses": [
+            {"name": container, "containerID": format!("{runtime}://{}", cid(seed)), "ready": true}
+        ]}
+    })
+}
+
+fn pods() -> Vec<Value> {
+    vec![
+        pod_json("team-a", "trainer-0", 'a', "trainer", "containerd"),
+        pod_json("team-b", "infer-7f9c", 'b', "server", "cri-o"),
+        pod_json("team-a", "notebook", 'c', "jupyter", "containerd"),
+    ]
+}
+
+/// The local Kubernetes API: LIST answers a PodList, WATCH streams events
+/// pushed by the test.
+#[derive(Clone, Default)]
+struct Api {
+    items: Arc<Mutex<Vec<Value>>>,
+    watchers: Arc<Mutex<Vec<Sender<Bytes, std::io::Error>>>>,
+    lists: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
+}
+
+async fn pods_handler(
+    State(api): State<Api>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    if q.get("watch").map(String::as_str) == Some("1") {
+        let (tx, body) = Channel::<Bytes, std::io::Error>::new(64);
+        api.watchers.lock().unwrap().push(tx);
+        return Response::builder()
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::new(body))
+            .unwrap();
+    }
+    api.lists.lock().unwrap().push(q);
+    let items = api.items.lock().unwrap().clone();
+    axum::Json(json!({
+        "kind": "PodList", "apiVersion": "v1",
+        "metadata": {"resourceVersion": "10"},
+        "items": items
+    }))
+    .into_response()
+}
+
+impl Api {
+    /// Remove a pod and tell every watcher, as the API server does.
+    async fn delete(&self, name: &str) {
+        let gone = {
+            let mut items = self.items.lock().unwrap();
+            let i = items
+                .iter()
+                .position(|p| p["metadata"]["name"] == name)
+                .unwrap();
+            items.remove(i)
+        };
+        let line = format!("{}\n", json!({"type": "DELETED", "object": gone}));
+        let senders: Vec<_> = self.watchers.lock().unwrap().drain(..).collect();
+        for mut tx in senders {
+            if tx.send_data(Bytes::from(line.clone())).await.is_ok() {
+                self.watchers.lock().unwrap().push(tx);
+            }
+        }
+    }
+}
+
+struct World {
+    rt: tokio::runtime::Runtime,
+    api: Api,
+    api_url: String,
+    proc_root: tempfile::TempDir,
+    scenario: Scenario,
+}
+
+fn scenario_yaml(procs: &[(u32, u64)]) -> String {
+    let mut y = format!(
+        "devices:\n  - uuid: {GPU}\n    memory: {{total: 85899345920, reserved: 536870912, used: 30000000000}}\n    processes:\n"
+    );
+    for (pid, used) in procs {
+        y.push_str(&format!("      - {{pid: {pid}, used: {used}}}\n"));
+    }
+    if procs.is_empty() {
+        y = y.replace("    processes:\n", "    processes: []\n");
+    }
+    y
+}
+
+fn world(procs: &[FakeProc]) -> World {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = Api::default();
+    *api.items.lock().unwrap() = pods();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new()
+        .route("/api/v1/pods", get(pods_handler))
+        .with_state(api.clone());
+    rt.spawn(async move { axum::serve(listener, app).await });
+    let proc_root = tempfile::tempdir().unwrap();
+    for p in procs {
+        write_proc(proc_root.path(), p);
+    }
+    let scenario = Scenario::new(&scenario_yaml(
+        &procs
+            .iter()
+            .map(|p| (p.pid, 1_000_000_000 * u64::from(p.pid - 4100)))
+            .collect::<Vec<_>>(),
+    ));
+    World {
+        rt,
+        api,
+        api_url: format!("http://{addr}"),
+        proc_root,
+        scenario,
+    }
+}
+
+impl World {
+    fn start(&self, extra_yaml: &str) -> Exporter {
+        let passwd = self.scenario.file(
+            "passwd",
+            b"root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\nbob:x:1001:1001::/home/bob:/bin/sh\n",
+        );
+        let cfg = self.scenario.file(
+            "config.yaml",
+            format!(
+                "sample_interval: 100ms\npath:\n  procfs: {}\nprocesses:\n  passwd_file: {}\n{extra_yaml}kubernetes:\n  enabled: true\n  api_url: {}\n  node_name: {NODE}\n",
+                self.proc_root.path().display(),
+                passwd.display(),
+                self.api_url
+            )
+            .as_bytes(),
+        );
+        Exporter::start(&self.scenario, &["--config.file", cfg.to_str().unwrap()])
+    }
+}
+
+fn labels_of(m: &Metrics, name: &str, pid: &str) -> BTreeMap<String, String> {
+    let found = m.find(name, &[("pid", pid)]);
+    assert_eq!(found.len(), 1, "{name} pid {pid}:\n{}", m.text);
+    found[0].0.clone()
+}
+
+#[test]
+fn three_pods_sharing_a_gpu_get_their_own_series() {
+    let procs = three_pods();
+    let w = world(&procs);
+    let ex = w.start("");
+    // The watcher lists asynchronously: wait until names are resolved.
+    let m = wait_for(Duration::from_secs(10), "pod names", || {
+        let m = ex.metrics();
+        (m.find("gpu_process_memory_used_bytes", &[("pod", "notebook")])
+            .len()
+            == 1
+            && m.find("gpu_process_memory_used_bytes", &[("pod", "trainer-0")])
+                .len()
+                == 1
+            && m.find("gpu_process_memory_used_bytes", &[("pod", "infer-7f9c")])
+                .len()
+                == 1)
+            .then_some(m)
+    });
+    let want = [
+        (
+            "4101",
+            "python3",
+            "team-a",
+            "trainer-0",
+            "trainer",
+            "alice",
+            'a',
+        ),
+        (
+            "4102",
+            "tritonserver",
+            "team-b",
+            "infer-7f9c",
+            "server",
+            "bob",
+            'b',
+        ),
+        (
+            "4103", "jupyter", "team-a", "notebook", "jupyter", "4242", 'c',
+        ),
+    ];
+    for (pid, comm, ns, pod, container, user, seed) in want {
+        let l = labels_of(&m, "gpu_process_memory_used_bytes", pid);
+        assert_eq!(
+            (
+                l["process"].as_str(),
+                l["namespace"].as_str(),
+                l["pod"].as_str(),
+                l["container"].as_str()
+            ),
+            (comm, ns, pod, container),
+            "pid {pid}"
+        );
+        assert_eq!(l["gpu"], "0");
+        assert_eq!(l["uuid"], GPU);
+        let info = labels_of(&m, "gpu_process_info", pid);
+        assert_eq!(info["user"], user, "pid {pid}");
+        assert_eq!(info["container_id"], cid(seed), "pid {pid}");
+        assert_eq!(info["pod_uid"], uid(seed), "pid {pid}");
+        assert!(
+            !info.contains_key("cmdline"),
+            "command lines are off by default"
+        );
+        let bytes = m.get_u64(
+            "gpu_process_memory_used_bytes",
+            &l.iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(
+            bytes,
+            Some(1_000_000_000 * (pid.parse::<u64>().unwrap() - 4100))
+        );
+    }
+    // The watcher asked only for this node's pods.
+    let lists = w.api.lists.lock().unwrap().clone();
+    assert!(lists.iter().all(|q| q.get("fieldSelector").map(String::as_str) == Some("spec.nodeName=gpu-node-1")), "{lists:?}");
+    assert_eq!(m.get("gpumem_exporter_kubernetes_synced", &[]), Some(1.0));
+    assert_eq!(m.get("gpumem_exporter_kubernetes_pods", &[]), Some(3.0));
+}
+
+#[test]
+fn deleted_pod_and_exited_process_leave_no_series() {
+    let procs = three_pods();
+    let w = world(&procs);
+    let ex = w.start("");
+    wait_for(Duration::from_secs(10), "infer pod resolved", || {
+        (ex.metrics()
+            .find("gpu_process_memory_used_bytes", &[("pod", "infer-7f9c")])
+            .len()
+            == 1)
+            .then_some(())
+    });
+    // The pod is deleted from the API, its process leaves the GPU and /proc.
+    w.rt.block_on(w.api.delete("infer-7f9c"));
+    w.scenario.write(&scenario_yaml(&[
+        (4101, 1_000_000_000),
+        (4103, 3_000_000_000),
+    ]));
+    std::fs::remove_dir_all(w.proc_root.path().join("4102")).unwrap();
+    let m = wait_for(Duration::from_secs(5), "pid 4102 gone", || {
+        let m = ex.metrics();
+        (m.find("gpu_process_memory_used_bytes", &[("pid", "4102")])
+            .is_empty())
+        .then_some(m)
+    });
+    assert!(!m.text.contains("infer-7f9c"), "{}", m.text);
+    assert!(!m.text.contains("pid=\"4102\""), "{}", m.text);
+    assert!(!m.text.contains(&cid('b')), "{}", m.text);
+    wait_for(
+        Duration::from_secs(5),
+        "the watcher to drop the pod",
+        || (ex.metrics().get("gpumem_exporter_kubernetes_pods", &[]) == Some(2.0)).then_some(()),
+    );
+    // The others are untouched.
+    assert_eq!(
+        m.find("gpu_process_memory_used_bytes", &[("pod", "trainer-0")])
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn top_n_keeps_totals_equal_to_what_nvml_reported() {
+    let w = world(&three_pods());
+    let procs: Vec<(u32, u64)> = (0..10)
+        .map(|i| (5000 + i, 1_000_000 * u64::from(i + 1)))
+        .collect();
+    let total: u64 = procs.iter().map(|p| p.1).sum();
+    w.scenario.write(&scenario_yaml(&procs));
+    let ex = w.start("  top_n: 3\n  min_bytes: 2000000\n");
+    let m = ex.metrics();
+    let series = m.find("gpu_process_memory_used_bytes", &[("gpu", "0")]);
+    let pids: Vec<&str> = series.iter().map(|(l, _)| l["pid"].as_str()).collect();
+    // The three largest and the rollup.
+    assert_eq!(series.len(), 4, "{pids:?}");
+    for pid in ["5009", "5008", "5007", "other"] {
+        assert!(pids.contains(&pid), "{pid} in {pids:?}");
+    }
+    let sum: f64 = series.iter().map(|(_, v)| v).sum();
+    assert_eq!(sum as u64, total, "sum of series equals what NVML reported");
+    assert_eq!(
+        m.get("gpu_processes_other", &[("gpu", "0"), ("uuid", GPU)]),
+        Some(7.0)
+    );
+}
+
+#[test]
+fn hidden_pids_are_exported_by_pid_and_counted() {
+    let w = world(&three_pods());
+    w.scenario
+        .write(&scenario_yaml(&[(4101, 1_000_000_000), (6000, 42)]));
+    let ex = w.start("");
+    let m = ex.metrics();
+    let l = labels_of(&m, "gpu_process_memory_used_bytes", "6000");
+    assert_eq!((l["process"].as_str(), l["pod"].as_str()), ("", ""));
+    assert!(
+        m.get("gpumem_exporter_process_lookup_failures_total", &[])
+            .unwrap()
+            >= 1.0
+    );
+    let log = ex.stderr();
+    assert_eq!(
+        log.matches("not visible in /proc").count(),
+        1,
+        "logged once: {log}"
+    );
+}
+
+#[test]
+fn cmdline_only_when_enabled_and_redacted() {
+    let w = world(&three_pods());
+    let ex = w.start("  cmdline: true\n  cmdline_max_length: 64\n");
+    let m = ex.metrics();
+    let a = labels_of(&m, "gpu_process_info", "4101");
+    assert_eq!(a["cmdline"], "python3 train.py --token <redacted> --lr 0.1");
+    let c = labels_of(&m, "gpu_process_info", "4103");
+    assert_eq!(c["cmdline"], "jupyter lab API_KEY=<redacted>");
+    assert!(
+        !m.text.contains("s3cr3t") && !m.text.contains("abc"),
+        "{}",
+        m.text
+    );
+}
+
+#[test]
+fn mig_instances_and_their_processes() {
+    let w = world(&[]);
+    w.scenario.write(&format!(
+        "devices:\n  - uuid: {GPU}\n    memory: {{total: 85899345920, reserved: 536870912, used: 20000000000}}\n    mig_devices:\n      - uuid: MIG-11111111-0000-0000-0000-000000000000\n        gpu_instance_id: 1\n        compute_instance_id: 0\n        memory: {{total: 20000000000, reserved: 0, used: 7000000000}}\n        processes: [{{pid: 7001, used: 6000000000}}]\n      - uuid: MIG-22222222-0000-0000-0000-000000000000\n        gpu_instance_id: 2\n        compute_instance_id: 0\n        memory: {{total: 20000000000, reserved: 0, used: 3000000000}}\n        processes: [{{pid: 7002, used: 2500000000}}]\n"
+    ));
+    let ex = w.start("");
+    let m = ex.metrics();
+    let a = labels_of(&m, "gpu_process_memory_used_bytes", "7001");
+    let b = labels_of(&m, "gpu_process_memory_used_bytes", "7002");
+    assert_eq!(
+        (
+            a["gpu_instance_id"].as_str(),
+            a["compute_instance_id"].as_str()
+        ),
+        ("1", "0")
+    );
+    assert_eq!(
+        (
+            b["gpu_instance_id"].as_str(),
+            b["compute_instance_id"].as_str()
+        ),
+        ("2", "0")
+    );
+    assert_eq!((a["gpu"].as_str(), a["uuid"].as_str()), ("0", GPU));
+    let inst = |gi: &'static str| {
+        [
+            ("gpu", "0"),
+            ("uuid", GPU),
+            ("gpu_instance_id", gi),
+            ("compute_instance_id", "0"),
+        ]
+    };
+    assert_eq!(
+        m.get_u64("gpu_mig_memory_used_bytes", &inst("1")),
+        Some(7_000_000_000)
+    );
+    assert_eq!(
+        m.get_u64("gpu_mig_memory_used_bytes", &inst("2")),
+        Some(3_000_000_000)
+    );
+    assert_eq!(
+        m.get_u64("gpu_mig_memory_total_bytes", &inst("2")),
+        Some(20_000_000_000)
+    );
+    assert_eq!(
+        m.find(
+            "gpu_mig_info",
+            &[
+                ("mig_uuid", "MIG-22222222-0000-0000-0000-000000000000"),
+                ("gpu_instance_id", "2")
+            ]
+        )
+        .len(),
+        1
+    );
+}
+
+#[test]
+fn mps_clients_appear_with_their_own_pid_and_pod() {
+    let procs = three_pods();
+    let w = world(&procs);
+    w.scenario.write(&format!(
+        "devices:\n  - uuid: {GPU}\n    memory: {{total: 85899345920, reserved: 536870912, used: 3000000000}}\n    processes:\n      - {{pid: 4101, used: 1000000000, type: mps}}\n      - {{pid: 4102, used: 2000000000, type: mps}}\n"
+    ));
+    let ex = w.start("");
+    let m = wait_for(Duration::from_secs(10), "MPS clients with pods", || {
+        let m = ex.metrics();
+        (m.find("gpu_process_memory_used_bytes", &[("pod", "infer-7f9c")])
+            .len()
+            == 1
+            && m.find("gpu_process_memory_used_bytes", &[("pod", "trainer-0")])
+                .len()
+                == 1)
+            .then_some(m)
+    });
+    assert_eq!(
+        labels_of(&m, "gpu_process_memory_used_bytes", "4101")["namespace"],
+        "team-a"
+    );
+    assert_eq!(
+        labels_of(&m, "gpu_process_memory_used_bytes", "4102")["namespace"],
+        "team-b"
+    );
+}
