@@ -1,5 +1,13 @@
 //! Stamps the git revision into the binary for gpumem_exporter_build_info.
 fn main() {
+    println!("cargo:rerun-if-env-changed=GPUMEM_EXPORTER_REVISION");
+    // A build without .git (e.g. a container build) can pass the revision.
+    if let Ok(rev) = std::env::var("GPUMEM_EXPORTER_REVISION")
+        && !rev.trim().is_empty()
+    {
+        println!("cargo:rustc-env=GPUMEM_EXPORTER_REVISION={}", rev.trim());
+        return;
+    }
     let rev = std::process::Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output()

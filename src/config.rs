@@ -249,6 +249,10 @@ pub struct ApiUrl(pub String);
 impl FromStr for ApiUrl {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
+        if s.is_empty() {
+            // Empty: use the in-cluster address.
+            return Ok(ApiUrl(String::new()));
+        }
         let rest = s
             .strip_prefix("https://")
             .or_else(|| s.strip_prefix("http://"))
@@ -715,16 +719,20 @@ fn kubernetes(
         return Ok(None);
     }
     let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
-    let api_url = f.api_url.map(|u| u.0).or_else(|| {
-        let host = nonempty(env("KUBERNETES_SERVICE_HOST"))?;
-        let port = nonempty(env("KUBERNETES_SERVICE_PORT"))?;
-        let host = if host.contains(':') && !host.starts_with('[') {
-            format!("[{host}]")
-        } else {
-            host
-        };
-        Some(format!("https://{host}:{port}"))
-    });
+    let api_url = f
+        .api_url
+        .map(|u| u.0)
+        .filter(|u| !u.is_empty())
+        .or_else(|| {
+            let host = nonempty(env("KUBERNETES_SERVICE_HOST"))?;
+            let port = nonempty(env("KUBERNETES_SERVICE_PORT"))?;
+            let host = if host.contains(':') && !host.starts_with('[') {
+                format!("[{host}]")
+            } else {
+                host
+            };
+            Some(format!("https://{host}:{port}"))
+        });
     let Some(api_url) = api_url else {
         return if mode == KubeMode::On {
             Err(Located::Key(
