@@ -24,6 +24,45 @@ pub const DEFAULT_PEAK_WINDOW: Duration = Duration::from_secs(30);
 /// Larger config files are refused before parsing.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
+/// Config reloads (SIGHUP) that succeeded / failed, for
+/// `gpumem_exporter_config_reloads_total{result}`.
+pub static RELOAD_SUCCESS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub static RELOAD_FAILURE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Keys whose change needs a restart: they are read once at start (the
+/// listener, the NVML library, /proc and passwd paths, the pod watcher,
+/// logging).
+pub fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut keys = Vec::new();
+    let mut check = |changed: bool, key: &'static str| {
+        if changed {
+            keys.push(key);
+        }
+    };
+    check(
+        old.listen_address != new.listen_address,
+        "web.listen_address",
+    );
+    check(
+        old.telemetry_path != new.telemetry_path,
+        "web.telemetry_path",
+    );
+    check(old.nvml_library != new.nvml_library, "nvml.library");
+    check(old.log_level != new.log_level, "log.level");
+    check(old.log_format != new.log_format, "log.format");
+    check(old.procfs != new.procfs, "path.procfs");
+    check(
+        old.processes.cmdline != new.processes.cmdline,
+        "processes.cmdline",
+    );
+    check(
+        old.processes.passwd_file != new.processes.passwd_file,
+        "processes.passwd_file",
+    );
+    check(old.kubernetes != new.kubernetes, "kubernetes");
+    keys
+}
+
 /// A config error: one line that names the key and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -352,7 +391,7 @@ struct FileLog {
 
 /// Command-line overrides, already parsed by the caller (clap). Each is
 /// `None` when the flag was not given.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Overrides {
     pub listen_address: Option<String>,
     pub telemetry_path: Option<String>,
@@ -544,7 +583,7 @@ fn parse_yaml(text: &str, origin: &str) -> Result<FileConfig, ConfigError> {
 }
 
 /// Drop a leading "line N column M: " that the YAML parser adds.
-fn strip_position(msg: &str) -> &str {
+pub fn strip_position(msg: &str) -> &str {
     if let Some(rest) = msg.strip_prefix("line ")
         && let Some(idx) = rest.find(": ")
         && rest[..idx].split(' ').count() == 3

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use gpumem_exporter::gpu::nvml::NvmlSource;
+use gpumem_exporter::gpu::nvml::{InitError, NvmlSource};
 use gpumem_exporter::sampler::Shared;
 use gpumem_exporter::{config, kube, logging, metrics, procfs, sampler, server};
 
@@ -78,7 +78,7 @@ fn main() -> ExitCode {
         }
     };
     logging::init(cfg.log_level, cfg.log_format);
-    match run(cfg, cli.config_file) {
+    match run(cfg, cli.config_file, overrides) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -87,7 +87,66 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cfg: config::Config, config_file: Option<PathBuf>) -> anyhow::Result<()> {
+fn timing(cfg: &config::Config) -> sampler::Timing {
+    sampler::Timing {
+        sample_interval: cfg.sample_interval,
+        memory_sample_interval: cfg.memory_sample_interval,
+        peak_window: cfg.peak_window,
+    }
+}
+
+fn selection(cfg: &config::Config) -> sampler::Selection {
+    sampler::Selection {
+        enabled: cfg.processes.enabled,
+        min_bytes: cfg.processes.min_bytes,
+        top_n: cfg.processes.top_n,
+    }
+}
+
+/// On SIGHUP, re-read the config file with the same flags. A bad file keeps
+/// the running config (logged, counted). Intervals, peak window and the
+/// process knobs apply at once; keys that need a restart are named in a
+/// warning.
+async fn reload_on_sighup(
+    file: Option<PathBuf>,
+    flags: config::Overrides,
+    mut current: config::Config,
+    control: std::sync::mpsc::Sender<sampler::Control>,
+) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot install the SIGHUP handler; config reload is off");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        let env = |k: &str| std::env::var(k).ok();
+        match config::load(file.as_deref(), &flags, &env) {
+            Err(e) => {
+                config::RELOAD_FAILURE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::error!("config reload failed, keeping the running config: {e}");
+            }
+            Ok(new) => {
+                config::RELOAD_SUCCESS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let restart = config::restart_needed(&current, &new);
+                if !restart.is_empty() {
+                    tracing::warn!(
+                        keys = %restart.join(","),
+                        "config reloaded; these changed keys take effect only after a restart"
+                    );
+                }
+                let _ = control.send(sampler::Control::Reconfigure(timing(&new), selection(&new)));
+                tracing::info!("config reloaded");
+                current = new;
+            }
+        }
+    }
+}
+
+fn run(
+    cfg: config::Config,
+    config_file: Option<PathBuf>,
+    overrides: config::Overrides,
+) -> anyhow::Result<()> {
     tracing::info!(
         version = metrics::VERSION,
         revision = metrics::REVISION,
@@ -95,7 +154,7 @@ fn run(cfg: config::Config, config_file: Option<PathBuf>) -> anyhow::Result<()> 
         "starting gpumem-exporter"
     );
     let shared = Arc::new(Shared::new(cfg.sample_interval));
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let (control_tx, control_rx) = std::sync::mpsc::channel::<sampler::Control>();
     let library = cfg.nvml_library.clone();
     let started = std::time::Instant::now();
     let mut lookup = sampler::ProcCache::new(procfs::ProcRoot::new(&cfg.procfs))
@@ -110,31 +169,31 @@ fn run(cfg: config::Config, config_file: Option<PathBuf>) -> anyhow::Result<()> 
     if let Some(p) = &pods {
         lookup = lookup.with_pods(Arc::clone(p));
     }
-    let selection = sampler::Selection {
-        enabled: cfg.processes.enabled,
-        min_bytes: cfg.processes.min_bytes,
-        top_n: cfg.processes.top_n,
-    };
     let _sampler = sampler::spawn(
-        move || NvmlSource::open(library.as_deref()),
-        lookup,
-        sampler::Timing {
-            sample_interval: cfg.sample_interval,
-            memory_sample_interval: cfg.memory_sample_interval,
-            peak_window: cfg.peak_window,
+        move || {
+            NvmlSource::open(library.as_deref()).map_err(|e| match e {
+                // A library that cannot be loaded will not appear by itself.
+                InitError::Load { .. } => sampler::OpenFailure::Fatal(e),
+                // A driver not loaded yet (boot), a permission not granted
+                // yet (udev), a GPU not answering: keep trying.
+                _ => sampler::OpenFailure::Retry(e),
+            })
         },
-        selection,
+        lookup,
+        timing(&cfg),
+        selection(&cfg),
         Arc::clone(&shared),
-        stop_rx,
+        control_rx,
     )
     .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let devices = shared.latest().map(|p| p.snapshot.devices.len());
-    tracing::info!(
-        init_ms = started.elapsed().as_millis() as u64,
-        gpus = devices.unwrap_or(0),
-        interval = %config::HumanDuration(cfg.sample_interval),
-        "NVML initialised"
-    );
+    if let Some(p) = shared.latest() {
+        tracing::info!(
+            init_ms = started.elapsed().as_millis() as u64,
+            gpus = p.snapshot.devices.len(),
+            interval = %config::HumanDuration(cfg.sample_interval),
+            "NVML initialised"
+        );
+    }
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -154,8 +213,13 @@ fn run(cfg: config::Config, config_file: Option<PathBuf>) -> anyhow::Result<()> 
             index,
         ));
     }
+    let reload_tx = control_tx.clone();
+    let reload_base = cfg.clone();
+    runtime.spawn(async move {
+        reload_on_sighup(config_file, overrides, reload_base, reload_tx).await;
+    });
     runtime.block_on(serve(cfg, shared))?;
-    drop(stop_tx);
+    let _ = control_tx.send(sampler::Control::Stop);
     tracing::info!("stopped");
     Ok(())
 }

@@ -485,6 +485,31 @@ impl Collector for SnapshotCollector {
         .encode_counter::<NoLabelSet, _, u64>(&s.memory_samples, None)?;
 
         enc.encode_descriptor(
+            "gpumem_exporter_nvml_reinit_attempts",
+            "Times NVML was opened afresh because every GPU kept failing (3 samples in a row, then with backoff).",
+            None,
+            MetricType::Counter,
+        )?
+        .encode_counter::<NoLabelSet, _, u64>(&s.nvml_reinit_attempts, None)?;
+
+        let mut m = enc.encode_descriptor(
+            "gpumem_exporter_config_reloads",
+            "Config file reloads on SIGHUP; a failed one keeps the running config.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, n) in [
+            ("success", &crate::config::RELOAD_SUCCESS),
+            ("failure", &crate::config::RELOAD_FAILURE),
+        ] {
+            m.encode_family(&[("result", result)])?
+                .encode_counter::<NoLabelSet, _, u64>(
+                    &n.load(std::sync::atomic::Ordering::Relaxed),
+                    None,
+                )?;
+        }
+
+        enc.encode_descriptor(
             "gpumem_exporter_process_lookup_failures",
             "Pids reported by NVML that were not visible in /proc (exited, or no host PID namespace): their series carry the pid but no name, user or pod.",
             None,

@@ -177,6 +177,8 @@ pub struct Snapshot {
     pub memory_samples: u64,
     /// Pids NVML reported that could not be looked up in /proc.
     pub process_lookup_failures: u64,
+    /// Times NVML was re-opened because every GPU kept failing.
+    pub nvml_reinit_attempts: u64,
     /// State of the Kubernetes pod watcher, when enabled.
     pub kubernetes: Option<KubeState>,
 }

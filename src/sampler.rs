@@ -114,7 +114,10 @@ pub struct Shared {
     /// Unix time in ms when the last tick finished; 0 before the first.
     last_tick_ms: AtomicU64,
     alive: AtomicBool,
-    interval: Duration,
+    /// The full sample interval in ms (changes on config reload).
+    interval_ms: AtomicU64,
+    /// NVML initialisation attempts before it answered (1 = at once).
+    nvml_init_attempts: AtomicU64,
 }
 
 impl Shared {
@@ -123,8 +126,21 @@ impl Shared {
             published: ArcSwapOption::empty(),
             last_tick_ms: AtomicU64::new(0),
             alive: AtomicBool::new(false),
-            interval,
+            interval_ms: AtomicU64::new(interval.as_millis() as u64),
+            nvml_init_attempts: AtomicU64::new(0),
         }
+    }
+
+    /// The sampler thread is alive and not stuck (also while it waits for
+    /// NVML to come up).
+    fn beat(&self) {
+        self.last_tick_ms
+            .store(unix_ms(SystemTime::now()), Ordering::Release);
+    }
+
+    fn set_interval(&self, d: Duration) {
+        self.interval_ms
+            .store(d.as_millis() as u64, Ordering::Release);
     }
 
     /// The latest published snapshot (with its encoding cache), `None`
@@ -139,9 +155,18 @@ impl Shared {
         self.published.store(Some(Arc::new(Published::new(s))));
     }
 
-    /// Ready once NVML is initialised and one snapshot is published.
-    pub fn ready(&self) -> bool {
-        self.published.load().is_some()
+    /// Ready once NVML is initialised and a snapshot is published in which
+    /// at least one GPU answers (or the host has none).
+    pub fn ready(&self) -> Result<(), &'static str> {
+        match &*self.published.load() {
+            None => Err("NVML is not initialised yet"),
+            Some(p)
+                if !p.snapshot.devices.is_empty() && p.snapshot.devices.iter().all(|d| !d.up()) =>
+            {
+                Err("no GPU answered the last sample")
+            }
+            Some(_) => Ok(()),
+        }
     }
 
     /// Healthy while the sampler thread is alive and has finished a tick
@@ -155,10 +180,10 @@ impl Shared {
             return Err("no sample taken yet".into());
         }
         let age = unix_ms(now).saturating_sub(last);
-        let limit = self.interval.as_millis() as u64 * u64::from(HEALTH_MISSED_TICKS);
+        let limit = self.interval_ms.load(Ordering::Acquire) * u64::from(HEALTH_MISSED_TICKS);
         if age > limit {
             return Err(format!(
-                "last sample finished {age} ms ago, more than {HEALTH_MISSED_TICKS} intervals ({limit} ms)"
+                "the sampler has not finished a tick for {age} ms, more than {HEALTH_MISSED_TICKS} sample intervals ({limit} ms): an NVML call may hang"
             ));
         }
         Ok(())
@@ -189,6 +214,16 @@ pub trait ProcessLookup {
     fn kubernetes(&self) -> Option<KubeState> {
         None
     }
+}
+
+/// A lookup that knows nothing (used to build per-device state only).
+struct NoLookup;
+
+impl ProcessLookup for NoLookup {
+    fn identify(&mut self, _pid: u32) -> Arc<ProcIdentity> {
+        Arc::new(ProcIdentity::default())
+    }
+    fn retain(&mut self, _live: &dyn Fn(u32) -> bool) {}
 }
 
 /// Sliding-window maximum: a deque of (time, value) with decreasing values,
@@ -246,6 +281,7 @@ pub struct Sampler<G: GpuSource, P: ProcessLookup> {
     durations: Arc<DurationHistogram>,
     nvml_durations: Arc<DurationHistogram>,
     memory_samples: u64,
+    reinit_attempts: u64,
     scratch: Vec<RawProcess>,
 }
 
@@ -285,8 +321,18 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             durations: Arc::new(DurationHistogram::new(SAMPLE_DURATION_BUCKETS)),
             nvml_durations: Arc::new(DurationHistogram::new(SAMPLE_DURATION_BUCKETS)),
             memory_samples: 0,
+            reinit_attempts: 0,
             scratch: Vec::new(),
         }
+    }
+
+    /// Swap in a freshly opened GPU source (after every GPU failed), keeping
+    /// counters and histograms; per-device state starts over.
+    pub fn replace_gpu(&mut self, gpu: G) {
+        let fresh = Sampler::new(gpu, NoLookup, self.timing);
+        self.gpu = fresh.gpu;
+        self.driver = fresh.driver;
+        self.devices = fresh.devices;
     }
 
     /// Which processes get their own series.
@@ -442,6 +488,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             sample_nvml_duration: Arc::clone(&self.nvml_durations),
             memory_samples: self.memory_samples,
             process_lookup_failures: self.procs.failures(),
+            nvml_reinit_attempts: self.reinit_attempts,
             kubernetes: self.procs.kubernetes(),
         }
     }
@@ -624,43 +671,152 @@ pub enum StartError<E: std::fmt::Display> {
     Thread(String),
 }
 
+/// How opening the GPU source failed: a library that cannot be loaded at
+/// all will not fix itself (fatal); a driver that is not loaded yet after a
+/// reboot, or a permission that udev has not granted yet, may (retry).
+#[derive(Debug)]
+pub enum OpenFailure<E> {
+    Fatal(E),
+    Retry(E),
+}
+
+/// Messages to the sampler thread.
+#[derive(Debug, Clone, Copy)]
+pub enum Control {
+    Stop,
+    /// New intervals and selection from a reloaded config (SIGHUP).
+    Reconfigure(Timing, Selection),
+}
+
+/// Exponential backoff between NVML (re)initialisation attempts.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    pub const INITIAL: Duration = Duration::from_secs(1);
+    pub const MAX: Duration = Duration::from_secs(30);
+
+    pub fn new() -> Self {
+        Backoff {
+            next: Self::INITIAL,
+            max: Self::MAX,
+        }
+    }
+
+    /// The wait before the next attempt (1s, 2s, 4s, … 30s).
+    pub fn step(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+
+    pub fn reset(&mut self) {
+        self.next = Self::INITIAL;
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// After this many full samples in which every GPU failed, NVML is opened
+/// afresh (with backoff): device handles can go stale after a GPU reset.
+pub const REINIT_AFTER_FAILED_SAMPLES: u32 = 3;
+
+/// Wait up to `total`, beating the heartbeat every `beat` so `/healthz`
+/// knows the thread is alive. Returns a control message if one arrives.
+fn wait_alive(
+    shared: &Shared,
+    control: &Receiver<Control>,
+    total: Duration,
+    beat: Duration,
+) -> Option<Control> {
+    let until = Instant::now() + total;
+    loop {
+        shared.beat();
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        match control.recv_timeout(left.min(beat)) {
+            Ok(c) => return Some(c),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return Some(Control::Stop),
+        }
+    }
+}
+
 /// Start the sampler thread. `open` runs on that thread (NVML handles stay
-/// on the thread that made them); its error is returned here, so the caller
-/// can exit with a clear message before serving anything. The first
-/// snapshot is published before this returns. The thread stops when `stop`
-/// receives a message or its sender is dropped.
+/// on the thread that made them). A fatal open error is returned here, so
+/// the caller can exit with a clear message before serving anything. A
+/// retryable one is logged once; the thread keeps retrying with backoff
+/// while the server answers `/readyz` 503 and `/healthz` 200, and starts
+/// sampling by itself once NVML answers. Returns once the first snapshot is
+/// published or retrying has begun. The thread stops on [`Control::Stop`]
+/// or when the sender is dropped.
 pub fn spawn<G, P, E, F>(
     open: F,
     procs: P,
     timing: Timing,
     selection: Selection,
     shared: Arc<Shared>,
-    stop: Receiver<()>,
+    control: Receiver<Control>,
 ) -> Result<JoinHandle<()>, StartError<E>>
 where
     G: GpuSource + 'static,
     P: ProcessLookup + Send + 'static,
     E: std::fmt::Display + Send + 'static,
-    F: FnOnce() -> Result<G, E> + Send + 'static,
+    F: Fn() -> Result<G, OpenFailure<E>> + Send + 'static,
 {
     let (ready_tx, ready_rx) = sync_channel::<Result<(), E>>(1);
     let thread_shared = Arc::clone(&shared);
     let handle = std::thread::Builder::new()
         .name("sampler".into())
         .spawn(move || {
-            let gpu = match open() {
-                Ok(g) => g,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
+            let shared = thread_shared;
+            shared.alive.store(true, Ordering::Release);
+            let _guard = AliveGuard(Arc::clone(&shared));
+            let mut backoff = Backoff::new();
+            let mut attempts: u64 = 0;
+            let gpu = loop {
+                attempts += 1;
+                match open() {
+                    Ok(g) => break g,
+                    Err(OpenFailure::Fatal(e)) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                    Err(OpenFailure::Retry(e)) => {
+                        if attempts == 1 {
+                            tracing::error!(
+                                "{e}; the exporter stays up (/readyz answers 503) and retries with backoff until NVML answers"
+                            );
+                            let _ = ready_tx.send(Ok(()));
+                        } else {
+                            tracing::debug!(attempt = attempts, "NVML still not available: {e}");
+                        }
+                        shared.nvml_init_attempts.store(attempts, Ordering::Relaxed);
+                        let wait = backoff.step();
+                        if let Some(Control::Stop) =
+                            wait_alive(&shared, &control, wait, timing.sample_interval)
+                        {
+                            return;
+                        }
+                    }
                 }
             };
-            thread_shared.alive.store(true, Ordering::Release);
-            let _guard = AliveGuard(Arc::clone(&thread_shared));
+            if attempts > 1 {
+                tracing::info!(attempts, "NVML answered; sampling starts");
+            }
             let mut sampler = Sampler::new(gpu, procs, timing).with_selection(selection);
-            thread_shared.publish(sampler.tick());
+            shared.publish(sampler.tick());
             let _ = ready_tx.send(Ok(()));
-            run_loop(sampler, &thread_shared, &stop);
+            run_loop(sampler, &shared, &control, &open);
         })
         .map_err(|e| StartError::Thread(e.to_string()))?;
     match ready_rx.recv() {
@@ -685,36 +841,85 @@ fn advance(prev: Instant, step: Duration, now: Instant) -> Instant {
     if next <= now { now + step } else { next }
 }
 
-fn run_loop<G: GpuSource, P: ProcessLookup>(
+fn run_loop<G, P, E, F>(
     mut sampler: Sampler<G, P>,
     shared: &Shared,
-    stop: &Receiver<()>,
-) {
-    let t = sampler.timing;
-    let fast = t.memory_sample_interval < t.sample_interval;
+    control: &Receiver<Control>,
+    open: &F,
+) where
+    G: GpuSource,
+    P: ProcessLookup,
+    E: std::fmt::Display,
+    F: Fn() -> Result<G, OpenFailure<E>>,
+{
     let start = Instant::now();
+    let mut t = sampler.timing;
     let mut next_full = start + t.sample_interval;
     let mut next_mem = start + t.memory_sample_interval;
+    let mut failed_samples: u32 = 0;
+    let mut reinit_backoff = Backoff::new();
+    let mut next_reinit = start;
     loop {
+        let fast = t.memory_sample_interval < t.sample_interval;
         let due = if fast {
             next_full.min(next_mem)
         } else {
             next_full
         };
         let wait = due.saturating_duration_since(Instant::now());
-        match stop.recv_timeout(wait) {
+        match control.recv_timeout(wait) {
             Err(RecvTimeoutError::Timeout) => {}
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+            Ok(Control::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+            Ok(Control::Reconfigure(timing, selection)) => {
+                sampler.timing = timing;
+                sampler.selection = selection;
+                shared.set_interval(timing.sample_interval);
+                t = timing;
+                let now = Instant::now();
+                next_full = now + t.sample_interval;
+                next_mem = now + t.memory_sample_interval;
+                tracing::info!(
+                    sample_interval = %crate::config::HumanDuration(t.sample_interval),
+                    memory_sample_interval = %crate::config::HumanDuration(t.memory_sample_interval),
+                    peak_window = %crate::config::HumanDuration(t.peak_window),
+                    "sampler reconfigured"
+                );
+                continue;
+            }
         }
         let now = Instant::now();
-        if now >= next_full {
-            shared.publish(sampler.tick());
-            let now = Instant::now();
-            next_full = advance(next_full, t.sample_interval, now);
-            next_mem = now + t.memory_sample_interval;
-        } else {
+        if now < next_full {
             shared.publish(sampler.tick_memory());
             next_mem = advance(next_mem, t.memory_sample_interval, Instant::now());
+            continue;
+        }
+        let snapshot = sampler.tick();
+        let all_down = !snapshot.devices.is_empty() && snapshot.devices.iter().all(|d| !d.up());
+        shared.publish(snapshot);
+        let now = Instant::now();
+        next_full = advance(next_full, t.sample_interval, now);
+        next_mem = now + t.memory_sample_interval;
+        if !all_down {
+            failed_samples = 0;
+            reinit_backoff.reset();
+            continue;
+        }
+        failed_samples = failed_samples.saturating_add(1);
+        if failed_samples >= REINIT_AFTER_FAILED_SAMPLES && now >= next_reinit {
+            sampler.reinit_attempts += 1;
+            match open() {
+                Ok(g) => {
+                    tracing::warn!(
+                        "every GPU failed {failed_samples} samples in a row; NVML re-opened"
+                    );
+                    sampler.replace_gpu(g);
+                    failed_samples = 0;
+                }
+                Err(OpenFailure::Fatal(e)) | Err(OpenFailure::Retry(e)) => {
+                    tracing::debug!("re-opening NVML failed: {e}");
+                }
+            }
+            next_reinit = now + reinit_backoff.step();
         }
     }
 }
@@ -829,6 +1034,15 @@ mod tests {
             let kept: u64 = keep.iter().filter_map(|&i| procs[i].used_bytes).sum();
             assert_eq!(kept + other.map_or(0, |o| o.used_bytes), total, "{sel:?}");
         }
+    }
+
+    #[test]
+    fn backoff_doubles_to_the_cap() {
+        let mut b = Backoff::new();
+        let steps: Vec<u64> = (0..7).map(|_| b.step().as_secs()).collect();
+        assert_eq!(steps, vec![1, 2, 4, 8, 16, 30, 30]);
+        b.reset();
+        assert_eq!(b.step().as_secs(), 1);
     }
 
     #[test]

@@ -71,14 +71,13 @@ async fn healthz(State(app): State<App>) -> Response {
 }
 
 async fn readyz(State(app): State<App>) -> Response {
-    if app.shared.ready() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (
+    match app.shared.ready() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: NVML not initialised or no sample published yet\n",
+            format!("not ready: {why}\n"),
         )
-            .into_response()
+            .into_response(),
     }
 }
 

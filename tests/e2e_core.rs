@@ -366,24 +366,6 @@ fn missing_library_is_a_clear_error_with_exit_1() {
 }
 
 #[test]
-fn driver_not_loaded_and_no_permission_are_clear_errors() {
-    let lib = fake_nvml().to_str().unwrap();
-    for (init_error, want) in [
-        ("driver_not_loaded", "NVIDIA kernel driver is not loaded"),
-        ("no_permission", "no permission to talk to the driver"),
-    ] {
-        let sc = Scenario::new(&format!("init_error: {init_error}\ndevices: []\n"));
-        let (code, err) = run_to_exit(
-            &["--nvml.library", lib, "--web.listen-address", "127.0.0.1:0"],
-            &[("FAKE_NVML_CONFIG", sc.path.to_str().unwrap())],
-        );
-        assert_eq!(code, Some(1), "{err}");
-        assert!(err.contains(want), "{init_error}: {err}");
-        assert!(err.contains(lib), "names where NVML came from: {err}");
-    }
-}
-
-#[test]
 fn bad_config_files_are_rejected_with_key_and_line() {
     let sc = Scenario::new("devices: []\n");
     let cases: [(&str, &[u8], &str); 6] = [
