@@ -59,6 +59,10 @@ pub fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
         old.processes.passwd_file != new.processes.passwd_file,
         "processes.passwd_file",
     );
+    check(
+        old.processes.torch_bridge != new.processes.torch_bridge,
+        "processes.torch_bridge",
+    );
     check(old.kubernetes != new.kubernetes, "kubernetes");
     keys
 }
@@ -355,6 +359,7 @@ struct FileProcesses {
     cmdline: Option<bool>,
     cmdline_max_length: Option<CmdlineLength>,
     passwd_file: Option<String>,
+    torch_bridge: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -437,6 +442,8 @@ pub struct Processes {
     /// `Some(max length)` when the command line is exported.
     pub cmdline: Option<usize>,
     pub passwd_file: String,
+    /// Read PyTorch allocator figures published by `gpumem_bridge`.
+    pub torch_bridge: bool,
 }
 
 impl Default for Processes {
@@ -447,6 +454,7 @@ impl Default for Processes {
             top_n: 0,
             cmdline: None,
             passwd_file: "/etc/passwd".to_string(),
+            torch_bridge: true,
         }
     }
 }
@@ -565,7 +573,7 @@ fn parse_yaml(text: &str, origin: &str) -> Result<FileConfig, ConfigError> {
             let rendered = e.to_string();
             let first = rendered.lines().next().unwrap_or("invalid YAML");
             let first = first.strip_prefix("error: ").unwrap_or(first);
-            let message = strip_position(first);
+            let message = plain_words(strip_position(first));
             match e.location() {
                 Some(loc) => {
                     let line = loc.line() as usize;
@@ -580,6 +588,21 @@ fn parse_yaml(text: &str, origin: &str) -> Result<FileConfig, ConfigError> {
                 None => ConfigError(format!("config file {origin}: {message}")),
             }
         })
+}
+
+/// Say the parser's terse messages in the user's terms.
+fn plain_words(msg: &str) -> String {
+    let msg = msg
+        .trim_end_matches(", set DuplicateKeyPolicy in Options if acceptable")
+        .to_string();
+    match msg.as_str() {
+        "invalid u64" => "expected a whole number from 0 to 18446744073709551615".to_string(),
+        "invalid u32" => "expected a whole number from 0 to 4294967295".to_string(),
+        "invalid boolean" => "expected true or false".to_string(),
+        "expected string scalar" => "expected a single value, not a list or a mapping".to_string(),
+        "expected mapping start" => "expected a mapping of keys (key: value lines)".to_string(),
+        _ => msg,
+    }
 }
 
 /// Drop a leading "line N column M: " that the YAML parser adds.
@@ -744,6 +767,7 @@ fn processes(f: FileProcesses) -> Processes {
             .passwd_file
             .filter(|p| !p.is_empty())
             .unwrap_or(d.passwd_file),
+        torch_bridge: f.torch_bridge.unwrap_or(d.torch_bridge),
     }
 }
 
@@ -1033,7 +1057,7 @@ mod tests {
     #[test]
     fn process_knobs() {
         let c = parse(
-            "processes:\n  enabled: true\n  min_bytes: 1048576\n  top_n: 10\n  cmdline: true\n  cmdline_max_length: 64\n",
+            "processes:\n  enabled: true\n  min_bytes: 1048576\n  top_n: 10\n  cmdline: true\n  cmdline_max_length: 64\n  torch_bridge: false\n",
             "t",
         )
         .unwrap();
@@ -1044,7 +1068,8 @@ mod tests {
                 min_bytes: 1 << 20,
                 top_n: 10,
                 cmdline: Some(64),
-                passwd_file: "/etc/passwd".into()
+                passwd_file: "/etc/passwd".into(),
+                torch_bridge: false,
             }
         );
         for (text, want) in [
