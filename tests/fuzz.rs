@@ -1,0 +1,185 @@
+//! Fuzzing the parsers with generated and mutated inputs (proptest
+//! strategies, run for a time budget). Each target must never panic, and
+//! where a parser accepts, what it returns must hold its invariants.
+//!
+//! CI runs each target for FUZZ_SECONDS (default 3). The long run
+//! documented in RELIABILITY.md:
+//!
+//!     FUZZ_SECONDS=600 cargo test --release --test fuzz -- --nocapture --test-threads=1
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::{Duration, Instant};
+
+use gpumem_exporter::{config, metrics, procfs};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, TestRunner};
+
+fn budget() -> Duration {
+    let secs = std::env::var("FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(3.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// Run `check` on inputs from `strategy` until the budget is spent; on a
+/// panic, fail with the input that caused it.
+fn fuzz<S: Strategy>(name: &str, strategy: S, check: impl Fn(&S::Value))
+where
+    S::Value: std::fmt::Debug,
+{
+    let mut runner = TestRunner::new(Config::default());
+    let start = Instant::now();
+    let budget = budget();
+    let mut runs: u64 = 0;
+    while start.elapsed() < budget {
+        let Ok(tree) = strategy.new_tree(&mut runner) else {
+            continue;
+        };
+        let input = tree.current();
+        if catch_unwind(AssertUnwindSafe(|| check(&input))).is_err() {
+            panic!("{name}: panicked on input {input:?}");
+        }
+        runs += 1;
+    }
+    eprintln!(
+        "fuzz {name}: {runs} executions in {:.1} s, no crash",
+        start.elapsed().as_secs_f64()
+    );
+}
+
+/// Valid-looking inputs with random edits: most of the input is right, so
+/// the parser gets deep before it meets the damage.
+fn mutated(seeds: &'static [&'static str]) -> impl Strategy<Value = String> {
+    let edit = (
+        any::<usize>(),
+        any::<usize>(),
+        prop_oneof![
+            Just(String::new()),
+            "[:\\-\\[\\]{}#&*!|>'\"%@`, \\t\\n]{1,3}",
+            "\\PC{1,4}",
+            "[0-9]{1,25}",
+            Just("\u{0}".to_string()),
+            Just("\u{feff}".to_string()),
+        ],
+    );
+    (
+        prop::sample::select(seeds),
+        prop::collection::vec(edit, 0..6),
+    )
+        .prop_map(|(seed, edits)| {
+            let mut s: Vec<char> = seed.chars().collect();
+            for (at, len, with) in edits {
+                let at = if s.is_empty() { 0 } else { at % (s.len() + 1) };
+                let end = (at + len % 4).min(s.len());
+                s.splice(at..end, with.chars());
+            }
+            s.into_iter().collect()
+        })
+}
+
+fn any_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        ".{0,200}",
+        "\\PC{0,200}",
+        prop::collection::vec(any::<u8>(), 0..200)
+            .prop_map(|b| String::from_utf8_lossy(&b).to_string()),
+    ]
+}
+
+const CONFIGS: &[&str] = &[
+    "web:\n  listen_address: \":9877\"\n  telemetry_path: /metrics\nsample_interval: 1s\nmemory_sample_interval: 100ms\npeak_window: 30s\nnvml:\n  library: \"\"\nlog:\n  level: info\n  format: logfmt\n",
+    "processes:\n  enabled: true\n  min_bytes: 1048576\n  top_n: 10\n  cmdline: true\n  cmdline_max_length: 64\n  passwd_file: /host/etc/passwd\npath:\n  procfs: /host/proc\n",
+    "kubernetes:\n  enabled: true\n  node_name: gpu-1\n  api_url: https://10.0.0.1:443\n  token_file: /t\n  ca_file: /c\n",
+    "sample_interval: 1m30s\npeak_window: 1h\n",
+    "{web: {listen_address: '[::1]:9877'}, log: {level: debug}}\n",
+];
+
+#[test]
+fn fuzz_config_parser() {
+    fuzz(
+        "config",
+        prop_oneof![mutated(CONFIGS), any_text()],
+        |text| match config::parse(text, "fuzz.yaml") {
+            Ok(c) => {
+                assert!(c.sample_interval >= Duration::from_millis(10));
+                assert!(c.memory_sample_interval <= c.sample_interval);
+                assert!(c.peak_window >= c.sample_interval);
+                assert!(c.telemetry_path.starts_with('/'));
+            }
+            Err(e) => {
+                assert!(!e.0.contains('\n'), "errors are one line: {e:?}");
+                assert!(e.0.starts_with("config file fuzz.yaml"), "{e:?}");
+            }
+        },
+    );
+}
+
+const CGROUPS: &[&str] = &[
+    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c3d4e_0000_1111_2222_333344445555.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n",
+    "12:memory:/kubepods/besteffort/pod1b2c3d4e-0000-1111-2222-333344445555/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n11:cpu,cpuacct:/kubepods\n1:name=systemd:/\n",
+    "0::/system.slice/docker-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n",
+    "0::/machine.slice/libpod-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n",
+    "0::/kubepods.slice/kubepods-pod1b2c3d4e_0000_1111_2222_333344445555.slice/crio-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n",
+    "0::/system.slice/nvidia-persistenced.service\n",
+];
+
+#[test]
+fn fuzz_cgroup_parser() {
+    fuzz(
+        "cgroup",
+        prop_oneof![mutated(CGROUPS), any_text()],
+        |text| {
+            let id = procfs::parse_cgroup(text);
+            if let Some(c) = &id.container_id {
+                assert!(procfs::is_container_id(c), "{c:?}");
+            }
+            if let Some(u) = &id.pod_uid {
+                assert!(procfs::is_pod_uid(u), "{u:?}");
+            }
+        },
+    );
+}
+
+const PROC_FILES: &[&str] = &[
+    "436 (python3) S 1 436 436 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 12 0 98765 123456 789 18446744073709551615\n",
+    "437 (a) b) (c) R 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 4242\n",
+    "Name:\tpython3\nUmask:\t0022\nState:\tS (sleeping)\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\n",
+    "root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\n# comment\n",
+];
+
+#[test]
+fn fuzz_proc_parsers() {
+    fuzz(
+        "proc",
+        prop_oneof![mutated(PROC_FILES), any_text()],
+        |text| {
+            let _ = procfs::parse_stat_start_time(text);
+            let _ = procfs::parse_status_uid(text);
+            let _ = procfs::parse_passwd(text);
+            let args = procfs::parse_cmdline(text.as_bytes());
+            let red = procfs::redact_cmdline(&args, 64);
+            assert!(red.chars().count() <= 64, "{red:?}");
+        },
+    );
+}
+
+const ACCEPTS: &[&str] = &[
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "text/plain;version=0.0.4",
+    "gzip, deflate, br",
+    "identity;q=1, *;q=0",
+];
+
+#[test]
+fn fuzz_accept_headers() {
+    fuzz(
+        "accept",
+        prop_oneof![mutated(ACCEPTS), any_text()],
+        |text| {
+            let _ = metrics::Format::negotiate(Some(text));
+            let _ = metrics::accepts_gzip(Some(text));
+        },
+    );
+}
