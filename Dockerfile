@@ -3,7 +3,8 @@
 # gpumem-exporter container image. UNTESTED in this repository's CI (no
 # Docker engine there); see docs/OPERATIONS.md, "Docker".
 #
-#     docker build -t registry.example.com/gpumem-exporter:0.1.0 .
+#     docker build -t registry.example.com/gpumem-exporter:0.1.0 \
+#         --build-arg GPUMEM_EXPORTER_REVISION=$(git rev-parse --short=12 HEAD) .
 #
 # The image holds no NVIDIA library: NVML (libnvidia-ml.so.1) is dlopened at
 # run time and injected by the NVIDIA container runtime
@@ -11,6 +12,11 @@
 # (a static musl binary could not dlopen the driver's glibc library).
 
 FROM rust:1-bookworm AS build
+# .git is not in the build context (.dockerignore), so build.rs cannot ask
+# git: it takes the revision label of gpumem_exporter_build_info from this
+# environment variable instead ("unknown" when the build arg is not given).
+ARG GPUMEM_EXPORTER_REVISION=unknown
+ENV GPUMEM_EXPORTER_REVISION=${GPUMEM_EXPORTER_REVISION}
 WORKDIR /src
 COPY . .
 # Cache mounts keep the registry and target/ between builds; the binary is

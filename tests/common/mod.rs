@@ -401,3 +401,15 @@ pub fn http_get_bytes(
     });
     (encoding, raw[split + 4..].to_vec())
 }
+
+impl Exporter {
+    /// Send a signal without waiting for an exit.
+    pub fn signal_only(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args(["-s", sig, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+}
+pub mod prom;

@@ -1,0 +1,392 @@
+//! A real Prometheus server for end-to-end tests: started from the
+//! `prometheus` binary on a free loopback port with a temporary TSDB, asked
+//! through its HTTP API, killed on drop. Plus the PromQL helpers the tests
+//! need: metric names of an expression, Grafana variable substitution.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::http_get;
+
+/// `prometheus`, or a loud failure naming the package to install. Never a
+/// skip: a missing server would silently turn the test into a no-op.
+pub fn prometheus_binary() -> &'static str {
+    let ok = Command::new("prometheus")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "prometheus not found: install it (Debian/Ubuntu: apt-get install -y prometheus; \
+         or put the `prometheus` binary of a release from https://prometheus.io/download/ on PATH)"
+    );
+    "prometheus"
+}
+
+/// A port that was free a moment ago (the caller retries if it is taken).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a free port")
+        .port()
+}
+
+/// A running Prometheus; killed on drop, its TSDB removed with `dir`.
+pub struct Prometheus {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+/// One answer of `/api/v1/query`.
+#[derive(Debug, Clone)]
+pub struct QueryResult {
+    /// `success` or `error`.
+    pub status: String,
+    pub error: Option<String>,
+    /// `vector`, `scalar`, `matrix` or `string`.
+    pub result_type: String,
+    /// The series (or the one scalar) answered.
+    pub result: Vec<Value>,
+}
+
+impl QueryResult {
+    pub fn ok(&self) -> bool {
+        self.status == "success"
+    }
+
+    /// The labels of each answered series (empty for a scalar).
+    pub fn labels(&self) -> Vec<serde_json::Map<String, Value>> {
+        self.result
+            .iter()
+            .map(|r| r["metric"].as_object().cloned().unwrap_or_default())
+            .collect()
+    }
+
+    /// The value of each answered series, as Prometheus formats it.
+    pub fn values(&self) -> Vec<f64> {
+        self.result
+            .iter()
+            .filter_map(|r| r["value"][1].as_str())
+            .map(|v| v.parse().unwrap_or(f64::NAN))
+            .collect()
+    }
+}
+
+impl Prometheus {
+    /// Start with this configuration (YAML; relative paths in it resolve
+    /// against the temporary directory) and wait until `/-/ready`.
+    pub fn start(config: &str) -> Prometheus {
+        let bin = prometheus_binary();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config_path = dir.path().join("prometheus.yml");
+        std::fs::write(&config_path, config).expect("write prometheus.yml");
+        // The port is picked before the server binds it: retry if another
+        // process took it in between.
+        let mut last_log = String::new();
+        for _ in 0..3 {
+            let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let mut child = Command::new(bin)
+                .arg(format!("--config.file={}", config_path.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.path().join("data").display()
+                ))
+                .arg(format!("--web.listen-address={addr}"))
+                .current_dir(dir.path())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn prometheus");
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let sink = Arc::clone(&log);
+            let stderr = child.stderr.take().expect("stderr");
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    sink.lock().unwrap().push(line);
+                }
+            });
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(30) {
+                if let Some(status) = child.try_wait().expect("try_wait") {
+                    // Exited: give the log thread a moment to read the end.
+                    std::thread::sleep(Duration::from_millis(100));
+                    last_log = format!("exit {status}\n{}", log.lock().unwrap().join("\n"));
+                    break;
+                }
+                if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+                    && http_get(addr, "/-/ready", &[]).status == 200
+                {
+                    return Prometheus {
+                        child,
+                        addr,
+                        dir,
+                        log,
+                    };
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            if !last_log.contains("address already in use") {
+                panic!(
+                    "prometheus did not become ready at {addr}:\n{last_log}{}",
+                    log.lock().unwrap().join("\n")
+                );
+            }
+        }
+        panic!("prometheus could not bind a free port:\n{last_log}")
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// GET a JSON API path.
+    pub fn api(&self, path: &str) -> Value {
+        let r = http_get(self.addr, path, &[]);
+        serde_json::from_str(&r.body).unwrap_or_else(|e| {
+            panic!(
+                "GET {path}: HTTP {} and no JSON ({e}): {}\nprometheus log:\n{}",
+                r.status,
+                r.body,
+                self.log()
+            )
+        })
+    }
+
+    /// An instant query, evaluated now.
+    pub fn query(&self, expr: &str) -> QueryResult {
+        self.query_path(&format!("/api/v1/query?query={}", urlencode(expr)))
+    }
+
+    /// An instant query evaluated at `time` (Unix seconds). A time in the
+    /// future is answered from the latest samples within the lookback
+    /// window (5 minutes), as if nothing changed until then.
+    pub fn query_at(&self, expr: &str, time: f64) -> QueryResult {
+        self.query_path(&format!(
+            "/api/v1/query?query={}&time={time:.3}",
+            urlencode(expr)
+        ))
+    }
+
+    fn query_path(&self, path: &str) -> QueryResult {
+        let v = self.api(path);
+        QueryResult {
+            status: v["status"].as_str().unwrap_or("").to_string(),
+            error: v["error"].as_str().map(str::to_string),
+            result_type: v["data"]["resultType"].as_str().unwrap_or("").to_string(),
+            result: match &v["data"]["result"] {
+                Value::Array(a) => a.clone(),
+                Value::Null => Vec::new(),
+                scalar => vec![scalar.clone()],
+            },
+        }
+    }
+
+    /// Number of series named `name` (0 when there is none).
+    pub fn series_count(&self, name: &str) -> usize {
+        let q = self.query(&format!("count({{__name__=\"{name}\"}})"));
+        assert!(q.ok(), "count of {name}: {:?}", q.error);
+        q.values().first().map(|v| *v as usize).unwrap_or(0)
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Percent-encoding for a query string value (RFC 3986 unreserved kept).
+pub fn urlencode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// PromQL words that look like metric names but are not. (A metric really
+/// named like one of them would have to be written `{__name__="sum"}`.)
+const KEYWORDS: &[&str] = &[
+    "and",
+    "or",
+    "unless",
+    "atan2",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+    "inf",
+    "nan",
+    // Aggregation operators: followed by `by (...)` / `without (...)`
+    // rather than by their parenthesis.
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+];
+
+/// The metric names an expression selects: identifiers outside strings,
+/// label matchers, ranges and grouping lists that are neither a function
+/// call nor a keyword. Enough for the rules and dashboard of this project,
+/// not a PromQL parser.
+pub fn metric_names(expr: &str) -> BTreeSet<String> {
+    let chars: Vec<char> = expr.chars().collect();
+    let mut out = BTreeSet::new();
+    let mut i = 0;
+    // Set after a grouping keyword: the next parenthesised list holds label
+    // names, not metrics.
+    let mut label_list_next = false;
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '"' | '\'' | '`' => {
+                i += 1;
+                while i < chars.len() && chars[i] != c {
+                    if chars[i] == '\\' && c != '`' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                i += 1;
+            }
+            '{' | '[' => {
+                let close = if c == '{' { '}' } else { ']' };
+                while i < chars.len() && chars[i] != close {
+                    if chars[i] == '"' {
+                        i += 1;
+                        while i < chars.len() && chars[i] != '"' {
+                            if chars[i] == '\\' {
+                                i += 1;
+                            }
+                            i += 1;
+                        }
+                    }
+                    i += 1;
+                }
+                i += 1;
+            }
+            '(' if label_list_next => {
+                label_list_next = false;
+                while i < chars.len() && chars[i] != ')' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            c if c.is_ascii_digit() || c == '.' => {
+                // A number or a duration (30m, 1.5e3): not a name.
+                while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
+                    i += 1;
+                }
+            }
+            c if c.is_ascii_alphabetic() || c == '_' || c == ':' => {
+                let start = i;
+                while i < chars.len()
+                    && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':')
+                {
+                    i += 1;
+                }
+                let word: String = chars[start..i].iter().collect();
+                let mut j = i;
+                while j < chars.len() && chars[j].is_whitespace() {
+                    j += 1;
+                }
+                let call = chars.get(j) == Some(&'(');
+                let lower = word.to_ascii_lowercase();
+                if matches!(
+                    lower.as_str(),
+                    "by" | "without" | "on" | "ignoring" | "group_left" | "group_right"
+                ) {
+                    label_list_next = call;
+                } else if !call && !KEYWORDS.contains(&lower.as_str()) {
+                    out.insert(word);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    out
+}
+
+/// Grafana's interpolation of dashboard variables into a query: `$name`,
+/// `${name}` and `[[name]]` replaced by the given values (longest names
+/// first, so `$pod` does not eat `$pods`). The values are what Grafana
+/// would write: the variable's "All" value, or an escaped regex of the
+/// selected values.
+pub fn grafana_substitute(expr: &str, vars: &[(&str, &str)]) -> String {
+    let mut vars: Vec<&(&str, &str)> = vars.iter().collect();
+    vars.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
+    let mut out = expr.to_string();
+    for (name, value) in vars {
+        out = out
+            .replace(&format!("${{{name}}}"), value)
+            .replace(&format!("[[{name}]]"), value)
+            .replace(&format!("${name}"), value);
+    }
+    out
+}
+
+/// What Grafana's Prometheus data source writes for a multi-value variable
+/// with these values inside a `=~"..."` matcher: each value regex-escaped
+/// (and the backslash escaped again for the PromQL string), joined as
+/// `(a|b)`; a single value stands alone.
+pub fn grafana_regex(values: &[&str]) -> String {
+    let escaped: Vec<String> = values
+        .iter()
+        .map(|v| {
+            let mut s = String::new();
+            for c in v.chars() {
+                if "\\^$.|?*+()[]{}".contains(c) {
+                    s.push_str("\\\\");
+                }
+                s.push(c);
+            }
+            s
+        })
+        .collect();
+    if escaped.len() == 1 {
+        escaped[0].clone()
+    } else {
+        format!("({})", escaped.join("|"))
+    }
+}
+
+/// The repository root (for deploy/ and grafana/).
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn repo_file(rel: &str) -> PathBuf {
+    repo().join(rel)
+}

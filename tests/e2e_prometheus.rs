@@ -1,0 +1,902 @@
+//! End to end through a real Prometheus: the exporter on the fake NVML (with
+//! a fake /proc root and a local Kubernetes API, so process series carry
+//! namespace/pod/container and gpu_process_info a user) is scraped every
+//! second by the `prometheus` binary, which also evaluates
+//! deploy/prometheus/rules.yml. Then every query of every panel of
+//! grafana/gpumem-exporter.json and every rule expression is run through
+//! Prometheus's HTTP API: each must parse, each panel must return data, each
+//! alert that the scenario makes true must return exactly the series it is
+//! about, and the metrics of the rules that need hours of history must exist.
+//!
+//! The scenario, three scrape targets of job "gpumem-exporter":
+//! - `main`: GPU 0 93% used (GpuMemoryHigh) with two pods' processes, two
+//!   small ones summed into pid="other" (processes.min_bytes / top_n) and
+//!   one without a memory figure; GPU 1 in MIG mode with a pod's process in
+//!   one instance and a pid hidden from /proc in the other; GPU 2 answers at
+//!   start, then reports gpu_lost (gpu_up 0, GpuDown; the error counter
+//!   grows, NvmlErrorsRising).
+//! - `stale`: an exporter whose GPU calls hang (fake NVML `delay_ms`) after
+//!   its first sample, so the sample it serves ages
+//!   (GpuMemExporterSamplesStale).
+//! - `down`: a socket that never answers (up 0, GpuMemExporterDown).
+//!
+//! The summary table goes to stderr unconditionally (also when the test
+//! passes).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use common::prom::{
+    Prometheus, QueryResult, grafana_regex, grafana_substitute, metric_names, prometheus_binary,
+    repo_file,
+};
+use common::*;
+use http_body_util::channel::{Channel, Sender};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+const NODE: &str = "gpu-node-1";
+const GPU0: &str = "GPU-0a0a0a0a-0000-0000-0000-000000000000";
+const GPU1: &str = "GPU-1b1b1b1b-0000-0000-0000-000000000000";
+const GPU2: &str = "GPU-2c2c2c2c-0000-0000-0000-000000000000";
+const GPU_STALE: &str = "GPU-5e5e5e5e-0000-0000-0000-000000000000";
+
+/// `$__rate_interval` as Grafana would set it for a 1s scrape interval
+/// (rounded up, so two samples are always in the window).
+const RATE_INTERVAL: &str = "10s";
+
+/// The stale-sample alert needs a sample older than 30 s. Waiting that long
+/// in real time would double the test's run time, so its expression is
+/// evaluated this far in the future (Prometheus answers from the latest
+/// samples within its 5-minute lookback): true for the hung exporter, whose
+/// sample is already older than 30 s − STALE_AHEAD_S, and not for the
+/// healthy one (its sample is at most a scrape interval old).
+const STALE_AHEAD_S: f64 = 22.0;
+
+/// Everything must be true within this long after Prometheus is ready.
+const DEADLINE: Duration = Duration::from_secs(35);
+
+// ------------------------------------------------------------------ world
+
+fn cid(seed: char) -> String {
+    std::iter::repeat_n(seed, 64).collect()
+}
+
+fn uid(seed: char) -> String {
+    let s: String = std::iter::repeat_n(seed, 32).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &s[..8],
+        &s[8..12],
+        &s[12..16],
+        &s[16..20],
+        &s[20..]
+    )
+}
+
+/// One process in the fake /proc root: pid, comm, uid, cgroup file.
+fn write_proc(root: &Path, pid: u32, comm: &str, uid: u32, cgroup: &str) {
+    let dir = root.join(pid.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("comm"), format!("{comm}\n")).unwrap();
+    // Field 22 (start time) is the last one here.
+    std::fs::write(
+        dir.join("stat"),
+        format!(
+            "{pid} ({comm}) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {}\n",
+            1000 + pid
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("status"),
+        format!("Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+    std::fs::write(dir.join("cmdline"), format!("{comm}\0")).unwrap();
+}
+
+/// Three pods (containerd/cgroup v2, CRI-O/cgroup v2, cgroupfs/cgroup v1)
+/// and one host process outside any pod.
+fn fake_proc(root: &Path) {
+    write_proc(
+        root,
+        4101,
+        "python3",
+        1000,
+        &format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n",
+            uid('a').replace('-', "_"),
+            cid('a')
+        ),
+    );
+    write_proc(
+        root,
+        4102,
+        "tritonserver",
+        1001,
+        &format!(
+            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/crio-{}.scope\n",
+            uid('b').replace('-', "_"),
+            cid('b')
+        ),
+    );
+    write_proc(
+        root,
+        4103,
+        "jupyter",
+        1000,
+        &format!(
+            "12:memory:/kubepods/burstable/pod{u}/{c}\n1:name=systemd:/kubepods/burstable/pod{u}/{c}\n",
+            u = uid('c'),
+            c = cid('c')
+        ),
+    );
+    write_proc(
+        root,
+        4104,
+        "nvtop",
+        1001,
+        "0::/user.slice/user-1001.slice\n",
+    );
+}
+
+fn pod_json(ns: &str, name: &str, seed: char, container: &str, runtime: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": ns, "uid": uid(seed), "resourceVersion": "10"},
+        "spec": {"nodeName": NODE, "containers": [{"name": container}]},
+        "status": {"phase": "Running", "containerStatuses": [
+            {"name": container, "containerID": format!("{runtime}://{}", cid(seed)), "ready": true}
+        ]}
+    })
+}
+
+/// Open watch streams, kept so the watcher does not see them end.
+#[derive(Clone, Default)]
+struct Api {
+    watchers: Arc<Mutex<Vec<Sender<Bytes, std::io::Error>>>>,
+}
+
+async fn pods_handler(
+    State(api): State<Api>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    if q.get("watch").map(String::as_str) == Some("1") {
+        let (tx, body) = Channel::<Bytes, std::io::Error>::new(8);
+        api.watchers.lock().unwrap().push(tx);
+        return Response::builder()
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::new(body))
+            .unwrap();
+    }
+    axum::Json(json!({
+        "kind": "PodList", "apiVersion": "v1",
+        "metadata": {"resourceVersion": "10"},
+        "items": [
+            pod_json("team-a", "trainer-0", 'a', "trainer", "containerd"),
+            pod_json("team-b", "infer-7f9c", 'b', "server", "cri-o"),
+            pod_json("team-a", "notebook", 'c', "jupyter", "containerd"),
+        ]
+    }))
+    .into_response()
+}
+
+/// The main exporter's GPUs; `gpu2_lost` turns GPU 2's error on.
+fn main_scenario(gpu2_lost: bool) -> String {
+    format!(
+        "devices:
+  - uuid: {GPU0}
+    memory: {{total: 85899345920, reserved: 536870912, used: 80000000000}}
+    processes:
+      - {{pid: 4101, used: 50000000000}}
+      - {{pid: 4102, used: 29000000000}}
+      - {{pid: 4104, used: 300000000}}
+      - {{pid: 6000, used: 50000000}}
+      - {{pid: 6100, used: null}}
+  - uuid: {GPU1}
+    memory: {{total: 85899345920, reserved: 536870912, used: 9000000000}}
+    mig_devices:
+      - uuid: MIG-11111111-0000-0000-0000-000000000000
+        gpu_instance_id: 1
+        compute_instance_id: 0
+        memory: {{total: 20000000000, reserved: 0, used: 6000000000}}
+        processes: [{{pid: 4103, used: 5000000000}}]
+      - uuid: MIG-22222222-0000-0000-0000-000000000000
+        gpu_instance_id: 2
+        compute_instance_id: 0
+        memory: {{total: 20000000000, reserved: 0, used: 2500000000}}
+        processes: [{{pid: 7002, used: 2000000000}}]
+  - uuid: {GPU2}
+    memory: {{total: 85899345920, reserved: 536870912, used: 1000000000}}
+    error: {}
+",
+        if gpu2_lost { "gpu_lost" } else { "null" }
+    )
+}
+
+fn stale_scenario(delay_ms: u64) -> String {
+    format!(
+        "devices:
+  - uuid: {GPU_STALE}
+    memory: {{total: 85899345920, reserved: 536870912, used: 8000000000}}
+    delay_ms: {delay_ms}
+"
+    )
+}
+
+// ------------------------------------------------------------------ rules and dashboard
+
+#[derive(Deserialize)]
+struct RuleFile {
+    groups: Vec<RuleGroup>,
+}
+
+#[derive(Deserialize)]
+struct RuleGroup {
+    rules: Vec<Rule>,
+}
+
+#[derive(Deserialize)]
+struct Rule {
+    record: Option<String>,
+    alert: Option<String>,
+    expr: String,
+}
+
+fn rules() -> Vec<Rule> {
+    let path = repo_file("deploy/prometheus/rules.yml");
+    let text = std::fs::read_to_string(&path).expect("read rules.yml");
+    let file: RuleFile = serde_saphyr::from_str(&text).expect("parse rules.yml");
+    file.groups.into_iter().flat_map(|g| g.rules).collect()
+}
+
+/// (panel title, refId, expr) of every query of every panel, rows' nested
+/// panels included.
+fn dashboard_queries() -> Vec<(String, String, String)> {
+    fn walk(panels: &[Value], out: &mut Vec<(String, String, String)>) {
+        for p in panels {
+            let title = p["title"].as_str().unwrap_or("?").to_string();
+            for t in p["targets"].as_array().into_iter().flatten() {
+                let expr = t["expr"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{title}: target without expr"));
+                let r = t["refId"].as_str().unwrap_or("?");
+                out.push((title.clone(), r.to_string(), expr.to_string()));
+            }
+            if let Some(nested) = p["panels"].as_array() {
+                walk(nested, out);
+            }
+        }
+    }
+    let path = repo_file("grafana/gpumem-exporter.json");
+    let dash: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("read dashboard"))
+        .expect("dashboard JSON");
+    let mut out = Vec::new();
+    walk(dash["panels"].as_array().expect("panels"), &mut out);
+    out
+}
+
+/// What the scenario shows for an alert.
+enum Expect {
+    /// True now: each answered series matches one of these label sets and
+    /// each label set matches an answered series.
+    Now(Vec<Vec<(&'static str, String)>>),
+    /// True when evaluated this many seconds ahead (see STALE_AHEAD_S).
+    Ahead(f64, Vec<Vec<(&'static str, String)>>),
+    /// Needs more history than a test can wait for: only checked to parse
+    /// and that every metric it selects exists.
+    SelectorsOnly(&'static str),
+}
+
+struct Targets {
+    main: String,
+    stale: String,
+    down: String,
+}
+
+fn expectation(alert: &str, t: &Targets) -> Expect {
+    let i = |v: &String| ("instance", v.clone());
+    match alert {
+        "GpuMemoryHigh" => Expect::Now(vec![vec![i(&t.main), ("gpu", "0".into())]]),
+        "GpuDown" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "2".into()),
+            ("uuid", GPU2.into()),
+        ]]),
+        "NvmlErrorsRising" => Expect::Now(vec![vec![i(&t.main), ("error", "gpu_lost".into())]]),
+        "GpuMemExporterDown" => Expect::Now(vec![vec![i(&t.down)]]),
+        "GpuMemExporterSamplesStale" => Expect::Ahead(STALE_AHEAD_S, vec![vec![i(&t.stale)]]),
+        "GpuMemoryExhaustionPredicted" => {
+            Expect::SelectorsOnly("needs a 30-minute decline of free memory")
+        }
+        "GpuProcessMemoryLeakSuspected" => {
+            Expect::SelectorsOnly("needs 30 minutes of steady growth")
+        }
+        other => panic!(
+            "rules.yml has a new alert {other}: add what the scenario shows for it to \
+             `expectation` in tests/e2e_prometheus.rs"
+        ),
+    }
+}
+
+fn matches(labels: &serde_json::Map<String, Value>, want: &[(&str, String)]) -> bool {
+    want.iter()
+        .all(|(k, v)| labels.get(*k).and_then(Value::as_str) == Some(v.as_str()))
+}
+
+/// Every answered series matches one label set, and every label set one
+/// series; the mismatch otherwise.
+fn check_series(q: &QueryResult, want: &[Vec<(&str, String)>]) -> Result<(), String> {
+    let got = q.labels();
+    if let Some(extra) = got.iter().find(|l| !want.iter().any(|w| matches(l, w))) {
+        return Err(format!(
+            "unexpected series {}",
+            Value::Object(extra.clone())
+        ));
+    }
+    if let Some(missing) = want.iter().find(|w| !got.iter().any(|l| matches(l, w))) {
+        return Err(format!("no series with {missing:?}"));
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ report
+
+struct Row {
+    kind: &'static str,
+    name: String,
+    /// Result counts per pass ("all", "sel"); one entry for rules.
+    counts: Vec<usize>,
+    expr: String,
+    problem: Option<String>,
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "\nResult counts. panel: all = variables at \"All\", sel = a selection (one instance, \
+         gpu 0|1, namespace team-a, pod trainer-0|notebook). record: all = its expression, \
+         sel = the recorded series. alert: all = now; alert+: sel = evaluated ahead; \
+         alert-: sel = metric names selected, each checked to have series.\n\
+         \n  ok  all  sel  kind    name: expr (Grafana variables as written)\n",
+    );
+    for r in rows {
+        let c = |i: usize| {
+            r.counts
+                .get(i)
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "-".into())
+        };
+        let expr = if r.expr.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", one_line(&r.expr))
+        };
+        out.push_str(&format!(
+            "{:>4} {:>4} {:>4}  {:<6}  {}{expr}\n",
+            if r.problem.is_none() { "ok" } else { "FAIL" },
+            c(0),
+            c(1),
+            r.kind,
+            r.name,
+        ));
+        if let Some(p) = &r.problem {
+            out.push_str(&format!("                      -> {p}\n"));
+        }
+    }
+    out
+}
+
+fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+// ------------------------------------------------------------------ the test
+
+struct Checks<'a> {
+    prom: &'a Prometheus,
+    targets: &'a Targets,
+    /// Exporter metric families, as Prometheus names their series.
+    families: Vec<String>,
+    /// Series counts by metric name, per round.
+    counts: BTreeMap<String, usize>,
+}
+
+impl Checks<'_> {
+    /// Run a query that must parse: a parse error never heals, so it fails
+    /// the test at once.
+    fn query(&self, what: &str, expr: &str, at: Option<f64>) -> QueryResult {
+        let q = match at {
+            Some(t) => self.prom.query_at(expr, t),
+            None => self.prom.query(expr),
+        };
+        assert!(
+            q.ok(),
+            "{what}: Prometheus rejects\n    {expr}\n{}",
+            q.error.as_deref().unwrap_or("(no error text)")
+        );
+        q
+    }
+
+    fn count_of(&mut self, name: &str) -> usize {
+        if let Some(n) = self.counts.get(name) {
+            return *n;
+        }
+        let n = self.prom.series_count(name);
+        self.counts.insert(name.to_string(), n);
+        n
+    }
+
+    /// Metric names the expression selects that have no series.
+    fn missing_selectors(&mut self, expr: &str) -> Vec<String> {
+        metric_names(expr)
+            .into_iter()
+            .filter(|n| self.count_of(n) == 0)
+            .collect()
+    }
+
+    fn round(&mut self) -> Vec<Row> {
+        self.counts.clear();
+        let t = self.targets;
+        let mut rows = Vec::new();
+
+        // Every panel query, with the variables at "All" and at a selection.
+        let all = [
+            ("instance", ".*".to_string()),
+            ("gpu", ".*".to_string()),
+            ("namespace", ".*".to_string()),
+            ("pod", ".*".to_string()),
+            ("__rate_interval", RATE_INTERVAL.to_string()),
+        ];
+        let selected = [
+            ("instance", grafana_regex(&[&t.main])),
+            ("gpu", grafana_regex(&["0", "1"])),
+            ("namespace", grafana_regex(&["team-a"])),
+            ("pod", grafana_regex(&["trainer-0", "notebook"])),
+            ("__rate_interval", RATE_INTERVAL.to_string()),
+        ];
+        for (title, ref_id, expr) in dashboard_queries() {
+            let mut counts = Vec::new();
+            let mut problem = None;
+            for (pass, vars) in [("all", &all), ("sel", &selected)] {
+                let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                let e = grafana_substitute(&expr, &vars);
+                assert!(
+                    !e.contains('$'),
+                    "panel {title}: a variable is left after substitution: {e}"
+                );
+                let q = self.query(&format!("panel {title} ({pass})"), &e, None);
+                counts.push(q.result.len());
+                if q.result.is_empty() && problem.is_none() {
+                    problem = Some(format!("no data with the variables at \"{pass}\""));
+                }
+            }
+            let missing = self.missing_selectors(&grafana_substitute(
+                &expr,
+                &[("__rate_interval", RATE_INTERVAL)],
+            ));
+            if !missing.is_empty() && problem.is_none() {
+                problem = Some(format!("no series named {missing:?}"));
+            }
+            rows.push(Row {
+                kind: "panel",
+                name: format!("{title} [{ref_id}]"),
+                counts,
+                expr,
+                problem,
+            });
+        }
+
+        // Every rule.
+        for rule in rules() {
+            let name = rule
+                .alert
+                .clone()
+                .or(rule.record.clone())
+                .expect("a rule is an alert or a record");
+            let q = self.query(&name, &rule.expr, None);
+            let missing = self.missing_selectors(&rule.expr);
+            let mut problem = (!missing.is_empty()).then(|| format!("no series named {missing:?}"));
+            let mut counts = vec![q.result.len()];
+            if let Some(record) = &rule.record {
+                if q.result.is_empty() {
+                    problem.get_or_insert("no data".into());
+                }
+                // The recorded series itself, written by Prometheus's rule
+                // evaluation.
+                let stored = self.query(record, record, None);
+                counts.push(stored.result.len());
+                if stored.result.is_empty() {
+                    problem.get_or_insert(format!("the recorded series {record} does not exist"));
+                } else if stored.values() != q.values() {
+                    problem.get_or_insert(format!(
+                        "{record} stored {:?}, its expression gives {:?}",
+                        stored.values(),
+                        q.values()
+                    ));
+                }
+                rows.push(Row {
+                    kind: "record",
+                    name,
+                    counts,
+                    expr: rule.expr,
+                    problem,
+                });
+                continue;
+            }
+            let (kind, shown) = match expectation(&name, t) {
+                Expect::Now(want) => {
+                    if let Err(e) = check_series(&q, &want) {
+                        problem.get_or_insert(e);
+                    }
+                    ("alert", name)
+                }
+                Expect::Ahead(secs, want) => {
+                    let ahead = self.query(&name, &rule.expr, Some(now_unix() + secs));
+                    counts.push(ahead.result.len());
+                    if let Err(e) = check_series(&ahead, &want) {
+                        problem.get_or_insert(format!("{secs} s ahead: {e}"));
+                    }
+                    ("alert+", name)
+                }
+                Expect::SelectorsOnly(why) => {
+                    let names: Vec<String> = metric_names(&rule.expr)
+                        .into_iter()
+                        .map(|n| format!("{n}={}", self.count_of(&n)))
+                        .collect();
+                    counts.push(names.len());
+                    let shown = format!("{name} ({why}; series per selector: {})", names.join(" "));
+                    ("alert-", shown)
+                }
+            };
+            rows.push(Row {
+                kind,
+                name: shown,
+                counts,
+                expr: rule.expr,
+                problem,
+            });
+        }
+
+        // Prometheus's own rule evaluation: every rule healthy, and the
+        // alerts that are true now are pending (their `for:` is minutes).
+        let api = self.prom.api("/api/v1/rules");
+        let evaluated: Vec<&Value> = api["data"]["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+            .collect();
+        let unhealthy: Vec<String> = evaluated
+            .iter()
+            .filter(|r| r["health"] != "ok")
+            .map(|r| format!("{} ({}: {})", r["name"], r["health"], r["lastError"]))
+            .collect();
+        rows.push(Row {
+            kind: "api",
+            name: "/api/v1/rules: every rule evaluated without error".into(),
+            counts: vec![evaluated.len()],
+            expr: String::new(),
+            problem: if evaluated.len() != rules().len() {
+                Some(format!(
+                    "{} rules loaded, rules.yml has {}",
+                    evaluated.len(),
+                    rules().len()
+                ))
+            } else if !unhealthy.is_empty() {
+                Some(format!("not ok: {unhealthy:?}"))
+            } else {
+                None
+            },
+        });
+        let active: BTreeSet<String> = self.prom.api("/api/v1/alerts")["data"]["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["labels"]["alertname"].as_str().map(str::to_string))
+            .collect();
+        let want: BTreeSet<String> = rules()
+            .iter()
+            .filter_map(|r| r.alert.clone())
+            .filter(|a| matches!(expectation(a, t), Expect::Now(_)))
+            .collect();
+        let not_active: Vec<&String> = want.difference(&active).collect();
+        rows.push(Row {
+            kind: "api",
+            name: format!("/api/v1/alerts: pending or firing {want:?}"),
+            counts: vec![active.len()],
+            expr: String::new(),
+            problem: (!not_active.is_empty()).then(|| format!("not active: {not_active:?}")),
+        });
+
+        // Every metric family the exporter declares reached Prometheus.
+        let families = self.families.clone();
+        let missing: Vec<String> = families
+            .iter()
+            .filter(|f| self.count_of(f) == 0)
+            .cloned()
+            .collect();
+        rows.push(Row {
+            kind: "scrape",
+            name: format!(
+                "every metric family of the exporter has series ({} families)",
+                families.len()
+            ),
+            counts: vec![families.len() - missing.len()],
+            expr: String::new(),
+            problem: (!missing.is_empty()).then(|| format!("no series: {missing:?}")),
+        });
+
+        // The top-processes table keeps the pid="other" rollup (no
+        // gpu_process_info) and joins the user of the others.
+        let (title, _, expr) = dashboard_queries()
+            .into_iter()
+            .find(|(title, _, _)| title == "Top processes by GPU memory")
+            .expect("the top-processes table");
+        let vars: Vec<(&str, &str)> = all.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let q = self.query(&title, &grafana_substitute(&expr, &vars), None);
+        let rows_of = |pid: &str| {
+            q.labels()
+                .into_iter()
+                .filter(|l| l.get("pid").and_then(Value::as_str) == Some(pid))
+                .collect::<Vec<_>>()
+        };
+        let other = rows_of("other");
+        let trainer = rows_of("4101");
+        let problem = if other.len() != 1 {
+            Some(format!("{} rows with pid=\"other\"", other.len()))
+        } else if trainer.len() != 1
+            || trainer[0].get("user").and_then(Value::as_str) != Some("alice")
+            || trainer[0].get("pod").and_then(Value::as_str) != Some("trainer-0")
+        {
+            Some(format!("pid 4101: {trainer:?}"))
+        } else {
+            None
+        };
+        rows.push(Row {
+            kind: "table",
+            name: "top processes: pid=\"other\" kept, pid 4101 with user alice, pod trainer-0"
+                .into(),
+            counts: vec![q.result.len()],
+            expr: String::new(),
+            problem,
+        });
+        rows
+    }
+}
+
+#[test]
+fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
+    let started = Instant::now();
+    prometheus_binary();
+
+    // The hung exporter first: its served sample starts ageing at once.
+    let stale_scn = Scenario::new(&stale_scenario(0));
+    let stale_cfg = stale_scn.file(
+        "config.yaml",
+        b"kubernetes:\n  enabled: false\nprocesses:\n  enabled: false\n",
+    );
+    let stale = Exporter::start(
+        &stale_scn,
+        &[
+            "--config.file",
+            stale_cfg.to_str().unwrap(),
+            "--sample-interval",
+            "1s",
+        ],
+    );
+    stale_scn.write(&stale_scenario(60_000));
+
+    // The Kubernetes API and the fake /proc root of the main exporter.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let api_addr = listener.local_addr().unwrap();
+    let app = Router::new()
+        .route("/api/v1/pods", get(pods_handler))
+        .with_state(Api::default());
+    rt.spawn(async move { axum::serve(listener, app).await });
+    let proc_root = tempfile::tempdir().unwrap();
+    fake_proc(proc_root.path());
+
+    let scenario = Scenario::new(&main_scenario(false));
+    let passwd = scenario.file(
+        "passwd",
+        b"root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\nbob:x:1001:1001::/home/bob:/bin/sh\n",
+    );
+    let cfg = scenario.file(
+        "config.yaml",
+        format!(
+            "sample_interval: 100ms
+path:
+  procfs: {}
+processes:
+  passwd_file: {}
+  min_bytes: 1000000000
+  top_n: 2
+kubernetes:
+  enabled: true
+  api_url: http://{api_addr}
+  node_name: {NODE}
+",
+            proc_root.path().display(),
+            passwd.display(),
+        )
+        .as_bytes(),
+    );
+    let main = Exporter::start(&scenario, &["--config.file", cfg.to_str().unwrap()]);
+    wait_for(
+        Duration::from_secs(10),
+        "pod names on the main exporter",
+        || {
+            let m = main.metrics();
+            (m.find("gpu_process_memory_used_bytes", &[("pod", "trainer-0")])
+                .len()
+                == 1
+                && m.find("gpu_process_memory_used_bytes", &[("pod", "notebook")])
+                    .len()
+                    == 1)
+                .then_some(())
+        },
+    );
+    // GPU 2 answered at start; from now on it is lost.
+    scenario.write(&main_scenario(true));
+
+    // The exporter's metric families, as Prometheus names their series.
+    let families: Vec<String> = main
+        .get("/metrics")
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| {
+            let mut it = l.split_whitespace();
+            let (name, kind) = (it.next().unwrap(), it.next().unwrap_or(""));
+            if kind == "histogram" {
+                format!("{name}_bucket")
+            } else {
+                name.to_string()
+            }
+        })
+        .collect();
+
+    // A target that accepts connections and never answers: up 0.
+    let down_socket = TcpListener::bind("127.0.0.1:0").unwrap();
+    let targets = Targets {
+        main: main.addr.to_string(),
+        stale: stale.addr.to_string(),
+        down: down_socket.local_addr().unwrap().to_string(),
+    };
+    let config = format!(
+        "global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files:
+  - {}
+scrape_configs:
+  - job_name: gpumem-exporter
+    static_configs:
+      - targets: ['{}', '{}', '{}']
+",
+        repo_file("deploy/prometheus/rules.yml").display(),
+        targets.main,
+        targets.stale,
+        targets.down
+    );
+    let prom = Prometheus::start(&config);
+    let ready_at = Instant::now();
+
+    let mut checks = Checks {
+        prom: &prom,
+        targets: &targets,
+        families,
+        counts: BTreeMap::new(),
+    };
+    let rows = loop {
+        let rows = checks.round();
+        if rows.iter().all(|r| r.problem.is_none()) {
+            break rows;
+        }
+        if ready_at.elapsed() > DEADLINE {
+            let failed: Vec<String> = rows
+                .iter()
+                .filter_map(|r| r.problem.as_ref().map(|p| format!("{}: {p}", r.name)))
+                .collect();
+            panic!(
+                "not all queries return what the scenario shows after {DEADLINE:?}:{}\n{}\n\
+                 prometheus log:\n{}\nmain exporter log:\n{}",
+                table(&rows),
+                failed.join("\n"),
+                prom.log(),
+                main.stderr()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    // Shown even when the test passes (the harness captures only print!).
+    let _ = writeln!(
+        std::io::stderr(),
+        "{}\n{} queries and checks passed; exporters and Prometheus up {:.1?} after the start, data complete {:.1?} later",
+        table(&rows),
+        rows.len(),
+        ready_at.duration_since(started),
+        ready_at.elapsed()
+    );
+    drop(down_socket);
+}
+
+#[test]
+fn metric_names_skips_functions_keywords_labels_and_durations() {
+    let names = |e: &str| metric_names(e).into_iter().collect::<Vec<_>>();
+    assert_eq!(
+        names(
+            "gpu_memory_used_bytes / (gpu_memory_total_bytes > 0) > on() group_left() gpumem:memory_high_threshold:ratio"
+        ),
+        [
+            "gpu_memory_total_bytes",
+            "gpu_memory_used_bytes",
+            "gpumem:memory_high_threshold:ratio"
+        ]
+    );
+    assert_eq!(
+        names(
+            "predict_linear(gpu_memory_free_bytes[30m], 600) < 0 and gpu_memory_free_bytes < gpu_memory_free_bytes offset 5m"
+        ),
+        ["gpu_memory_free_bytes"]
+    );
+    assert_eq!(
+        names(
+            "label_replace(sum by (namespace, pod) (x{pod=~\"a|b\", namespace!=\"\"}), \"pod\", \"(none)\", \"pod\", \"\")"
+        ),
+        ["x"]
+    );
+    assert_eq!(
+        names(
+            "histogram_quantile(0.99, sum by (instance, le) (rate(h_bucket{instance=~\".*\"}[10s]))) or vector(0) unless time() - up{job=\"j\"} == 0"
+        ),
+        ["h_bucket", "up"]
+    );
+    assert_eq!(
+        names("sum by (namespace) (a) + count without (pid) (b) + max(c)"),
+        ["a", "b", "c"]
+    );
+    assert_eq!(
+        names("topk(20, a * on(instance, gpu, pid) group_left(user) b or on(pid) c)"),
+        ["a", "b", "c"]
+    );
+}
+
+#[test]
+fn grafana_variables_are_substituted_like_grafana() {
+    assert_eq!(
+        grafana_substitute(
+            "rate(x{instance=~\"$instance\", pod=~\"${pod}\"}[$__rate_interval])",
+            &[
+                ("instance", &grafana_regex(&["127.0.0.1:9877"])),
+                ("pod", &grafana_regex(&["a", "b"])),
+                ("__rate_interval", "10s"),
+            ]
+        ),
+        "rate(x{instance=~\"127\\\\.0\\\\.0\\\\.1:9877\", pod=~\"(a|b)\"}[10s])"
+    );
+}
