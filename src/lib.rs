@@ -13,3 +13,4 @@ pub mod model;
 pub mod procfs;
 pub mod sampler;
 pub mod server;
+pub mod torch_bridge;

@@ -159,6 +159,9 @@ fn run(
     let started = std::time::Instant::now();
     let mut lookup = sampler::ProcCache::new(procfs::ProcRoot::new(&cfg.procfs))
         .with_users(procfs::UserNames::new(&cfg.processes.passwd_file));
+    if cfg.processes.torch_bridge {
+        lookup = lookup.with_torch_bridge();
+    }
     if let Some(max) = cfg.processes.cmdline {
         lookup = lookup.with_cmdline(max);
     }

@@ -96,6 +96,33 @@ pub struct ProcessSample {
     /// Largest `used_bytes` seen for this pid on this GPU over the last
     /// `peak_window` (full samples only).
     pub used_peak_bytes: Option<u64>,
+    /// PyTorch allocator figures the process itself published for this GPU
+    /// (torch bridge, read in this tick); `None` without the bridge.
+    pub torch: Option<TorchStats>,
+}
+
+/// PyTorch caching-allocator figures of one process on one GPU, from
+/// `torch.cuda.memory_stats()` via the torch bridge: bytes, and counts for
+/// `alloc_retries` and `ooms`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TorchStats {
+    pub allocated: u64,
+    pub reserved: u64,
+    pub allocated_peak: u64,
+    pub reserved_peak: u64,
+    pub active: u64,
+    pub inactive_split: u64,
+    pub alloc_retries: u64,
+    pub ooms: u64,
+}
+
+/// Torch bridge documents accepted and dropped so far (by reason).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TorchCounters {
+    pub reports: u64,
+    pub malformed: u64,
+    pub oversized: u64,
+    pub permission: u64,
 }
 
 /// One GPU in one sample.
@@ -181,6 +208,8 @@ pub struct Snapshot {
     pub nvml_reinit_attempts: u64,
     /// State of the Kubernetes pod watcher, when enabled.
     pub kubernetes: Option<KubeState>,
+    /// Torch bridge counters, when `processes.torch_bridge` is on.
+    pub torch: Option<TorchCounters>,
 }
 
 /// The pod watcher's health, copied into each full snapshot.

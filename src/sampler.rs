@@ -20,9 +20,10 @@ use crate::kube::PodIndex;
 use crate::metrics::Published;
 use crate::model::{
     DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ErrorKey, KubeState, MemoryInfo,
-    MigSample, OtherProcesses, ProcIdentity, ProcessSample, Snapshot,
+    MigSample, OtherProcesses, ProcIdentity, ProcessSample, Snapshot, TorchCounters, TorchStats,
 };
 use crate::procfs::{ProcRoot, UserNames};
+use crate::torch_bridge::TorchReader;
 
 /// Bucket bounds (seconds) of the tick histograms: a tick costs
 /// microseconds per GPU and ~20 µs per process and query.
@@ -212,6 +213,17 @@ pub trait ProcessLookup {
     }
     /// The pod watcher's state, when one feeds this lookup.
     fn kubernetes(&self) -> Option<KubeState> {
+        None
+    }
+    /// PyTorch allocator figures `pid` itself published (torch bridge) for
+    /// the device named by `uuids` (its MIG instance's UUID first, then the
+    /// GPU's). Called after `identify(pid)` in the same tick; a process's
+    /// document is read at most once per tick, and `retain` ends the tick.
+    fn torch(&mut self, _pid: u32, _uuids: &[&str]) -> Option<TorchStats> {
+        None
+    }
+    /// Torch bridge documents accepted and dropped, when the bridge is on.
+    fn torch_counters(&self) -> Option<TorchCounters> {
         None
     }
 }
@@ -441,16 +453,32 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             let mut list = Vec::with_capacity(keep.len());
             for k in keep {
                 let p = &self.scratch[k];
+                let ident = self.procs.identify(p.pid);
+                // The process's MIG instance, whose UUID torch reports.
+                let mig = p.gpu_instance_id.and_then(|gi| {
+                    dev.mig.iter().find(|m| {
+                        m.info.gpu_instance_id == gi
+                            && p.compute_instance_id
+                                .is_none_or(|ci| ci == m.info.compute_instance_id)
+                    })
+                });
+                let torch = match mig {
+                    Some(m) => self
+                        .procs
+                        .torch(p.pid, &[m.info.mig_uuid.as_str(), dev.info.uuid.as_str()]),
+                    None => self.procs.torch(p.pid, &[dev.info.uuid.as_str()]),
+                };
                 list.push(ProcessSample {
                     pid: p.pid,
                     used_bytes: p.used_bytes,
-                    ident: self.procs.identify(p.pid),
+                    ident,
                     gpu_instance_id: p.gpu_instance_id,
                     compute_instance_id: p.compute_instance_id,
                     used_peak_bytes: p
                         .used_bytes
                         .and_then(|_| dev.process_peaks.get(&p.pid))
                         .and_then(WindowMax::max),
+                    torch,
                 });
             }
             dev.processes = Arc::from(list);
@@ -490,6 +518,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             process_lookup_failures: self.procs.failures(),
             nvml_reinit_attempts: self.reinit_attempts,
             kubernetes: self.procs.kubernetes(),
+            torch: self.procs.torch_counters(),
         }
     }
 }
@@ -508,6 +537,8 @@ pub struct ProcCache {
     unknown: Arc<ProcIdentity>,
     failures: u64,
     warned_hidden: bool,
+    /// PyTorch allocator figures from `/proc/<pid>/fd` (torch bridge).
+    torch: Option<TorchReader>,
 }
 
 impl ProcCache {
@@ -521,7 +552,15 @@ impl ProcCache {
             unknown: Arc::new(ProcIdentity::default()),
             failures: 0,
             warned_hidden: false,
+            torch: None,
         }
+    }
+
+    /// Read the PyTorch allocator figures processes publish with the
+    /// `gpumem_bridge` Python package (`processes.torch_bridge`).
+    pub fn with_torch_bridge(mut self) -> Self {
+        self.torch = Some(TorchReader::new(self.root.clone()));
+        self
     }
 
     /// Map uids to names with this passwd file (e.g. the host's).
@@ -634,10 +673,23 @@ impl ProcessLookup for ProcCache {
 
     fn retain(&mut self, live: &dyn Fn(u32) -> bool) {
         self.entries.retain(|pid, _| live(*pid));
+        if let Some(t) = &mut self.torch {
+            t.end_tick(live);
+        }
     }
 
     fn failures(&self) -> u64 {
         self.failures
+    }
+
+    fn torch(&mut self, pid: u32, uuids: &[&str]) -> Option<TorchStats> {
+        // Only a process identify() just found in /proc, at that start time.
+        let start = self.entries.get(&pid)?.0;
+        self.torch.as_mut()?.stats(pid, start, uuids)
+    }
+
+    fn torch_counters(&self) -> Option<TorchCounters> {
+        self.torch.as_ref().map(TorchReader::counters)
     }
 
     fn kubernetes(&self) -> Option<KubeState> {

@@ -1,0 +1,284 @@
+"""Publish PyTorch's CUDA caching-allocator figures to gpumem-exporter.
+
+Enable it with one line::
+
+    import gpumem_bridge; gpumem_bridge.start()
+
+or without changing the program::
+
+    python -m gpumem_bridge train.py --lr 0.1
+    python -m gpumem_bridge -m my.package.main --lr 0.1
+
+About once a second a daemon thread reads ``torch.cuda.memory_stats(i)``
+for every CUDA device this process has used and publishes the figures in an
+anonymous memory file (``memfd_create("gpumem-bridge")``). gpumem-exporter
+finds that file through ``/proc/<pid>/fd`` of each process NVML lists on a
+GPU, so the kernel, not the document, says which process the figures belong
+to. Nothing is listened on, no file is written to disk, no volume is needed:
+a pod under the Kubernetes "baseline" Pod Security Standard can use it.
+
+Protocol, version 1 (the exporter's side is ``src/torch_bridge.rs``):
+
+* The memfd is named ``gpumem-bridge``, so ``/proc/<pid>/fd/<n>`` reads
+  ``/memfd:gpumem-bridge (deleted)``. It holds one UTF-8 JSON document of at
+  most 64 KiB::
+
+      {"v": 1, "seq": 7, "devices": [
+        {"uuid": "GPU-8f2c...", "allocated": 0, "reserved": 0,
+         "allocated_peak": 0, "reserved_peak": 0, "active": 0,
+         "inactive_split": 0, "alloc_retries": 0, "ooms": 0}]}
+
+  All device fields are required non-negative integers; other fields are
+  ignored. There is no pid: the document is about the process holding it.
+* Each document is written into a fresh memfd, sealed (no write, grow or
+  shrink) and then ``dup2``-ed onto the same fd number, so a reader opening
+  the fd sees one whole, immutable document, never a half-written one. The
+  exporter ignores an unsealed file (a document still being written).
+* ``uuid`` is the device's UUID as NVML spells it: torch gives the bare
+  ``8-4-4-4-12`` string (``str(get_device_properties(i).uuid)``; older
+  releases gave a string already prefixed), the bridge adds ``GPU-``. Under
+  MIG, CUDA's UUID is the MIG instance's, which NVML spells ``MIG-...``; the
+  exporter compares the part after the prefix, so both match. Joining by
+  UUID (never by index) keeps ``CUDA_VISIBLE_DEVICES`` remapping harmless.
+
+The bridge never imports torch itself: if the program has not imported
+torch, or has not initialised CUDA, it publishes an empty device list.
+Only the standard library is used. Linux only (memfd), Python >= 3.8.
+"""
+
+import fcntl
+import json
+import logging
+import os
+import sys
+import threading
+
+__all__ = ["start", "stop", "running", "publish_now", "document", "fd", "NAME"]
+__version__ = "0.1.0"
+
+#: Name of the memfd; the exporter looks for ``/memfd:<NAME> (deleted)``.
+NAME = "gpumem-bridge"
+#: Protocol version, the ``v`` field.
+VERSION = 1
+#: The exporter drops (and counts) larger documents.
+MAX_BYTES = 64 * 1024
+#: Seconds between documents, unless GPUMEM_BRIDGE_INTERVAL says otherwise.
+DEFAULT_INTERVAL = 1.0
+_MIN_INTERVAL, _MAX_INTERVAL = 0.05, 60.0
+
+# torch.cuda.memory_stats() key -> document field.
+STAT_KEYS = (
+    ("allocated", "allocated_bytes.all.current"),
+    ("reserved", "reserved_bytes.all.current"),
+    ("allocated_peak", "allocated_bytes.all.peak"),
+    ("reserved_peak", "reserved_bytes.all.peak"),
+    ("active", "active_bytes.all.current"),
+    ("inactive_split", "inactive_split_bytes.all.current"),
+    ("alloc_retries", "num_alloc_retries"),
+    ("ooms", "num_ooms"),
+)
+
+_log = logging.getLogger("gpumem_bridge")
+_lock = threading.Lock()
+_bridge = None
+_fork_hook_installed = False
+
+
+def normalize_uuid(raw):
+    """NVML's spelling of a torch device UUID: ``GPU-`` + the bare UUID,
+    lower case; a UUID already prefixed ``GPU-`` or ``MIG-`` is kept."""
+    s = str(raw).strip().lower()
+    if s.startswith(("gpu-", "mig-")):
+        return s[:3].upper() + s[3:]
+    return "GPU-" + s
+
+
+def _int(stats, key):
+    v = stats.get(key, 0)
+    return int(v) if isinstance(v, (int, float)) and v >= 0 else 0
+
+
+def document(seq=0, uuids=None):
+    """The document this process would publish now, as a dict.
+
+    ``uuids`` caches device index -> UUID (properties never change)."""
+    devices = []
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    if cuda is not None and cuda.is_initialized():
+        uuids = {} if uuids is None else uuids
+        for i in range(cuda.device_count()):
+            stats = cuda.memory_stats(i)
+            entry = {field: _int(stats, key) for field, key in STAT_KEYS}
+            # A device this process never allocated on: not "used".
+            if entry["reserved_peak"] == 0 and entry["allocated_peak"] == 0:
+                continue
+            if i not in uuids:
+                raw = getattr(cuda.get_device_properties(i), "uuid", None)
+                uuids[i] = normalize_uuid(raw) if raw is not None else None
+            if uuids[i] is None:
+                continue  # torch too old to tell the UUID: cannot be joined
+            entry = dict(uuid=uuids[i], **entry)
+            devices.append(entry)
+    return {"v": VERSION, "seq": seq, "devices": devices}
+
+
+def _sealed_memfd(data):
+    """A new memfd named NAME holding ``data``, sealed against any change."""
+    fd = os.memfd_create(NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        fcntl.fcntl(
+            fd,
+            fcntl.F_ADD_SEALS,
+            fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL,
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class _Bridge:
+    def __init__(self, interval):
+        self.interval = interval
+        self.fd = None
+        self.seq = 0
+        self.uuids = {}
+        self.warned = set()
+        self.publish_lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.publish()  # the memfd exists before start() returns
+        self.thread = threading.Thread(target=self._run, name="gpumem-bridge", daemon=True)
+        self.thread.start()
+
+    def _warn_once(self, what, msg, *args):
+        if what not in self.warned:
+            self.warned.add(what)
+            _log.warning(msg, *args)
+
+    def publish(self):
+        with self.publish_lock:
+            if self.stopped.is_set():
+                return
+            try:
+                doc = document(self.seq + 1, self.uuids)
+            except Exception as e:  # keep the last document; training goes on
+                self._warn_once("collect", "gpumem_bridge: reading torch.cuda.memory_stats failed: %r", e)
+                return
+            data = json.dumps(doc, separators=(",", ":")).encode()
+            if len(data) > MAX_BYTES:
+                self._warn_once("size", "gpumem_bridge: document of %d bytes exceeds %d; not published", len(data), MAX_BYTES)
+                return
+            self.write(data)
+            self.seq += 1
+
+    def write(self, data):
+        """Publish raw bytes (replaces the previous document atomically)."""
+        fd = _sealed_memfd(data)
+        if self.fd is None:
+            self.fd = fd
+            return
+        try:
+            os.dup2(fd, self.fd, inheritable=False)
+        finally:
+            os.close(fd)
+
+    def _run(self):
+        while not self.stopped.wait(self.interval):
+            try:
+                self.publish()
+            except Exception as e:
+                self._warn_once("publish", "gpumem_bridge: publishing failed: %r", e)
+
+    def close(self):
+        with self.publish_lock:
+            self.stopped.set()
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+
+
+def _interval_from_env():
+    raw = os.environ.get("GPUMEM_BRIDGE_INTERVAL", "")
+    try:
+        v = float(raw) if raw else DEFAULT_INTERVAL
+    except ValueError:
+        _log.warning("gpumem_bridge: GPUMEM_BRIDGE_INTERVAL=%r is not a number; using %s", raw, DEFAULT_INTERVAL)
+        v = DEFAULT_INTERVAL
+    return min(max(v, _MIN_INTERVAL), _MAX_INTERVAL)
+
+
+def _after_fork_in_child():
+    # The publishing thread does not survive fork, and the inherited fd
+    # holds the parent's figures: close it, and start afresh for the child
+    # (e.g. a worker forked before CUDA was initialised, then using a GPU).
+    global _bridge, _lock
+    _lock = threading.Lock()  # another thread may have held it at fork time
+    old, _bridge = _bridge, None
+    if old is None:
+        return
+    if old.fd is not None:
+        try:
+            os.close(old.fd)
+        except OSError:
+            pass
+    try:
+        start(old.interval)
+    except Exception as e:
+        _log.warning("gpumem_bridge: could not restart in the forked child: %r", e)
+
+
+def start(interval=None):
+    """Start publishing (idempotent). Returns True when running.
+
+    ``interval``: seconds between documents (default: the environment
+    variable GPUMEM_BRIDGE_INTERVAL, else 1). On a platform without memfd
+    (not Linux) it warns and returns False; it never raises into the
+    training program for that."""
+    global _bridge, _fork_hook_installed
+    with _lock:
+        if _bridge is not None:
+            return True
+        if not hasattr(os, "memfd_create") or not hasattr(fcntl, "F_ADD_SEALS"):
+            _log.warning("gpumem_bridge: needs Linux and Python >= 3.8 (memfd_create); not started")
+            return False
+        iv = _interval_from_env() if interval is None else min(max(float(interval), _MIN_INTERVAL), _MAX_INTERVAL)
+        try:
+            _bridge = _Bridge(iv)
+        except OSError as e:
+            _log.warning("gpumem_bridge: cannot create the memfd: %s; not started", e)
+            return False
+        if not _fork_hook_installed:
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _fork_hook_installed = True
+        return True
+
+
+def stop():
+    """Stop publishing and close the memfd: the exporter's series vanish."""
+    global _bridge
+    with _lock:
+        b, _bridge = _bridge, None
+    if b is not None:
+        b.close()
+
+
+def running():
+    return _bridge is not None
+
+
+def publish_now():
+    """Publish a document immediately (e.g. right after a phase change)."""
+    b = _bridge
+    if b is not None:
+        b.publish()
+
+
+def fd():
+    """The fd number of the published memfd, or None."""
+    b = _bridge
+    return None if b is None else b.fd

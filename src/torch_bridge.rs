@@ -1,0 +1,752 @@
+//! PyTorch caching-allocator figures, published by the `gpumem_bridge`
+//! Python package (`python/`) and read here from `/proc/<pid>/fd`.
+//!
+//! A process running the bridge holds a memfd named `gpumem-bridge`, so its
+//! `/proc/<pid>/fd/<n>` link reads `/memfd:gpumem-bridge (deleted)`. The
+//! file holds one small JSON document (at most [`MAX_DOCUMENT_BYTES`]):
+//!
+//! ```json
+//! {"v":1,"seq":7,"devices":[{"uuid":"GPU-…","allocated":0,"reserved":0,
+//!   "allocated_peak":0,"reserved_peak":0,"active":0,"inactive_split":0,
+//!   "alloc_retries":0,"ooms":0}]}
+//! ```
+//!
+//! Each document is written into a fresh memfd that is sealed (no write,
+//! grow or shrink) before it is `dup2`-ed onto the published fd number, so
+//! a reader sees one whole document or the previous one; an unsealed file
+//! is a document still being written and is skipped.
+//!
+//! Why this transport: the process needs no socket, port, volume or
+//! privilege (fine under the Kubernetes "baseline" policy), and the
+//! document carries no pid: the kernel says which process holds the fd, so
+//! a process can only ever report about itself. The exporter pays for it
+//! with ptrace-read access to the processes (see README, "Real or cache?").
+//!
+//! Bounds: a document is read at most once per process per full sample,
+//! only for processes NVML lists on a GPU (and `processes.top_n` keeps), at
+//! most [`MAX_DOCUMENT_BYTES`] of it, after scanning at most
+//! [`MAX_FDS_SCANNED`] fds. Nothing is kept beyond the tick but the fd
+//! number, keyed by (pid, start time): figures vanish with the process.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use crate::model::{TorchCounters, TorchStats};
+use crate::procfs::ProcRoot;
+
+/// What `/proc/<pid>/fd/<n>` reads for the bridge's memfd.
+pub const LINK_TARGET: &str = "/memfd:gpumem-bridge (deleted)";
+/// Larger documents are dropped (reason `oversized`) without being parsed.
+pub const MAX_DOCUMENT_BYTES: u64 = 64 * 1024;
+/// At most this many entries of `/proc/<pid>/fd` are looked at per scan.
+pub const MAX_FDS_SCANNED: usize = 4096;
+/// A process without the bridge's memfd is scanned again after this long
+/// (a process may start the bridge after it started using the GPU).
+pub const RESCAN_AFTER: Duration = Duration::from_secs(5);
+/// The `v` field this reader understands.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Seals a published document must carry: it can no longer change.
+const REQUIRED_SEALS: libc::c_int = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK;
+
+/// Why a document was dropped: the `reason` label of
+/// `gpumem_exporter_torch_reports_dropped_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// Not JSON, wrong types, a missing field, an unknown version, or the
+    /// file is not a memfd.
+    Malformed,
+    /// Larger than [`MAX_DOCUMENT_BYTES`].
+    Oversized,
+    /// The exporter may not look at the process's fds (counted once per
+    /// process).
+    Permission,
+}
+
+impl DropReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::Malformed => "malformed",
+            DropReason::Oversized => "oversized",
+            DropReason::Permission => "permission",
+        }
+    }
+}
+
+/// A parsed document: allocator figures per device UUID, in the
+/// document's order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Document {
+    pub devices: Vec<(String, TorchStats)>,
+}
+
+impl Document {
+    /// The figures of the first entry naming one of `uuids` (a MIG
+    /// instance's UUID and its GPU's, or just the GPU's).
+    pub fn stats_for(&self, uuids: &[&str]) -> Option<TorchStats> {
+        uuids.iter().find_map(|want| {
+            self.devices
+                .iter()
+                .find(|(u, _)| same_uuid(u, want))
+                .map(|(_, s)| *s)
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct WireDocument {
+    v: u32,
+    devices: Vec<WireDevice>,
+}
+
+#[derive(Deserialize)]
+struct WireDevice {
+    uuid: String,
+    allocated: u64,
+    reserved: u64,
+    allocated_peak: u64,
+    reserved_peak: u64,
+    active: u64,
+    inactive_split: u64,
+    alloc_retries: u64,
+    ooms: u64,
+}
+
+/// Parse a document strictly: every device field is required and must be a
+/// non-negative integer; unknown fields (such as a claimed `pid`) are
+/// ignored.
+pub fn parse(bytes: &[u8]) -> Result<Document, DropReason> {
+    if bytes.len() as u64 > MAX_DOCUMENT_BYTES {
+        return Err(DropReason::Oversized);
+    }
+    let w: WireDocument = serde_json::from_slice(bytes).map_err(|_| DropReason::Malformed)?;
+    if w.v != PROTOCOL_VERSION {
+        return Err(DropReason::Malformed);
+    }
+    Ok(Document {
+        devices: w
+            .devices
+            .into_iter()
+            .map(|d| {
+                (
+                    d.uuid,
+                    TorchStats {
+                        allocated: d.allocated,
+                        reserved: d.reserved,
+                        allocated_peak: d.allocated_peak,
+                        reserved_peak: d.reserved_peak,
+                        active: d.active,
+                        inactive_split: d.inactive_split,
+                        alloc_retries: d.alloc_retries,
+                        ooms: d.ooms,
+                    },
+                )
+            })
+            .collect(),
+    })
+}
+
+/// The UUID without NVML's `GPU-` / `MIG-` prefix.
+fn bare_uuid(u: &str) -> &str {
+    let u = u.trim();
+    match u.get(..4) {
+        Some(p) if p.eq_ignore_ascii_case("GPU-") || p.eq_ignore_ascii_case("MIG-") => &u[4..],
+        _ => u,
+    }
+}
+
+/// Whether two device UUIDs name the same device. Torch gives the bare
+/// 8-4-4-4-12 form (the bridge prefixes `GPU-`); under MIG the same bytes
+/// are the instance's UUID, which NVML spells `MIG-…`: compare what follows
+/// the prefix, ignoring case.
+pub fn same_uuid(a: &str, b: &str) -> bool {
+    let (a, b) = (bare_uuid(a), bare_uuid(b));
+    !a.is_empty() && a.eq_ignore_ascii_case(b)
+}
+
+/// The result of reading one fd.
+#[derive(Debug)]
+enum Outcome {
+    Document(Document),
+    Dropped(DropReason),
+    /// Not sealed yet: a document still being written. Tried next tick.
+    NotReady,
+    /// The process or the fd went away meanwhile.
+    Gone,
+}
+
+/// Per process: where its memfd is, keyed by start time so a reused pid
+/// starts afresh.
+#[derive(Debug)]
+struct Tracked {
+    start: u64,
+    fd: Option<u32>,
+    next_scan: Instant,
+    /// Permission denials are counted once per process.
+    denied: bool,
+}
+
+/// Reads bridge documents for the sampler (through `ProcCache`). Owned by
+/// the sampler thread; its only state across ticks is the fd number per
+/// (pid, start time) and the counters.
+#[derive(Debug)]
+pub struct TorchReader {
+    root: ProcRoot,
+    tracked: HashMap<u32, Tracked>,
+    /// Documents read in the current tick (a process on two GPUs is read
+    /// once); cleared by [`TorchReader::end_tick`].
+    this_tick: HashMap<(u32, u64), Option<Document>>,
+    counters: TorchCounters,
+    warned: [bool; 3],
+}
+
+impl TorchReader {
+    /// Read `/proc/<pid>/fd` under `root` (the same root as every other
+    /// /proc lookup: the host's, with hostPID).
+    pub fn new(root: ProcRoot) -> Self {
+        TorchReader {
+            root,
+            tracked: HashMap::new(),
+            this_tick: HashMap::new(),
+            counters: TorchCounters::default(),
+            warned: [false; 3],
+        }
+    }
+
+    /// Documents accepted and dropped so far.
+    pub fn counters(&self) -> TorchCounters {
+        self.counters
+    }
+
+    /// The figures process `pid` (whose start time the caller just read
+    /// from /proc) published for the device named by `uuids`, if any.
+    pub fn stats(&mut self, pid: u32, start: u64, uuids: &[&str]) -> Option<TorchStats> {
+        if !self.this_tick.contains_key(&(pid, start)) {
+            let doc = self.read(pid, start);
+            self.this_tick.insert((pid, start), doc);
+        }
+        self.this_tick
+            .get(&(pid, start))?
+            .as_ref()?
+            .stats_for(uuids)
+    }
+
+    /// End of a full tick: forget this tick's documents, and the processes
+    /// no longer on any GPU.
+    pub fn end_tick(&mut self, live: &dyn Fn(u32) -> bool) {
+        self.this_tick.clear();
+        self.tracked.retain(|pid, _| live(*pid));
+    }
+
+    fn read(&mut self, pid: u32, start: u64) -> Option<Document> {
+        let now = Instant::now();
+        let dir = self.root.path().join(pid.to_string()).join("fd");
+        let t = self.tracked.entry(pid).or_insert(Tracked {
+            start,
+            fd: None,
+            next_scan: now,
+            denied: false,
+        });
+        if t.start != start {
+            *t = Tracked {
+                start,
+                fd: None,
+                next_scan: now,
+                denied: false,
+            };
+        }
+        // The cached fd still names the bridge's memfd? (Checked each tick:
+        // fd numbers are reused.)
+        if let Some(fd) = t.fd
+            && !matches!(link_is_bridge(&dir.join(fd.to_string())), Ok(true))
+        {
+            t.fd = None;
+            t.next_scan = now;
+        }
+        let fd = match t.fd {
+            Some(fd) => fd,
+            None if now < t.next_scan => return None,
+            None => match scan(&dir) {
+                Ok(Some(fd)) => {
+                    t.fd = Some(fd);
+                    fd
+                }
+                Ok(None) => {
+                    t.next_scan = now + RESCAN_AFTER;
+                    return None;
+                }
+                Err(e) => {
+                    t.next_scan = now + RESCAN_AFTER;
+                    if e.kind() == ErrorKind::PermissionDenied && !t.denied {
+                        t.denied = true;
+                        self.count(pid, DropReason::Permission);
+                    }
+                    return None;
+                }
+            },
+        };
+        match read_fd(&dir.join(fd.to_string())) {
+            Outcome::Document(doc) => {
+                // The pid still names the process we looked up: not a
+                // new process that reused the pid meanwhile.
+                if self.root.start_time(pid) != Some(start) {
+                    return None;
+                }
+                self.counters.reports += 1;
+                Some(doc)
+            }
+            Outcome::Dropped(DropReason::Permission) => {
+                if let Some(t) = self.tracked.get_mut(&pid)
+                    && !t.denied
+                {
+                    t.denied = true;
+                    self.count(pid, DropReason::Permission);
+                }
+                None
+            }
+            Outcome::Dropped(reason) => {
+                self.count(pid, reason);
+                None
+            }
+            Outcome::NotReady | Outcome::Gone => None,
+        }
+    }
+
+    fn count(&mut self, pid: u32, reason: DropReason) {
+        let (n, i) = match reason {
+            DropReason::Malformed => (&mut self.counters.malformed, 0),
+            DropReason::Oversized => (&mut self.counters.oversized, 1),
+            DropReason::Permission => (&mut self.counters.permission, 2),
+        };
+        *n += 1;
+        if std::mem::replace(&mut self.warned[i], true) {
+            return;
+        }
+        let procfs = self.root.path().display();
+        match reason {
+            DropReason::Permission => tracing::warn!(
+                pid,
+                %procfs,
+                "cannot look at the fds of a GPU process (permission denied), so its PyTorch allocator figures (gpu_process_torch_*) cannot be read: the exporter needs CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (or the process's uid), or set processes.torch_bridge: false. Counted in gpumem_exporter_torch_reports_dropped_total{{reason=\"permission\"}}; this is logged once"
+            ),
+            _ => tracing::warn!(
+                pid,
+                reason = reason.as_str(),
+                "dropped a torch bridge document (gpumem-bridge memfd): counted in gpumem_exporter_torch_reports_dropped_total; this is logged once per reason"
+            ),
+        }
+    }
+}
+
+/// `Ok(true)` when the fd link names the bridge's memfd.
+fn link_is_bridge(link: &Path) -> std::io::Result<bool> {
+    Ok(std::fs::read_link(link)?.as_os_str() == LINK_TARGET)
+}
+
+/// The lowest fd (the kernel lists them in order) whose link names the
+/// bridge's memfd, among the first [`MAX_FDS_SCANNED`].
+fn scan(dir: &Path) -> std::io::Result<Option<u32>> {
+    let mut denied = None;
+    for entry in std::fs::read_dir(dir)?.take(MAX_FDS_SCANNED) {
+        let Ok(entry) = entry else { continue };
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        match link_is_bridge(&entry.path()) {
+            Ok(true) => return Ok(Some(fd)),
+            Ok(false) => {}
+            // Listing allowed but reading links not (a non-dumpable
+            // process): that is a permission problem too.
+            Err(e) if e.kind() == ErrorKind::PermissionDenied => denied = Some(e),
+            Err(_) => {}
+        }
+    }
+    match denied {
+        Some(e) => Err(e),
+        None => Ok(None),
+    }
+}
+
+/// Open `/proc/<pid>/fd/<n>` (a new file description of the same file) and
+/// read the document, bounded.
+fn read_fd(link: &Path) -> Outcome {
+    // O_NONBLOCK: if the process swapped a FIFO onto the fd since the link
+    // was checked, opening it must not hang the sampler.
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(link)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::PermissionDenied => {
+            return Outcome::Dropped(DropReason::Permission);
+        }
+        Err(_) => return Outcome::Gone,
+    };
+    read_document(file)
+}
+
+fn read_document(file: File) -> Outcome {
+    let Ok(meta) = file.metadata() else {
+        return Outcome::Gone;
+    };
+    if !meta.is_file() {
+        return Outcome::Dropped(DropReason::Malformed);
+    }
+    // SAFETY: F_GET_SEALS takes no argument and only reads the fd's flags;
+    // the fd is open for the duration of the call.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        // Not a memfd (sealing is only possible on memfds).
+        return Outcome::Dropped(DropReason::Malformed);
+    }
+    if seals & REQUIRED_SEALS != REQUIRED_SEALS {
+        return Outcome::NotReady;
+    }
+    if meta.len() > MAX_DOCUMENT_BYTES {
+        return Outcome::Dropped(DropReason::Oversized);
+    }
+    let mut buf = Vec::with_capacity(meta.len() as usize);
+    if file
+        .take(MAX_DOCUMENT_BYTES + 1)
+        .read_to_end(&mut buf)
+        .is_err()
+    {
+        return Outcome::Gone;
+    }
+    match parse(&buf) {
+        Ok(doc) => Outcome::Document(doc),
+        Err(r) => Outcome::Dropped(r),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const U0: &str = "GPU-8f2c1d3e-0000-4000-8000-000000000000";
+
+    fn dev(uuid: &str, base: u64) -> String {
+        format!(
+            r#"{{"uuid":"{uuid}","allocated":{},"reserved":{},"allocated_peak":{},"reserved_peak":{},"active":{},"inactive_split":{},"alloc_retries":{},"ooms":{}}}"#,
+            base,
+            base + 1,
+            base + 2,
+            base + 3,
+            base + 4,
+            base + 5,
+            base + 6,
+            base + 7
+        )
+    }
+
+    fn stats(base: u64) -> TorchStats {
+        TorchStats {
+            allocated: base,
+            reserved: base + 1,
+            allocated_peak: base + 2,
+            reserved_peak: base + 3,
+            active: base + 4,
+            inactive_split: base + 5,
+            alloc_retries: base + 6,
+            ooms: base + 7,
+        }
+    }
+
+    #[test]
+    fn parse_table() {
+        let ok = |devs: Vec<(&str, u64)>| {
+            Ok(Document {
+                devices: devs
+                    .into_iter()
+                    .map(|(u, b)| (u.to_string(), stats(b)))
+                    .collect(),
+            })
+        };
+        let padded = format!(
+            r#"{{"v":1,"devices":[],"pad":"{}"}}"#,
+            "x".repeat(MAX_DOCUMENT_BYTES as usize)
+        );
+        let just_fits = {
+            let head = r#"{"v":1,"devices":[]}"#;
+            format!(
+                "{head}{}",
+                " ".repeat(MAX_DOCUMENT_BYTES as usize - head.len())
+            )
+        };
+        let cases: Vec<(&str, String, Result<Document, DropReason>)> = vec![
+            (
+                "one device",
+                format!(r#"{{"v":1,"seq":3,"devices":[{}]}}"#, dev(U0, 10)),
+                ok(vec![(U0, 10)]),
+            ),
+            (
+                "two devices, order kept",
+                format!(
+                    r#"{{"v":1,"devices":[{},{}]}}"#,
+                    dev("GPU-b", 1),
+                    dev("GPU-a", 2)
+                ),
+                ok(vec![("GPU-b", 1), ("GPU-a", 2)]),
+            ),
+            ("no devices", r#"{"v":1,"devices":[]}"#.into(), ok(vec![])),
+            (
+                "unknown fields, a claimed pid among them, are ignored",
+                format!(
+                    r#"{{"v":1,"pid":1,"host":"x","devices":[{}]}}"#,
+                    dev(U0, 0).replace("{\"uuid\"", "{\"pid\":1,\"extra\":[1,2],\"uuid\"")
+                ),
+                ok(vec![(U0, 0)]),
+            ),
+            (
+                "u64 max",
+                format!(
+                    r#"{{"v":1,"devices":[{}]}}"#,
+                    dev(U0, 0).replace("\"allocated\":0", &format!("\"allocated\":{}", u64::MAX))
+                ),
+                Ok(Document {
+                    devices: vec![(
+                        U0.to_string(),
+                        TorchStats {
+                            allocated: u64::MAX,
+                            ..stats(0)
+                        },
+                    )],
+                }),
+            ),
+            (
+                "surrounding whitespace",
+                "\n {\"v\":1,\"devices\":[]} \n".into(),
+                ok(vec![]),
+            ),
+            ("just fits", just_fits, ok(vec![])),
+            ("oversized", padded, Err(DropReason::Oversized)),
+            ("empty", "".into(), Err(DropReason::Malformed)),
+            ("not json", "hello".into(), Err(DropReason::Malformed)),
+            ("array", "[]".into(), Err(DropReason::Malformed)),
+            ("null", "null".into(), Err(DropReason::Malformed)),
+            (
+                "trailing garbage",
+                r#"{"v":1,"devices":[]}x"#.into(),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "truncated",
+                r#"{"v":1,"devices":[{"uuid":"GPU-a","#.into(),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "missing v",
+                r#"{"devices":[]}"#.into(),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "future version",
+                r#"{"v":2,"devices":[]}"#.into(),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "missing devices",
+                r#"{"v":1}"#.into(),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "devices not a list",
+                r#"{"v":1,"devices":{}}"#.into(),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "string figure",
+                format!(
+                    r#"{{"v":1,"devices":[{}]}}"#,
+                    dev(U0, 5).replace("\"allocated\":5", "\"allocated\":\"5\"")
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "negative figure",
+                format!(
+                    r#"{{"v":1,"devices":[{}]}}"#,
+                    dev(U0, 5).replace("\"ooms\":12", "\"ooms\":-1")
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "fractional figure",
+                format!(
+                    r#"{{"v":1,"devices":[{}]}}"#,
+                    dev(U0, 5).replace("\"reserved\":6", "\"reserved\":6.5")
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "figure beyond u64",
+                format!(
+                    r#"{{"v":1,"devices":[{}]}}"#,
+                    dev(U0, 5).replace("\"active\":9", "\"active\":18446744073709551616")
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "missing figure",
+                format!(
+                    r#"{{"v":1,"devices":[{}]}}"#,
+                    dev(U0, 5).replace(",\"ooms\":12", "")
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "uuid not a string",
+                format!(
+                    r#"{{"v":1,"devices":[{}]}}"#,
+                    dev(U0, 5).replace(&format!("\"{U0}\""), "7")
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "deep nesting",
+                format!(r#"{{"v":1,"devices":[],"x":{}}}"#, "[".repeat(10_000)),
+                Err(DropReason::Malformed),
+            ),
+        ];
+        for (name, input, want) in cases {
+            assert_eq!(parse(input.as_bytes()), want, "case {name:?}");
+        }
+        // A UUID that is not UTF-8. (Fields that are ignored are skipped
+        // without being decoded.)
+        let mut bytes = format!(r#"{{"v":1,"devices":[{}]}}"#, dev("GPU-\u{1}", 0)).into_bytes();
+        let at = bytes.iter().position(|b| *b == 1).unwrap();
+        bytes[at] = 0xff;
+        assert_eq!(parse(&bytes), Err(DropReason::Malformed));
+    }
+
+    #[test]
+    fn uuid_matching() {
+        let bare = "8f2c1d3e-0000-4000-8000-000000000000";
+        let cases = [
+            (U0, U0, true),
+            (U0, bare, true),
+            (&U0.to_lowercase(), &U0.to_uppercase(), true),
+            (U0, "MIG-8f2c1d3e-0000-4000-8000-000000000000", true),
+            (U0, "GPU-8f2c1d3e-0000-4000-8000-000000000001", false),
+            ("GPU-", "MIG-", false),
+            ("", "", false),
+            (U0, "GPU-8f2c1d3e", false),
+        ];
+        for (a, b, want) in cases {
+            assert_eq!(same_uuid(a, b), want, "{a:?} vs {b:?}");
+            assert_eq!(same_uuid(b, a), want, "{b:?} vs {a:?}");
+        }
+        let doc = Document {
+            devices: vec![
+                ("GPU-aaaa".into(), stats(1)),
+                ("GPU-bbbb".into(), stats(2)),
+                ("GPU-bbbb".into(), stats(3)),
+            ],
+        };
+        assert_eq!(doc.stats_for(&["GPU-bbbb"]), Some(stats(2)), "first wins");
+        assert_eq!(doc.stats_for(&["MIG-aaaa", "GPU-zzzz"]), Some(stats(1)));
+        assert_eq!(doc.stats_for(&["MIG-cccc", "GPU-bbbb"]), Some(stats(2)));
+        assert_eq!(doc.stats_for(&["GPU-cccc"]), None);
+        assert_eq!(doc.stats_for(&[]), None);
+    }
+
+    /// A memfd named like the bridge's, holding `data`, sealed or not.
+    fn memfd(data: &[u8], seal: bool) -> std::os::fd::OwnedFd {
+        use std::io::Write;
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain syscalls on a fd this function owns.
+        unsafe {
+            let fd = libc::memfd_create(
+                c"gpumem-bridge".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            );
+            assert!(fd >= 0, "memfd_create");
+            let mut f = File::from_raw_fd(fd);
+            f.write_all(data).unwrap();
+            if seal {
+                let r = libc::fcntl(fd, libc::F_ADD_SEALS, REQUIRED_SEALS | libc::F_SEAL_SEAL);
+                assert_eq!(r, 0, "F_ADD_SEALS");
+            }
+            std::os::fd::OwnedFd::from(f)
+        }
+    }
+
+    /// The reader against this very process: finds the memfd, follows a
+    /// replacement, skips unsealed files, drops bad ones, and forgets the
+    /// figures as soon as the fd is closed. (The only test in this binary
+    /// that makes bridge memfds: tests run in parallel threads.)
+    #[test]
+    fn reader_on_this_process() {
+        let root = ProcRoot::default();
+        let pid = std::process::id();
+        let start = root.start_time(pid).expect("own start time");
+        let mut r = TorchReader::new(root);
+        let tick = |r: &mut TorchReader| {
+            let s = r.stats(pid, start, &[U0]);
+            r.end_tick(&|_| true);
+            s
+        };
+        assert_eq!(tick(&mut r), None, "no memfd yet");
+
+        let doc = |base: u64| format!(r#"{{"v":1,"devices":[{}]}}"#, dev(U0, base));
+        let first = memfd(doc(100).as_bytes(), true);
+        // Not scanned again before RESCAN_AFTER: a fresh reader sees it.
+        let mut r = TorchReader::new(ProcRoot::default());
+        assert_eq!(tick(&mut r), Some(stats(100)));
+        assert_eq!(r.counters().reports, 1);
+        // Read once per tick, however many GPUs ask.
+        assert_eq!(r.stats(pid, start, &[U0]), Some(stats(100)));
+        assert_eq!(r.stats(pid, start, &["GPU-other"]), None);
+        assert_eq!(r.counters().reports, 2);
+        r.end_tick(&|_| true);
+
+        // Replaced the way the bridge does it: dup2 of a sealed memfd.
+        let next = memfd(doc(200).as_bytes(), true);
+        // SAFETY: both fds are open and owned here.
+        assert!(unsafe { libc::dup2(next.as_raw_fd(), first.as_raw_fd()) } >= 0);
+        drop(next);
+        assert_eq!(tick(&mut r), Some(stats(200)));
+
+        // An unsealed file at that fd: still being written, skipped quietly.
+        let unsealed = memfd(doc(300).as_bytes(), false);
+        assert!(unsafe { libc::dup2(unsealed.as_raw_fd(), first.as_raw_fd()) } >= 0);
+        drop(unsealed);
+        assert_eq!(tick(&mut r), None);
+        let c = r.counters();
+        assert_eq!((c.malformed, c.oversized, c.permission), (0, 0, 0));
+
+        // Malformed and oversized documents are dropped and counted.
+        let bad = memfd(
+            br#"{"v":1,"devices":[{"uuid":"x","allocated":"lots"}]}"#,
+            true,
+        );
+        assert!(unsafe { libc::dup2(bad.as_raw_fd(), first.as_raw_fd()) } >= 0);
+        drop(bad);
+        assert_eq!(tick(&mut r), None);
+        assert_eq!(r.counters().malformed, 1);
+        let big = memfd(&vec![b' '; MAX_DOCUMENT_BYTES as usize + 1], true);
+        assert!(unsafe { libc::dup2(big.as_raw_fd(), first.as_raw_fd()) } >= 0);
+        drop(big);
+        assert_eq!(tick(&mut r), None);
+        assert_eq!(r.counters().oversized, 1);
+
+        // Closed: gone at the next tick, nothing cached.
+        drop(first);
+        assert_eq!(tick(&mut r), None);
+        // A pid that is not ours (or not there) reads nothing.
+        assert_eq!(r.stats(u32::MAX, 1, &[U0]), None);
+        assert_eq!(r.counters().reports, 3);
+    }
+}
