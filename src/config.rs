@@ -591,7 +591,7 @@ fn parse_yaml(text: &str, origin: &str) -> Result<FileConfig, ConfigError> {
 }
 
 /// Say the parser's terse messages in the user's terms.
-fn plain_words(msg: &str) -> String {
+pub fn plain_words(msg: &str) -> String {
     let msg = msg
         .trim_end_matches(", set DuplicateKeyPolicy in Options if acceptable")
         .to_string();

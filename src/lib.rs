@@ -14,3 +14,4 @@ pub mod procfs;
 pub mod sampler;
 pub mod server;
 pub mod torch_bridge;
+pub mod web;

@@ -1,21 +1,18 @@
 //! gpumem-exporter: flags → config → sampler thread + HTTP server.
 //!
 //! Exit codes: 0 clean shutdown, 1 NVML could not be loaded or initialised
-//! (or the listen address could not be bound), 2 bad flags or config.
+//! (or the listen address could not be bound), 2 bad flags, config or web
+//! config file.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Parser;
 
 use gpumem_exporter::gpu::nvml::{InitError, NvmlSource};
 use gpumem_exporter::sampler::Shared;
-use gpumem_exporter::{config, kube, logging, metrics, procfs, sampler, server};
-
-/// How long in-flight scrapes may take to finish after SIGTERM/SIGINT.
-const SHUTDOWN_GRACE: Duration = Duration::from_millis(800);
+use gpumem_exporter::{config, kube, logging, metrics, procfs, sampler, server, web};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -33,6 +30,9 @@ struct Cli {
     /// Path that serves metrics [default: /metrics]
     #[arg(long = "web.telemetry-path", value_name = "PATH")]
     telemetry_path: Option<String>,
+    /// TLS, basic auth and connection limits (exporter-toolkit format; re-read on SIGHUP)
+    #[arg(long = "web.config.file", value_name = "PATH")]
+    web_config_file: Option<PathBuf>,
     /// How often GPUs and their processes are sampled, e.g. 500ms, 2s [default: 1s]
     #[arg(long = "sample-interval", value_name = "DURATION")]
     sample_interval: Option<String>,
@@ -78,7 +78,14 @@ fn main() -> ExitCode {
         }
     };
     logging::init(cfg.log_level, cfg.log_format);
-    match run(cfg, cli.config_file, overrides) {
+    let web = match web::Web::load(cli.web_config_file) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("gpumem-exporter: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(cfg, cli.config_file, overrides, web) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -146,6 +153,7 @@ fn run(
     cfg: config::Config,
     config_file: Option<PathBuf>,
     overrides: config::Overrides,
+    web: web::Web,
 ) -> anyhow::Result<()> {
     tracing::info!(
         version = metrics::VERSION,
@@ -221,71 +229,8 @@ fn run(
     runtime.spawn(async move {
         reload_on_sighup(config_file, overrides, reload_base, reload_tx).await;
     });
-    runtime.block_on(serve(cfg, shared))?;
+    runtime.block_on(server::serve(cfg, shared, web))?;
     let _ = control_tx.send(sampler::Control::Stop);
     tracing::info!("stopped");
     Ok(())
-}
-
-async fn serve(cfg: config::Config, shared: Arc<Shared>) -> anyhow::Result<()> {
-    // Install the signal handlers before announcing the listener, so a
-    // SIGTERM that arrives right after startup is a clean shutdown too.
-    let signals = Signals::install();
-    let listener = tokio::net::TcpListener::bind(cfg.listen_address)
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot listen on {} (web.listen_address): {e}",
-                cfg.listen_address
-            )
-        })?;
-    tracing::info!(address = %listener.local_addr()?, path = %cfg.telemetry_path, "listening");
-    let app = server::router(shared, &cfg.telemetry_path);
-    let signalled = Arc::new(tokio::sync::Notify::new());
-    let notify = Arc::clone(&signalled);
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        signals.recv().await;
-        notify.notify_one();
-    });
-    tokio::select! {
-        r = server => r?,
-        _ = async {
-            signalled.notified().await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => tracing::warn!("connections still open after the shutdown grace period; closing them"),
-    }
-    Ok(())
-}
-
-/// SIGTERM and SIGINT, registered at creation.
-struct Signals(Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>);
-
-impl Signals {
-    fn install() -> Signals {
-        use tokio::signal::unix::{SignalKind, signal};
-        match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            (Ok(term), Ok(int)) => Signals(Some((term, int))),
-            _ => {
-                tracing::warn!(
-                    "cannot install signal handlers; only SIGKILL will stop the exporter"
-                );
-                Signals(None)
-            }
-        }
-    }
-
-    async fn recv(self) {
-        match self.0 {
-            Some((mut term, mut int)) => {
-                tokio::select! {
-                    _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
-                    _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
-                }
-            }
-            None => std::future::pending::<()>().await,
-        }
-    }
 }

@@ -682,6 +682,47 @@ impl Collector for SnapshotCollector {
             m.encode_family(&labels)?
                 .encode_counter::<NoLabelSet, _, u64>(n, None)?;
         }
+
+        // HTTP server and web config (src/server.rs, src/web.rs): process
+        // counters, read when this snapshot is first encoded.
+        {
+            use crate::{server, web};
+            use std::sync::atomic::Ordering::Relaxed;
+            let mut m = enc.encode_descriptor(
+                "gpumem_exporter_web_config_reloads",
+                "Web config file (--web.config.file) reloads on SIGHUP; a failed one keeps the running config.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (result, n) in [
+                ("success", &web::RELOAD_SUCCESS),
+                ("failure", &web::RELOAD_FAILURE),
+            ] {
+                m.encode_family(&[("result", result)])?
+                    .encode_counter::<NoLabelSet, _, u64>(&n.load(Relaxed), None)?;
+            }
+            gauge(
+                &mut enc,
+                "gpumem_exporter_http_connections",
+                "Open HTTP connections.",
+            )?
+            .encode_gauge(&(server::CONNECTIONS_OPEN.load(Relaxed) as i64))?;
+            for (name, help, n) in [
+                (
+                    "gpumem_exporter_http_connections_evicted",
+                    "Idle HTTP connections closed to make room at the connection cap (http_server_config.max_connections).",
+                    &server::CONNECTIONS_EVICTED,
+                ),
+                (
+                    "gpumem_exporter_http_connections_refused",
+                    "HTTP connections closed at once: the cap was reached and every connection was busy.",
+                    &server::CONNECTIONS_REFUSED,
+                ),
+            ] {
+                enc.encode_descriptor(name, help, None, MetricType::Counter)?
+                    .encode_counter::<NoLabelSet, _, u64>(&n.load(Relaxed), None)?;
+            }
+        }
         Ok(())
     }
 }
