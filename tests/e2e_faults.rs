@@ -164,7 +164,7 @@ fn hung_nvml_call_keeps_serving_and_fails_liveness() {
 fn sighup_reloads_config_and_keeps_the_old_one_when_bad() {
     let sc = Scenario::new(&scenario("null", "null", 0, 5));
     let cfg = sc.file("c.yaml", b"sample_interval: 100ms\n");
-    let mut ex = Exporter::start(&sc, &["--config.file", cfg.to_str().unwrap()]);
+    let ex = Exporter::start(&sc, &["--config.file", cfg.to_str().unwrap()]);
     let count = |ex: &Exporter| {
         ex.metrics()
             .find("gpu_process_memory_used_bytes", &[("gpu", "0")])
