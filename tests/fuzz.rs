@@ -10,7 +10,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
-use gpumem_exporter::{config, metrics, procfs};
+use gpumem_exporter::{config, metrics, procfs, web};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
@@ -180,6 +180,26 @@ fn fuzz_accept_headers() {
         |text| {
             let _ = metrics::Format::negotiate(Some(text));
             let _ = metrics::accepts_gzip(Some(text));
+        },
+    );
+}
+
+const WEB_CONFIGS: &[&str] = &[
+    "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n  min_version: TLS13\n",
+    "basic_auth_users:\n  prometheus: $2y$10$X0h1gDsPszWURQaxFh.zoubFi6DXncSjhoQNJgRrnGs7EsimhC7zG\n",
+    "http_server_config:\n  max_connections: 100\n  header_read_timeout: 5s\n",
+];
+
+#[test]
+fn fuzz_web_config_parser() {
+    let dir = tempfile::tempdir().unwrap();
+    fuzz(
+        "web-config",
+        prop_oneof![mutated(WEB_CONFIGS), any_text()],
+        |text| {
+            if let Err(e) = web::parse(text, "web.yml", dir.path()) {
+                assert!(!e.0.contains('\n'), "errors are one line: {e:?}");
+            }
         },
     );
 }
