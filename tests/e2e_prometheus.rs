@@ -11,7 +11,12 @@
 //! The scenario, three scrape targets of job "gpumem-exporter":
 //! - `main`: GPU 0 93% used (GpuMemoryHigh) with two pods' processes, two
 //!   small ones summed into pid="other" (processes.min_bytes / top_n) and
-//!   one without a memory figure; GPU 1 in MIG mode with a pod's process in
+//!   one without a memory figure. The trainer pod's process is a real
+//!   `python3` running the torch bridge (python/) with the stub `torch`
+//!   (tests/torch_stub), as in tests/e2e_torch.rs: its fake /proc entry
+//!   links `fd` to its real /proc/<pid>/fd, so the exporter reads its
+//!   allocator figures (gpu_process_torch_*), and its allocation retries
+//!   keep rising (GpuTorchAllocRetriesRising). GPU 1 in MIG mode with a pod's process in
 //!   one instance and a pid hidden from /proc in the other; GPU 2 answers at
 //!   start, then reports gpu_lost (gpu_up 0, GpuDown; the error counter
 //!   grows, NvmlErrorsRising).
@@ -27,9 +32,13 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
+use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -52,6 +61,19 @@ const GPU0: &str = "GPU-0a0a0a0a-0000-0000-0000-000000000000";
 const GPU1: &str = "GPU-1b1b1b1b-0000-0000-0000-000000000000";
 const GPU2: &str = "GPU-2c2c2c2c-0000-0000-0000-000000000000";
 const GPU_STALE: &str = "GPU-5e5e5e5e-0000-0000-0000-000000000000";
+/// GPU 0's UUID as CUDA (and the stub torch) spell it: without `GPU-`.
+const GPU0_CUDA: &str = "0a0a0a0a-0000-0000-0000-000000000000";
+
+/// The trainer's memory: NVML's figure, and torch's allocated and reserved
+/// (so 36 GB in tensors, 12 GB cached, 2 GB outside torch).
+const TRAINER_USED: u64 = 50_000_000_000;
+const TORCH_ALLOCATED: u64 = 36_000_000_000;
+const TORCH_RESERVED: u64 = 48_000_000_000;
+/// The stub's allocation retries grow by one this often.
+const RETRY_EVERY: Duration = Duration::from_millis(500);
+/// The pids the fake /proc and the fake NVML use: the trainer's real pid
+/// must not be one of them.
+const FAKE_PIDS: [u32; 6] = [4102, 4103, 4104, 6000, 6100, 7002];
 
 /// `$__rate_interval` as Grafana would set it for a 1s scrape interval
 /// (rounded up, so two samples are always in the window).
@@ -64,6 +86,9 @@ const RATE_INTERVAL: &str = "10s";
 /// sample is already older than 30 s − STALE_AHEAD_S, and not for the
 /// healthy one (its sample is at most a scrape interval old).
 const STALE_AHEAD_S: f64 = 22.0;
+
+/// The dashboard panel that splits a torch process's memory.
+const REAL_OR_CACHE: &str = "Real or cache? (PyTorch allocator per process)";
 
 /// Everything must be true within this long after Prometheus is ready.
 const DEADLINE: Duration = Duration::from_secs(35);
@@ -110,11 +135,13 @@ fn write_proc(root: &Path, pid: u32, comm: &str, uid: u32, cgroup: &str) {
 }
 
 /// Three pods (containerd/cgroup v2, CRI-O/cgroup v2, cgroupfs/cgroup v1)
-/// and one host process outside any pod.
-fn fake_proc(root: &Path) {
+/// and one host process outside any pod. The trainer (`trainer_pid`) is a
+/// real process: its `fd` directory is its real one, where the exporter
+/// finds the torch bridge's memfd.
+fn fake_proc(root: &Path, trainer_pid: u32) {
     write_proc(
         root,
-        4101,
+        trainer_pid,
         "python3",
         1000,
         &format!(
@@ -123,6 +150,11 @@ fn fake_proc(root: &Path) {
             cid('a')
         ),
     );
+    std::os::unix::fs::symlink(
+        format!("/proc/{trainer_pid}/fd"),
+        root.join(trainer_pid.to_string()).join("fd"),
+    )
+    .unwrap();
     write_proc(
         root,
         4102,
@@ -195,13 +227,13 @@ async fn pods_handler(
 }
 
 /// The main exporter's GPUs; `gpu2_lost` turns GPU 2's error on.
-fn main_scenario(gpu2_lost: bool) -> String {
+fn main_scenario(gpu2_lost: bool, trainer_pid: u32) -> String {
     format!(
         "devices:
   - uuid: {GPU0}
     memory: {{total: 85899345920, reserved: 536870912, used: 80000000000}}
     processes:
-      - {{pid: 4101, used: 50000000000}}
+      - {{pid: {trainer_pid}, used: {TRAINER_USED}}}
       - {{pid: 4102, used: 29000000000}}
       - {{pid: 4104, used: 300000000}}
       - {{pid: 6000, used: 50000000}}
@@ -235,6 +267,146 @@ fn stale_scenario(delay_ms: u64) -> String {
     delay_ms: {delay_ms}
 "
     )
+}
+
+/// The trainer pod's process: `python3` running the torch bridge with the
+/// stub torch (tests/torch_stub), whose figures come from a state file this
+/// test rewrites; its allocation retries grow by one every RETRY_EVERY (and
+/// it had one OOM). Killed, and the rewriting stopped, on drop.
+struct Trainer {
+    child: Child,
+    pid: u32,
+    stop: Arc<AtomicBool>,
+    ticker: Option<JoinHandle<()>>,
+    _state: tempfile::TempDir,
+}
+
+/// `torch.cuda.memory_stats()` of GPU 0 as the stub returns them.
+fn torch_state(retries: u64) -> String {
+    json!({"initialized": true, "devices": [{"uuid": GPU0_CUDA, "stats": {
+        "allocated_bytes.all.current": TORCH_ALLOCATED,
+        "reserved_bytes.all.current": TORCH_RESERVED,
+        "allocated_bytes.all.peak": TORCH_ALLOCATED + 4_000_000_000u64,
+        "reserved_bytes.all.peak": TORCH_RESERVED,
+        "active_bytes.all.current": TORCH_ALLOCATED + 1_000_000_000u64,
+        "inactive_split_bytes.all.current": 3_000_000_000u64,
+        "num_alloc_retries": retries,
+        "num_ooms": 1,
+    }}]})
+    .to_string()
+}
+
+impl Trainer {
+    fn start() -> Trainer {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let state = tempfile::tempdir().expect("tempdir");
+        let path = state.path().join("torch-state.json");
+        let write = {
+            let dir = state.path().to_path_buf();
+            move |retries: u64| {
+                // Atomically: the stub re-reads the file on every call.
+                let tmp = dir.join("torch-state.tmp");
+                std::fs::write(&tmp, torch_state(retries)).expect("write stub state");
+                std::fs::rename(&tmp, dir.join("torch-state.json")).expect("rename stub state");
+            }
+        };
+        write(0);
+        // A pid the fake /proc already uses would mix two processes up: try
+        // again (the other child is killed when dropped, after the loop).
+        let mut discarded = Vec::new();
+        let (child, pid) = loop {
+            let (child, pid) = spawn_bridge(repo, &path);
+            if !FAKE_PIDS.contains(&pid) {
+                break (child, pid);
+            }
+            assert!(discarded.len() < 5, "python3 keeps getting the fake pids");
+            discarded.push(Trainer {
+                child,
+                pid,
+                stop: Arc::new(AtomicBool::new(true)),
+                ticker: None,
+                _state: tempfile::tempdir().expect("tempdir"),
+            });
+        };
+        drop(discarded);
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let ticker = std::thread::spawn(move || {
+            let mut retries = 0;
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(RETRY_EVERY);
+                retries += 1;
+                write(retries);
+            }
+        });
+        Trainer {
+            child,
+            pid,
+            stop,
+            ticker: Some(ticker),
+            _state: state,
+        }
+    }
+}
+
+/// `python3` with PYTHONPATH=python:tests/torch_stub that starts the bridge,
+/// says `ready <pid>` and waits for its stdin to close.
+fn spawn_bridge(repo: &Path, state: &Path) -> (Child, u32) {
+    let pythonpath = format!(
+        "{}:{}",
+        repo.join("python").display(),
+        repo.join("tests/torch_stub").display()
+    );
+    let mut child = Command::new("python3")
+        .args([
+            "-u",
+            "-c",
+            "import os, sys, torch, gpumem_bridge\n\
+             assert gpumem_bridge.start()\n\
+             print('ready', os.getpid(), flush=True)\n\
+             sys.stdin.read()\n",
+        ])
+        .env("PYTHONPATH", pythonpath)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("GPUMEM_BRIDGE_INTERVAL", "0.1")
+        .env("TORCH_STUB_STATE", state)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot start python3 ({e}): install it (Debian: apt-get install -y python3)")
+        });
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
+    match line
+        .strip_prefix("ready ")
+        .and_then(|p| p.trim().parse().ok())
+    {
+        Some(pid) => (child, pid),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the torch bridge child did not get ready (said {line:?})");
+        }
+    }
+}
+
+impl Drop for Trainer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 // ------------------------------------------------------------------ rules and dashboard
@@ -305,6 +477,8 @@ struct Targets {
     main: String,
     stale: String,
     down: String,
+    /// The pid of the trainer (the torch bridge process) on `main`.
+    trainer: String,
 }
 
 fn expectation(alert: &str, t: &Targets) -> Expect {
@@ -317,6 +491,12 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
             ("uuid", GPU2.into()),
         ]]),
         "NvmlErrorsRising" => Expect::Now(vec![vec![i(&t.main), ("error", "gpu_lost".into())]]),
+        "GpuTorchAllocRetriesRising" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "0".into()),
+            ("pid", t.trainer.clone()),
+            ("pod", "trainer-0".into()),
+        ]]),
         "GpuMemExporterDown" => Expect::Now(vec![vec![i(&t.down)]]),
         "GpuMemExporterSamplesStale" => Expect::Ahead(STALE_AHEAD_S, vec![vec![i(&t.stale)]]),
         "GpuMemoryExhaustionPredicted" => {
@@ -661,24 +841,62 @@ impl Checks<'_> {
                 .collect::<Vec<_>>()
         };
         let other = rows_of("other");
-        let trainer = rows_of("4101");
+        let trainer = rows_of(&t.trainer);
         let problem = if other.len() != 1 {
             Some(format!("{} rows with pid=\"other\"", other.len()))
         } else if trainer.len() != 1
             || trainer[0].get("user").and_then(Value::as_str) != Some("alice")
             || trainer[0].get("pod").and_then(Value::as_str) != Some("trainer-0")
         {
-            Some(format!("pid 4101: {trainer:?}"))
+            Some(format!("pid {} (trainer): {trainer:?}", t.trainer))
         } else {
             None
         };
         rows.push(Row {
             kind: "table",
-            name: "top processes: pid=\"other\" kept, pid 4101 with user alice, pod trainer-0"
+            name: "top processes: pid=\"other\" kept, the trainer with user alice, pod trainer-0"
                 .into(),
             counts: vec![q.result.len()],
             expr: String::new(),
             problem,
+        });
+
+        // "Real or cache?" splits the trainer's NVML figure into torch's
+        // allocated, cached and non-torch parts: the stub's figures, which
+        // add up to NVML's.
+        let want = [
+            ("A", "allocated", TORCH_ALLOCATED),
+            ("B", "cached", TORCH_RESERVED - TORCH_ALLOCATED),
+            ("C", "non-torch", TRAINER_USED - TORCH_RESERVED),
+        ];
+        let mut got = Vec::new();
+        for (title, ref_id, expr) in dashboard_queries() {
+            if title != REAL_OR_CACHE {
+                continue;
+            }
+            let q = self.query(&title, &grafana_substitute(&expr, &vars), None);
+            let value = q
+                .result
+                .iter()
+                .find(|s| s["metric"]["pid"].as_str() == Some(t.trainer.as_str()))
+                .and_then(|s| s["value"][1].as_str())
+                .and_then(|v| v.parse::<f64>().ok());
+            got.push((ref_id, value));
+        }
+        let expected: Vec<(String, Option<f64>)> = want
+            .iter()
+            .map(|(r, _, v)| (r.to_string(), Some(*v as f64)))
+            .collect();
+        rows.push(Row {
+            kind: "stack",
+            name: format!(
+                "{REAL_OR_CACHE}: the trainer's {} add up to NVML's {TRAINER_USED}",
+                want.map(|(r, what, v)| format!("{r} {what} {v}"))
+                    .join(", ")
+            ),
+            counts: vec![got.iter().filter(|(_, v)| v.is_some()).count()],
+            expr: String::new(),
+            problem: (got != expected).then(|| format!("got {got:?}")),
         });
         rows
     }
@@ -717,9 +935,10 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
         .with_state(Api::default());
     rt.spawn(async move { axum::serve(listener, app).await });
     let proc_root = tempfile::tempdir().unwrap();
-    fake_proc(proc_root.path());
+    let trainer = Trainer::start();
+    fake_proc(proc_root.path(), trainer.pid);
 
-    let scenario = Scenario::new(&main_scenario(false));
+    let scenario = Scenario::new(&main_scenario(false, trainer.pid));
     let passwd = scenario.file(
         "passwd",
         b"root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\nbob:x:1001:1001::/home/bob:/bin/sh\n",
@@ -759,8 +978,21 @@ kubernetes:
                 .then_some(())
         },
     );
+    wait_for(
+        Duration::from_secs(10),
+        "the trainer's torch bridge figures on the main exporter (gpu_process_torch_*)",
+        || {
+            let m = main.metrics();
+            let pid = trainer.pid.to_string();
+            let found = m.find(
+                "gpu_process_torch_allocated_bytes",
+                &[("pid", pid.as_str()), ("pod", "trainer-0")],
+            );
+            (found.len() == 1 && found[0].1 == TORCH_ALLOCATED as f64).then_some(())
+        },
+    );
     // GPU 2 answered at start; from now on it is lost.
-    scenario.write(&main_scenario(true));
+    scenario.write(&main_scenario(true, trainer.pid));
 
     // The exporter's metric families, as Prometheus names their series.
     let families: Vec<String> = main
@@ -785,6 +1017,7 @@ kubernetes:
         main: main.addr.to_string(),
         stale: stale.addr.to_string(),
         down: down_socket.local_addr().unwrap().to_string(),
+        trainer: trainer.pid.to_string(),
     };
     let config = format!(
         "global:

@@ -21,7 +21,7 @@ use std::process::{Command, Output, Stdio};
 const IMAGE: &str = "ghcr.io/gpumem-exporter/gpumem-exporter:0.1.0";
 const NAMESPACE: &str = "gpumem-exporter";
 const RUNBOOK_BASE: &str = "https://github.com/gpumem-exporter/gpumem-exporter/blob/main/README.md";
-const ALERTS: [&str; 7] = [
+const ALERTS: [&str; 8] = [
     "GpuMemoryHigh",
     "GpuMemoryExhaustionPredicted",
     "GpuProcessMemoryLeakSuspected",
@@ -29,7 +29,11 @@ const ALERTS: [&str; 7] = [
     "GpuMemExporterDown",
     "GpuMemExporterSamplesStale",
     "NvmlErrorsRising",
+    "GpuTorchAllocRetriesRising",
 ];
+/// What the torch bridge needs to read other users' /proc/<pid>/fd, and
+/// nothing more.
+const TORCH_CAPABILITIES: [&str; 2] = ["SYS_PTRACE", "DAC_READ_SEARCH"];
 
 // ------------------------------------------------------------------ helpers
 
@@ -211,6 +215,37 @@ fn heading_anchors(markdown: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// (dotted key, value) of each setting of a shipped config file: two
+/// levels of block mappings, which is all the shipped files use.
+fn config_settings(text: &str) -> Vec<(String, String)> {
+    let mut parent = String::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let (key, value) = trimmed.split_once(':').unwrap_or((trimmed, ""));
+        let key = key.trim();
+        let path = if line.starts_with(' ') {
+            format!("{parent}.{key}")
+        } else {
+            parent = key.to_string();
+            key.to_string()
+        };
+        out.push((path, value.trim().to_string()));
+    }
+    out
+}
+
+/// The value of one dotted key of a shipped config file.
+fn config_value(text: &str, key: &str) -> Option<String> {
+    config_settings(text)
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+}
+
 fn alert_names_in_rules_yml() -> Vec<String> {
     read("deploy/prometheus/rules.yml")
         .lines()
@@ -374,8 +409,19 @@ fn every_alert_has_severity_annotations_and_a_runbook() {
 
 // ------------------------------------------------------------------ kubernetes
 
-/// The DaemonSet checks shared by the base and the overlay.
-fn check_daemonset(objects: &[Json]) {
+/// Which kustomization is rendered: the DaemonSet differs only in the
+/// container's privileges and the config file.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// Non-root, no capabilities, `processes.torch_bridge: false`.
+    Plain,
+    /// overlays/torch-bridge: uid 0 with exactly CAP_SYS_PTRACE and
+    /// CAP_DAC_READ_SEARCH, `processes.torch_bridge: true`.
+    TorchBridge,
+}
+
+/// The DaemonSet checks shared by the base and the overlays.
+fn check_daemonset(objects: &[Json], variant: Variant) {
     let ds = only(objects, "DaemonSet");
     let ctx = "DaemonSet";
     assert_eq!(
@@ -445,7 +491,6 @@ fn check_daemonset(objects: &[Json]) {
     let c = &containers[0];
     assert_eq!(c.s("image"), Some(IMAGE));
     let sc = c.get("securityContext").expect("container securityContext");
-    assert_eq!(sc.at("runAsNonRoot").and_then(Json::bool), Some(true));
     assert_eq!(
         sc.at("allowPrivilegeEscalation").and_then(Json::bool),
         Some(false)
@@ -455,8 +500,25 @@ fn check_daemonset(objects: &[Json]) {
         Some(true)
     );
     assert_eq!(strings(sc.at("capabilities.drop")), ["ALL"]);
-    assert!(sc.at("capabilities.add").is_none(), "no added capabilities");
     assert_ne!(sc.at("privileged").and_then(Json::bool), Some(true));
+    match variant {
+        Variant::Plain => {
+            assert_eq!(sc.at("runAsNonRoot").and_then(Json::bool), Some(true));
+            assert!(sc.get("runAsUser").is_none(), "the pod's uid (non-root)");
+            assert!(sc.at("capabilities.add").is_none(), "no added capabilities");
+        }
+        Variant::TorchBridge => {
+            // Kubernetes sets no ambient capabilities: only uid 0 can use
+            // added ones.
+            assert_eq!(sc.at("runAsUser").and_then(Json::num), Some(0.0));
+            assert_eq!(sc.at("runAsNonRoot").and_then(Json::bool), Some(false));
+            let mut added = strings(sc.at("capabilities.add"));
+            added.sort();
+            let mut want = TORCH_CAPABILITIES.map(String::from).to_vec();
+            want.sort();
+            assert_eq!(added, want, "exactly these added capabilities");
+        }
+    }
 
     // The port named metrics is the exporter's default, and the probes use it.
     let ports = c.a("ports");
@@ -554,7 +616,19 @@ fn check_daemonset(objects: &[Json]) {
         .at("data.config.yaml")
         .and_then(Json::str)
         .expect("config.yaml key");
-    assert_eq!(config, read("deploy/kubernetes/base/config.yaml"));
+    let (file, torch_bridge) = match variant {
+        Variant::Plain => ("deploy/kubernetes/base/config.yaml", "false"),
+        Variant::TorchBridge => (
+            "deploy/kubernetes/overlays/torch-bridge/config.yaml",
+            "true",
+        ),
+    };
+    assert_eq!(config, read(file));
+    assert_eq!(
+        config_value(config, "processes.torch_bridge").as_deref(),
+        Some(torch_bridge),
+        "processes.torch_bridge in the rendered config"
+    );
 
     let passwd = mount("/host/etc/passwd");
     assert_eq!(passwd.get("readOnly").and_then(Json::bool), Some(true));
@@ -641,7 +715,7 @@ fn kustomize_base_renders_a_locked_down_daemonset() {
     .map(String::from)
     .into();
     assert_eq!(kinds(&objects), want);
-    check_daemonset(&objects);
+    check_daemonset(&objects, Variant::Plain);
 
     let sm = only(&objects, "ServiceMonitor");
     let endpoints = sm.a("spec.endpoints");
@@ -688,7 +762,7 @@ fn plain_annotations_overlay_swaps_operator_objects_for_annotations() {
         !kinds.contains("ServiceMonitor") && !kinds.contains("PrometheusRule"),
         "{kinds:?}"
     );
-    check_daemonset(&objects);
+    check_daemonset(&objects, Variant::Plain);
     let ds = only(&objects, "DaemonSet");
     let ann = ds
         .at("spec.template.metadata.annotations")
@@ -696,6 +770,50 @@ fn plain_annotations_overlay_swaps_operator_objects_for_annotations() {
     assert_eq!(ann.s("prometheus.io/scrape"), Some("true"));
     assert_eq!(ann.s("prometheus.io/port"), Some("9877"));
     assert_eq!(ann.s("prometheus.io/path"), Some("/metrics"));
+}
+
+/// overlays/torch-bridge: the base, with the container as uid 0 holding
+/// exactly CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (checked in
+/// `check_daemonset`) and the config file replaced by one that differs from
+/// the base's only in `processes.torch_bridge: true`.
+#[test]
+fn torch_bridge_overlay_grants_exactly_the_two_capabilities() {
+    let base = render("deploy/kubernetes");
+    let objects = render("deploy/kubernetes/overlays/torch-bridge");
+    assert_eq!(kinds(&objects), kinds(&base), "same kinds as the base");
+    check_daemonset(&objects, Variant::TorchBridge);
+    assert_eq!(
+        objects
+            .iter()
+            .filter(|o| o.s("kind") == Some("ConfigMap"))
+            .count(),
+        1,
+        "the overlay's config replaces the base's (behavior: replace)"
+    );
+    // Nothing else changes: every other object is the base's.
+    for o in base
+        .iter()
+        .filter(|o| !matches!(o.s("kind"), Some("DaemonSet" | "ConfigMap")))
+    {
+        assert!(
+            objects.contains(o),
+            "{} {:?} differs from the base's",
+            o.s("kind").unwrap_or("?"),
+            o.s("metadata.name")
+        );
+    }
+    // The two config files stay in step: same settings but one.
+    let settings = |file: &str| -> Vec<(String, String)> {
+        config_settings(&read(file))
+            .into_iter()
+            .filter(|(k, _)| k != "processes.torch_bridge")
+            .collect()
+    };
+    assert_eq!(
+        settings("deploy/kubernetes/overlays/torch-bridge/config.yaml"),
+        settings("deploy/kubernetes/base/config.yaml"),
+        "overlays/torch-bridge/config.yaml must equal base/config.yaml except processes.torch_bridge"
+    );
 }
 
 // ------------------------------------------------------------------ grafana
@@ -827,6 +945,11 @@ fn grafana_dashboard_is_valid_and_complete() {
         "gpumem_exporter_sample_duration_seconds_bucket",
         "gpumem_exporter_last_sample_timestamp_seconds",
         "gpumem_exporter_nvml_errors_total",
+        "gpu_process_torch_allocated_bytes",
+        "gpu_process_torch_reserved_bytes",
+        "gpu_process_torch_alloc_retries_total",
+        "gpu_process_torch_ooms_total",
+        "gpumem_exporter_torch_reports_dropped_total",
     ] {
         assert!(
             exprs
@@ -968,6 +1091,106 @@ fn systemd_unit_is_sandboxed_and_verifies() {
     );
 }
 
+/// The shipped unit as `systemd-analyze` can load it here: the binary is
+/// not installed, so ExecStart points at /bin/true (ExecStart itself is
+/// checked in `systemd_unit_is_sandboxed_and_verifies`).
+fn unit_for_analysis() -> String {
+    read("deploy/systemd/gpumem-exporter.service").replace(
+        "ExecStart=/usr/local/bin/gpumem-exporter ",
+        "ExecStart=/bin/true ",
+    )
+}
+
+/// The capability lines `systemd-analyze security --offline=yes` marks as
+/// exposed (`✗ CapabilityBoundingSet=~CAP_…`, `✗ AmbientCapabilities=`).
+fn exposed_capabilities(unit: &std::path::Path) -> Vec<String> {
+    let out = run_ok(
+        "systemd-analyze",
+        &["security", "--offline=yes", unit.to_str().unwrap()],
+        None,
+    );
+    out.lines()
+        .filter_map(|l| l.trim().strip_prefix("✗ "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|s| {
+            s.starts_with("CapabilityBoundingSet=") || s.starts_with("AmbientCapabilities=")
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// deploy/systemd/torch-bridge.conf, the drop-in for the torch bridge, adds
+/// exactly CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (bounding and ambient
+/// sets) and nothing else, as systemd itself reads it: `systemd-analyze
+/// verify` of the unit with the drop-in in its `.d` folder is silent (and
+/// does read that folder: an unknown key there draws a warning), and
+/// `systemd-analyze security --offline=yes` finds those capabilities
+/// exposed with the drop-in and none without it.
+#[test]
+fn systemd_torch_bridge_drop_in_adds_exactly_two_capabilities() {
+    let conf = read("deploy/systemd/torch-bridge.conf");
+    let sections: Vec<&str> = conf
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with('['))
+        .collect();
+    assert_eq!(sections, ["[Service]"], "torch-bridge.conf sections");
+    let caps = "CAP_SYS_PTRACE CAP_DAC_READ_SEARCH";
+    assert_eq!(
+        unit_settings(&conf),
+        [
+            ("CapabilityBoundingSet".to_string(), caps.to_string()),
+            ("AmbientCapabilities".to_string(), caps.to_string()),
+        ],
+        "torch-bridge.conf settings"
+    );
+
+    let scratch = Scratch::new("systemd-torch");
+    let unit = scratch.write("gpumem-exporter.service", &unit_for_analysis());
+    assert_eq!(
+        exposed_capabilities(&unit),
+        Vec::<String>::new(),
+        "the unit alone exposes no capability"
+    );
+
+    let dropins = scratch.0.join("gpumem-exporter.service.d");
+    std::fs::create_dir_all(&dropins).expect("create the drop-in folder");
+    let verify = |conf: &str| -> String {
+        std::fs::write(dropins.join("torch-bridge.conf"), conf).expect("write the drop-in");
+        let out = run("systemd-analyze", &["verify", unit.to_str().unwrap()], None);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "systemd-analyze verify failed:\n{text}"
+        );
+        text
+    };
+    let control = verify(&format!("{conf}GpumemExporterTestUnknownKey=1\n"));
+    assert!(
+        control.contains("torch-bridge.conf") && control.contains("GpumemExporterTestUnknownKey"),
+        "systemd-analyze verify did not read the drop-in folder:\n{control}"
+    );
+    let text = verify(&conf);
+    assert!(
+        text.trim().is_empty(),
+        "systemd-analyze verify complains about the unit with the drop-in:\n{text}"
+    );
+
+    let mut exposed = exposed_capabilities(&unit);
+    exposed.sort();
+    assert_eq!(exposed.len(), 3, "exposed with the drop-in: {exposed:?}");
+    assert_eq!(exposed[0], "AmbientCapabilities=");
+    assert!(
+        exposed[1].starts_with("CapabilityBoundingSet=~CAP_(DAC_")
+            && exposed[2] == "CapabilityBoundingSet=~CAP_SYS_PTRACE",
+        "the bounding set adds CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE only: {exposed:?}"
+    );
+}
+
 // ------------------------------------------------------------------ docker
 
 #[test]
@@ -1022,26 +1245,27 @@ fn shipped_config_files_use_known_keys() {
         "processes.top_n",
         "processes.cmdline",
         "processes.passwd_file",
+        "processes.torch_bridge",
     ];
-    for file in [
-        "deploy/kubernetes/base/config.yaml",
-        "deploy/systemd/config.yaml",
+    // The torch bridge is off where the exporter lacks the capabilities it
+    // needs, and on where they are granted.
+    for (file, torch_bridge) in [
+        ("deploy/kubernetes/base/config.yaml", "false"),
+        (
+            "deploy/kubernetes/overlays/torch-bridge/config.yaml",
+            "true",
+        ),
+        ("deploy/systemd/config.yaml", "false"),
     ] {
-        let mut parent = String::new();
-        for line in read(file).lines() {
-            let trimmed = line.trim();
-            if trimmed.is_empty() || trimmed.starts_with('#') {
-                continue;
-            }
-            let key = trimmed.split(':').next().unwrap().trim();
-            let path = if line.starts_with(' ') {
-                format!("{parent}.{key}")
-            } else {
-                parent = key.to_string();
-                key.to_string()
-            };
+        let text = read(file);
+        for (path, _) in config_settings(&text) {
             assert!(known.contains(&path.as_str()), "{file}: unknown key {path}");
         }
+        assert_eq!(
+            config_value(&text, "processes.torch_bridge").as_deref(),
+            Some(torch_bridge),
+            "{file}: processes.torch_bridge"
+        );
     }
 }
 
@@ -1059,6 +1283,7 @@ fn exporter_accepts_the_shipped_config_files() {
     ];
     for (file, cluster) in [
         ("deploy/kubernetes/base/config.yaml", true),
+        ("deploy/kubernetes/overlays/torch-bridge/config.yaml", true),
         ("deploy/systemd/config.yaml", false),
     ] {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpumem-exporter"));
