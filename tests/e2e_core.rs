@@ -433,3 +433,105 @@ fn config_file_values_apply_and_flags_override() {
     assert_eq!(ex.get("/override").status, 200);
     assert_eq!(ex.get("/m").status, 404);
 }
+
+/// SIGTERM while a scrape is being sent: the scrape completes, then the
+/// process exits 0 within a second.
+#[test]
+fn sigterm_mid_scrape_finishes_the_scrape() {
+    use std::io::{Read, Write};
+    // A body of over 5 MiB, larger than the socket buffers, so the server is
+    // still writing it when the signal arrives.
+    let mut y = String::from("devices:\n");
+    for g in 0..8 {
+        y.push_str(&format!(
+            "  - uuid: GPU-{g:08x}-0000-0000-0000-000000000000\n    memory: {{total: 150754820096, reserved: 0, used: 1000000000}}\n    processes:\n"
+        ));
+        for p in 0..2048 {
+            y.push_str(&format!(
+                "      - {{pid: {}, used: {}}}\n",
+                3_000_000 + g * 10_000 + p,
+                1_000_000 + p
+            ));
+        }
+    }
+    let sc = Scenario::new(&y);
+    let mut ex = Exporter::start(&sc, &[]);
+    let mut s = small_window_connect(ex.addr);
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut first = [0u8; 1024];
+    s.read_exact(&mut first).unwrap();
+    let pid = ex.child.id().to_string();
+    let t = std::time::Instant::now();
+    Command::new("kill")
+        .args(["-s", "TERM", &pid])
+        .status()
+        .unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    let status = ex.child.wait().unwrap();
+    let took = t.elapsed();
+    let mut raw = first.to_vec();
+    raw.extend_from_slice(&rest);
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .expect("content-length");
+    // More than the server's send buffer (tcp_wmem max, 4 MiB) plus our
+    // pinned 4 KiB receive buffer: the server was still writing.
+    assert!(len > 5 << 20, "body of {len} bytes");
+    assert_eq!(body.len(), len, "the whole scrape arrived");
+    assert!(
+        body.trim_end().ends_with(|c: char| c.is_ascii_digit()),
+        "ends with a sample"
+    );
+    assert_eq!(status.code(), Some(0));
+    assert!(took < Duration::from_secs(1), "exit took {took:?}");
+}
+
+/// A TCP connection whose receive buffer is pinned small (no autotuning), so
+/// a large response cannot sit entirely in the kernel's buffers.
+fn small_window_connect(addr: std::net::SocketAddr) -> std::net::TcpStream {
+    use std::os::fd::FromRawFd;
+    let std::net::SocketAddr::V4(v4) = addr else {
+        panic!("IPv4 expected");
+    };
+    // SAFETY: plain socket syscalls on a fresh fd that is handed to
+    // TcpStream (which then owns and closes it).
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let size: libc::c_int = 4096;
+        let rc = libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &size as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        assert_eq!(rc, 0);
+        let sa = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: v4.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*v4.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let rc = libc::connect(
+            fd,
+            &sa as *const libc::sockaddr_in as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        assert_eq!(rc, 0, "connect");
+        std::net::TcpStream::from_raw_fd(fd)
+    }
+}
