@@ -206,8 +206,15 @@ fn run(
         );
     }
 
+    // HTTP threads: scrapes are served from cached bytes, so a few threads
+    // carry any realistic load; more cores only shorten queues under many
+    // concurrent scrapers.
+    let http_threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(2, 4);
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(http_threads)
         .enable_all()
         .thread_name("http")
         .build()?;
