@@ -204,6 +204,9 @@ pub trait ProcessLookup {
     /// Name, owner, container and pod of `pid`; all empty when the process
     /// is gone or not visible (no host PID namespace).
     fn identify(&mut self, pid: u32) -> Arc<ProcIdentity>;
+    /// Called at the start of each full sample: a pid listed on several
+    /// GPUs is checked against /proc once per sample, not once per GPU.
+    fn begin_tick(&mut self) {}
     /// Called once per full tick with the pids still on some GPU, so the
     /// cache can drop the rest.
     fn retain(&mut self, live: &dyn Fn(u32) -> bool);
@@ -395,6 +398,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
     /// A full sample: memory, processes and /proc for every GPU.
     pub fn tick(&mut self) -> Snapshot {
         let started = Instant::now();
+        self.procs.begin_tick();
         let window = self.timing.peak_window;
         let mut in_nvml = Duration::ZERO;
         for i in 0..self.devices.len() {
@@ -534,6 +538,8 @@ pub struct ProcCache {
     /// Include the command line, redacted and cut to this many characters.
     cmdline_max: Option<usize>,
     entries: HashMap<u32, (u64, Arc<ProcIdentity>)>,
+    /// Pids whose start time was checked in this full sample.
+    checked: std::collections::HashSet<u32>,
     unknown: Arc<ProcIdentity>,
     failures: u64,
     warned_hidden: bool,
@@ -549,6 +555,7 @@ impl ProcCache {
             pods: None,
             cmdline_max: None,
             entries: HashMap::new(),
+            checked: std::collections::HashSet::new(),
             unknown: Arc::new(ProcIdentity::default()),
             failures: 0,
             warned_hidden: false,
@@ -630,7 +637,19 @@ impl ProcCache {
 }
 
 impl ProcessLookup for ProcCache {
+    fn begin_tick(&mut self) {
+        self.checked.clear();
+    }
+
     fn identify(&mut self, pid: u32) -> Arc<ProcIdentity> {
+        // Already checked in this sample (the pid is on another GPU too)
+        // and resolved: no second read of /proc.
+        if self.checked.contains(&pid)
+            && let Some((_, ident)) = self.entries.get(&pid)
+            && (self.pods.is_none() || !ident.pod.is_empty())
+        {
+            return Arc::clone(ident);
+        }
         let Some(start) = self.root.start_time(pid) else {
             // Gone, or hidden because we do not share the host's PID
             // namespace: the bytes are still exported by pid.
@@ -646,6 +665,7 @@ impl ProcessLookup for ProcCache {
             }
             return Arc::clone(&self.unknown);
         };
+        self.checked.insert(pid);
         if let Some((s, ident)) = self.entries.get(&pid)
             && *s == start
         {
@@ -1086,6 +1106,33 @@ mod tests {
             let kept: u64 = keep.iter().filter_map(|&i| procs[i].used_bytes).sum();
             assert_eq!(kept + other.map_or(0, |o| o.used_bytes), total, "{sel:?}");
         }
+    }
+
+    /// A pid on several GPUs is read from /proc once per full sample, and
+    /// checked again (start time) in the next one.
+    #[test]
+    fn proc_cache_reads_a_pid_once_per_sample() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("42");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("comm"), "trainer\n").unwrap();
+        std::fs::write(
+            dir.join("stat"),
+            "42 (trainer) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 777\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("status"), "Uid:\t0\t0\t0\t0\n").unwrap();
+        let mut cache = ProcCache::new(ProcRoot::new(root.path()));
+        cache.begin_tick();
+        assert_eq!(&*cache.identify(42).comm, "trainer");
+        // Gone from /proc mid-sample: the second GPU's lookup is not a read.
+        std::fs::remove_file(dir.join("stat")).unwrap();
+        assert_eq!(&*cache.identify(42).comm, "trainer");
+        assert_eq!(cache.failures(), 0);
+        // The next sample checks the start time again and finds it gone.
+        cache.begin_tick();
+        assert_eq!(&*cache.identify(42).comm, "");
+        assert_eq!(cache.failures(), 1);
     }
 
     #[test]
