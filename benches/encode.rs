@@ -1,0 +1,81 @@
+//! What one scrape costs at 8 GPUs × 256 processes: encoding a snapshot in
+//! each format, a cached hit (what every scrape after the first of a
+//! snapshot pays), and gzip. Two shapes: `k8s` (every process in a pod of
+//! its own, all labels filled: the largest body) and `bare` (a host without
+//! Kubernetes: namespace, pod and container empty).
+//!
+//!     cargo bench --bench encode
+
+mod common;
+
+use std::hint::black_box;
+use std::io::Write as _;
+use std::sync::Arc;
+
+use criterion::{BatchSize, Throughput};
+use gpumem_exporter::metrics::{self, Format, Published};
+
+fn main() {
+    let mut c = common::criterion();
+    for (shape, pods) in [("k8s", true), ("bare", false)] {
+        let snapshot = Arc::new(common::snapshot(pods));
+        let text = metrics::encode(&snapshot, Format::Text).expect("encode text");
+        let om = metrics::encode(&snapshot, Format::OpenMetrics).expect("encode openmetrics");
+        let published = Published::new((*snapshot).clone());
+        let gz = published.body(Format::Text, true).expect("gzip body");
+        println!(
+            "{shape}: {} GPUs x {} processes; text {} bytes, openmetrics {} bytes, gzip(text) {} bytes",
+            common::GPUS,
+            common::PROCESSES,
+            text.len(),
+            om.len(),
+            gz.len()
+        );
+
+        let mut g = c.benchmark_group(format!("{shape}/encode"));
+        g.throughput(Throughput::Bytes(text.len() as u64));
+        g.bench_function("text", |b| {
+            b.iter(|| metrics::encode(black_box(&snapshot), Format::Text))
+        });
+        g.throughput(Throughput::Bytes(om.len() as u64));
+        g.bench_function("openmetrics", |b| {
+            b.iter(|| metrics::encode(black_box(&snapshot), Format::OpenMetrics))
+        });
+        g.finish();
+
+        let mut g = c.benchmark_group(format!("{shape}/published"));
+        // Every scrape of a snapshot after the first: a OnceLock read and a
+        // refcount increment.
+        g.bench_function("body_cached_hit_text", |b| {
+            b.iter(|| black_box(&published).body(Format::Text, false))
+        });
+        g.bench_function("body_cached_hit_gzip", |b| {
+            b.iter(|| black_box(&published).body(Format::Text, true))
+        });
+        // The first gzip scrape of a fresh snapshot: encode and gzip once.
+        g.bench_function("body_first_gzip", |b| {
+            b.iter_batched(
+                || Published::new((*snapshot).clone()),
+                |p| p.body(Format::Text, true),
+                BatchSize::SmallInput,
+            )
+        });
+        g.finish();
+
+        // gzip alone, at the level Published uses (fast).
+        let mut g = c.benchmark_group(format!("{shape}/gzip"));
+        g.throughput(Throughput::Bytes(text.len() as u64));
+        g.bench_function("text_fast", |b| {
+            b.iter(|| {
+                let mut z = flate2::write::GzEncoder::new(
+                    Vec::with_capacity(text.len() / 4),
+                    flate2::Compression::fast(),
+                );
+                z.write_all(black_box(text.as_bytes())).expect("gzip");
+                z.finish().expect("gzip")
+            })
+        });
+        g.finish();
+    }
+    c.final_summary();
+}

@@ -1,0 +1,175 @@
+//! One sampler tick at 8 GPUs × 256 processes against the fake NVML, and
+//! the NVML part of it measured alone, so the exporter's own share shows.
+//!
+//!     cargo bench --bench tick
+//!
+//! The bench builds the fake (`cargo build --release -p fake-nvml`), starts
+//! 256 sleeping processes whose pids the scenario lists on every GPU (so
+//! the /proc lookups read real files: 2048 per tick), and opens the fake
+//! through the production `NvmlSource`.
+
+mod common;
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use gpumem_exporter::gpu::nvml::NvmlSource;
+use gpumem_exporter::gpu::{GpuSource, RawProcess};
+use gpumem_exporter::model::DurationHistogram;
+use gpumem_exporter::procfs::ProcRoot;
+use gpumem_exporter::sampler::{ProcCache, ProcessLookup, Sampler, Timing};
+use nvml_wrapper::Nvml;
+
+/// The defaults of the binary.
+const TIMING: Timing = Timing {
+    sample_interval: Duration::from_secs(1),
+    memory_sample_interval: Duration::from_millis(100),
+    peak_window: Duration::from_secs(30),
+};
+
+fn main() {
+    let lib = common::fake_nvml();
+    let lib = lib.to_str().expect("utf-8 path").to_string();
+    let sleepers = common::Sleepers::spawn(common::PROCESSES);
+    let pids = sleepers.pids();
+    let scenario = common::ScenarioFile::new(&common::scenario_yaml(&pids));
+    // SAFETY: single-threaded so far; the fake reads it at nvmlInit.
+    unsafe { std::env::set_var("FAKE_NVML_CONFIG", &scenario.path) };
+
+    // Raw nvml-wrapper calls: the driver alone (here: the fake's cost).
+    let nvml = Nvml::builder()
+        .lib_path(std::ffi::OsStr::new(&lib))
+        .init()
+        .expect("nvml init on the fake");
+    let devices: Vec<_> = (0..common::GPUS as u32)
+        .map(|i| nvml.device_by_index(i).expect("device"))
+        .collect();
+    let driver_full = || {
+        for d in &devices {
+            black_box(d.memory_info().expect("memory_info"));
+            black_box(d.running_compute_processes().expect("compute"));
+            black_box(d.running_graphics_processes().expect("graphics"));
+            black_box(d.mps_running_compute_processes().expect("mps"));
+        }
+    };
+    let driver_memory = || {
+        for d in &devices {
+            black_box(d.memory_info().expect("memory_info"));
+        }
+    };
+
+    // The GpuSource calls the sampler times as "NVML" (driver + conversion
+    // + merging compute and graphics lists by pid).
+    let mut source = NvmlSource::open(Some(&lib)).expect("open fake NVML");
+    let mut scratch: Vec<RawProcess> = Vec::with_capacity(2 * common::PROCESSES);
+    let mut source_full = move || {
+        for i in 0..common::GPUS {
+            black_box(source.memory(i).expect("memory"));
+            scratch.clear();
+            source.processes(i, &mut scratch).expect("processes");
+            black_box(&scratch);
+        }
+    };
+
+    // Startup: NVML open (the fake parses its 2048-process scenario here)
+    // and the first tick with a cold /proc cache, as the binary does
+    // before it listens.
+    let t = Instant::now();
+    let gpu = NvmlSource::open(Some(&lib)).expect("open fake NVML");
+    let open_time = t.elapsed();
+    assert_eq!(gpu.devices().len(), common::GPUS);
+    let mut sampler = Sampler::new(gpu, ProcCache::new(ProcRoot::default()), TIMING);
+    let t = Instant::now();
+    let first = sampler.tick();
+    let first_tick = t.elapsed();
+    let listed: usize = first.devices.iter().map(|d| d.processes.len()).sum();
+    assert_eq!(listed, common::GPUS * common::PROCESSES);
+    assert!(
+        first.devices[0]
+            .processes
+            .iter()
+            .all(|p| &*p.ident.comm == "sleep"),
+        "/proc lookups did not find the sleepers"
+    );
+
+    // /proc alone: the cached lookup (one read of /proc/<pid>/stat) per
+    // (GPU, pid), as a tick does it.
+    let mut procs = ProcCache::new(ProcRoot::default());
+    let mut proc_lookups = || {
+        for _ in 0..common::GPUS {
+            for &pid in &pids {
+                black_box(procs.identify(pid));
+            }
+        }
+    };
+
+    let mut c = common::criterion();
+    let mut g = c.benchmark_group("nvml_driver");
+    g.bench_function("full_8gpu", |b| b.iter(driver_full));
+    g.bench_function("memory_8gpu", |b| b.iter(driver_memory));
+    g.finish();
+    let mut g = c.benchmark_group("gpu_source");
+    g.bench_function("full_8gpu", |b| b.iter(&mut source_full));
+    g.finish();
+    let mut g = c.benchmark_group("procfs");
+    g.bench_function("comm_cached_2048", |b| b.iter(&mut proc_lookups));
+    g.finish();
+    let mut g = c.benchmark_group("sampler");
+    g.bench_function("tick", |b| b.iter(|| sampler.tick()));
+    g.bench_function("tick_memory", |b| b.iter(|| sampler.tick_memory()));
+    g.finish();
+    c.final_summary();
+
+    if common::benching() {
+        // Interleaved medians, so a noisy neighbour hits all alike, and the
+        // sampler's own histograms (what /metrics would show).
+        let rounds = 200;
+        let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        for _ in 0..rounds {
+            t[0].push(time(|| drop(sampler.tick())));
+            t[1].push(time(&mut source_full));
+            t[2].push(time(driver_full));
+            t[3].push(time(&mut proc_lookups));
+        }
+        let m: Vec<f64> = t.iter_mut().map(|v| median_us(v)).collect();
+        let last = sampler.tick();
+        let mean = |h: &DurationHistogram| h.sum / h.count.max(1) as f64 * 1e6;
+        let (tick_mean, nvml_mean) = (
+            mean(&last.sample_duration),
+            mean(&last.sample_nvml_duration),
+        );
+        println!("\n## tick summary ({rounds} interleaved rounds, medians)\n");
+        println!("| what | µs | × NVML driver |");
+        println!("|---|---:|---:|");
+        for (name, v) in [
+            ("sampler.tick()", m[0]),
+            ("GpuSource memory+processes ×8", m[1]),
+            ("nvml-wrapper calls alone ×8", m[2]),
+            ("/proc lookups (2048, cached)", m[3]),
+        ] {
+            println!("| {name} | {v:.0} | {:.2} |", v / m[2]);
+        }
+        println!(
+            "\nstartup: NvmlSource::open {:.1} ms, first tick (cold /proc cache) {:.1} ms",
+            open_time.as_secs_f64() * 1e3,
+            first_tick.as_secs_f64() * 1e3
+        );
+        println!(
+            "sampler histograms over {} ticks: mean tick {tick_mean:.0} µs, mean NVML {nvml_mean:.0} µs, tick/NVML {:.2}",
+            last.sample_duration.count,
+            tick_mean / nvml_mean
+        );
+    }
+    drop(sleepers);
+}
+
+fn time(mut f: impl FnMut()) -> Duration {
+    let t = Instant::now();
+    f();
+    t.elapsed()
+}
+
+fn median_us(v: &mut [Duration]) -> f64 {
+    v.sort_unstable();
+    v[v.len() / 2].as_secs_f64() * 1e6
+}
