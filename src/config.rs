@@ -569,29 +569,31 @@ fn parse_yaml(text: &str, origin: &str) -> Result<FileConfig, ConfigError> {
     }
     serde_saphyr::from_str::<Option<FileConfig>>(text)
         .map(Option::unwrap_or_default)
-        .map_err(|e| {
-            let rendered = e.to_string();
-            let first = rendered.lines().next().unwrap_or("invalid YAML");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            let message = plain_words(strip_position(first));
-            match e.location() {
-                Some(loc) => {
-                    let line = loc.line() as usize;
-                    let key = key_path_at(text, line)
-                        .map(|k| format!(" key {k}:"))
-                        .unwrap_or_default();
-                    ConfigError(format!(
-                        "config file {origin} line {line} column {}:{key} {message}",
-                        loc.column()
-                    ))
-                }
-                None => ConfigError(format!("config file {origin}: {message}")),
-            }
-        })
+        .map_err(|e| ConfigError(yaml_error(&e, text, &format!("config file {origin}"))))
+}
+
+/// One line for a YAML error in a file (`what` names it, e.g. "config file
+/// /etc/x.yaml"): the line, column and dotted key where the parser stopped,
+/// and its message in the user's terms. Shared by every YAML file we read.
+pub fn yaml_error(e: &serde_saphyr::Error, text: &str, what: &str) -> String {
+    let rendered = e.to_string();
+    let first = rendered.lines().next().unwrap_or("invalid YAML");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    let message = plain_words(strip_position(first));
+    match e.location() {
+        Some(loc) => {
+            let line = loc.line() as usize;
+            let key = key_path_at(text, line)
+                .map(|k| format!(" key {k}:"))
+                .unwrap_or_default();
+            format!("{what} line {line} column {}:{key} {message}", loc.column())
+        }
+        None => format!("{what}: {message}"),
+    }
 }
 
 /// Say the parser's terse messages in the user's terms.
-pub fn plain_words(msg: &str) -> String {
+fn plain_words(msg: &str) -> String {
     let msg = msg
         .trim_end_matches(", set DuplicateKeyPolicy in Options if acceptable")
         .to_string();
@@ -606,7 +608,7 @@ pub fn plain_words(msg: &str) -> String {
 }
 
 /// Drop a leading "line N column M: " that the YAML parser adds.
-pub fn strip_position(msg: &str) -> &str {
+fn strip_position(msg: &str) -> &str {
     if let Some(rest) = msg.strip_prefix("line ")
         && let Some(idx) = rest.find(": ")
         && rest[..idx].split(' ').count() == 3

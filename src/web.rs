@@ -26,7 +26,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::config::{HumanDuration, key_path_at, plain_words, strip_position};
+use crate::config::{HumanDuration, key_path_at};
 
 /// Web config reloads (SIGHUP) that succeeded / failed, for
 /// `gpumem_exporter_web_config_reloads_total{result}`.
@@ -340,23 +340,11 @@ fn parse_yaml(text: &str, origin: &str) -> Result<FileWebConfig, WebConfigError>
     serde_saphyr::from_str::<Option<FileWebConfig>>(text)
         .map(Option::unwrap_or_default)
         .map_err(|e| {
-            let rendered = e.to_string();
-            let first = rendered.lines().next().unwrap_or("invalid YAML");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            let message = plain_words(strip_position(first));
-            match e.location() {
-                Some(loc) => {
-                    let line = loc.line() as usize;
-                    let key = key_path_at(text, line)
-                        .map(|k| format!(" key {k}:"))
-                        .unwrap_or_default();
-                    WebConfigError(format!(
-                        "web config file {origin} line {line} column {}:{key} {message}",
-                        loc.column()
-                    ))
-                }
-                None => WebConfigError(format!("web config file {origin}: {message}")),
-            }
+            WebConfigError(crate::config::yaml_error(
+                &e,
+                text,
+                &format!("web config file {origin}"),
+            ))
         })
 }
 
