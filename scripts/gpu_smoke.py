@@ -7,36 +7,18 @@ import sys
 import time
 import urllib.request
 
+import gpucheck
+from gpucheck import check, failures, series
+
 BIN = sys.argv[1]
 PORT = int(os.environ.get("SMOKE_PORT", "19877"))
 INTERVAL = 0.5  # seconds, passed as --sample-interval
 HOLD_GIB = int(os.environ.get("SMOKE_GIB", "4"))
 MIB = 1 << 20
-failures = []
-
-
-def check(name, ok, detail):
-    print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
-    if not ok:
-        failures.append(name)
 
 
 def scrape():
-    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=5) as r:
-        return r.read().decode()
-
-
-LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def series(text, name):
-    out = []
-    for line in text.splitlines():
-        m = LINE.match(line)
-        if m and m.group(1) == name:
-            out.append((dict(LABEL.findall(m.group(2) or "")), float(m.group(3))))
-    return out
+    return gpucheck.scrape(PORT)
 
 
 def smi(query, kind):
