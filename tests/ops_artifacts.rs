@@ -568,9 +568,9 @@ fn check_daemonset(objects: &[Json], variant: Variant) {
     // Resources, as sized from the benchmark.
     for (path, want) in [
         ("resources.requests.cpu", "10m"),
-        ("resources.requests.memory", "16Mi"),
+        ("resources.requests.memory", "32Mi"),
         ("resources.limits.cpu", "100m"),
-        ("resources.limits.memory", "64Mi"),
+        ("resources.limits.memory", "96Mi"),
     ] {
         assert_eq!(c.at(path).and_then(Json::str), Some(want), "{path}");
     }
