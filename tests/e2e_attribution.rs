@@ -23,19 +23,11 @@ const NODE: &str = "gpu-node-1";
 const GPU: &str = "GPU-dddddddd-0000-0000-0000-000000000000";
 
 fn cid(seed: char) -> String {
-    std::iter::repeat_n(seed, 64).collect()
+    fake_container_id(seed)
 }
 
 fn uid(seed: char) -> String {
-    let s: String = std::iter::repeat_n(seed, 32).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &s[..8],
-        &s[8..12],
-        &s[12..16],
-        &s[16..20],
-        &s[20..]
-    )
+    fake_pod_uid(seed)
 }
 
 /// A process in the fake /proc root.

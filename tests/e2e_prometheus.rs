@@ -96,19 +96,11 @@ const DEADLINE: Duration = Duration::from_secs(35);
 // ------------------------------------------------------------------ world
 
 fn cid(seed: char) -> String {
-    std::iter::repeat_n(seed, 64).collect()
+    fake_container_id(seed)
 }
 
 fn uid(seed: char) -> String {
-    let s: String = std::iter::repeat_n(seed, 32).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &s[..8],
-        &s[8..12],
-        &s[12..16],
-        &s[16..20],
-        &s[20..]
-    )
+    fake_pod_uid(seed)
 }
 
 /// One process in the fake /proc root: pid, comm, uid, cgroup file.

@@ -41,18 +41,7 @@ fn repo() -> &'static Path {
 }
 
 fn python3() -> &'static str {
-    let ok = Command::new("python3")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "python3 not found: install it (Debian: apt-get install -y python3)"
-    );
-    "python3"
+    require_tool("python3", "python3")
 }
 
 /// Allocator figures derived from one number, all distinct and above 2^32

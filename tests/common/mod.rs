@@ -356,9 +356,11 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
     }
 }
 
-/// `promtool`, or a loud failure naming the package to install.
-pub fn promtool() -> &'static str {
-    let ok = Command::new("promtool")
+/// `tool` if it runs (`tool --version`), else a loud failure naming the
+/// Debian package to install. Never a skip: a missing tool would silently
+/// turn a test into a no-op.
+pub fn require_tool(tool: &'static str, package: &str) -> &'static str {
+    let ok = Command::new(tool)
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -367,9 +369,32 @@ pub fn promtool() -> &'static str {
         .unwrap_or(false);
     assert!(
         ok,
-        "promtool not found: install it (Debian: apt-get install -y prometheus)"
+        "{tool} not found: install it (Debian: apt-get install -y {package})"
     );
-    "promtool"
+    tool
+}
+
+/// `promtool`, or a loud failure naming the package to install.
+pub fn promtool() -> &'static str {
+    require_tool("promtool", "prometheus")
+}
+
+/// A container id (64 hex) made of one repeated hex digit, for tests.
+pub fn fake_container_id(seed: char) -> String {
+    std::iter::repeat_n(seed, 64).collect()
+}
+
+/// A pod UID (8-4-4-4-12 hex) made of one repeated hex digit, for tests.
+pub fn fake_pod_uid(seed: char) -> String {
+    let s: String = std::iter::repeat_n(seed, 32).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &s[..8],
+        &s[8..12],
+        &s[12..16],
+        &s[16..20],
+        &s[20..]
+    )
 }
 
 /// GET returning (Content-Encoding, raw body bytes), for compressed bodies.

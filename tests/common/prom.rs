@@ -18,19 +18,7 @@ use super::http_get;
 /// `prometheus`, or a loud failure naming the package to install. Never a
 /// skip: a missing server would silently turn the test into a no-op.
 pub fn prometheus_binary() -> &'static str {
-    let ok = Command::new("prometheus")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "prometheus not found: install it (Debian/Ubuntu: apt-get install -y prometheus; \
-         or put the `prometheus` binary of a release from https://prometheus.io/download/ on PATH)"
-    );
-    "prometheus"
+    super::require_tool("prometheus", "prometheus")
 }
 
 /// A port that was free a moment ago (the caller retries if it is taken).
