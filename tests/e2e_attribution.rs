@@ -6,18 +6,11 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::{Query, State};
-use axum::http::header::CONTENT_TYPE;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use common::cluster::{self, FakeApi};
 use common::*;
-use http_body_util::channel::{Channel, Sender};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const NODE: &str = "gpu-node-1";
 const GPU: &str = "GPU-dddddddd-0000-0000-0000-000000000000";
@@ -40,29 +33,7 @@ struct FakeProc {
 }
 
 fn write_proc(root: &Path, p: &FakeProc) {
-    let dir = root.join(p.pid.to_string());
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("comm"), format!("{}\n", p.comm)).unwrap();
-    // Field 22 (start time) is the last one here.
-    std::fs::write(
-        dir.join("stat"),
-        format!(
-            "{} ({}) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {}\n",
-            p.pid,
-            p.comm,
-            1000 + p.pid
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("status"),
-        format!("Name:\t{}\nUid:\t{u}\t{u}\t{u}\t{u}\n", p.comm, u = p.uid),
-    )
-    .unwrap();
-    std::fs::write(dir.join("cgroup"), &p.cgroup).unwrap();
-    let mut cmd = p.cmdline.join("\0");
-    cmd.push('\0');
-    std::fs::write(dir.join("cmdline"), cmd).unwrap();
+    cluster::write_proc(root, p.pid, p.comm, p.uid, &p.cgroup, p.cmdline);
 }
 
 /// Three pods time-sharing one GPU, each with a different runtime and
@@ -109,13 +80,7 @@ fn three_pods() -> Vec<FakeProc> {
 }
 
 fn pod_json(ns: &str, name: &str, seed: char, container: &str, runtime: &str) -> Value {
-    json!({
-        "metadata": {"name": name, "namespace": ns, "uid": uid(seed), "resourceVersion": "10"},
-        "spec": {"nodeName": NODE, "containers": [{"name": container}]},
-        "status": {"phase": "Running", "containerStatuses": [
-            {"name": container, "containerID": format!("{runtime}://{}", cid(seed)), "ready": true}
-        ]}
-    })
+    cluster::pod_json(NODE, ns, name, seed, container, runtime)
 }
 
 fn pods() -> Vec<Value> {
@@ -126,61 +91,9 @@ fn pods() -> Vec<Value> {
     ]
 }
 
-/// The local Kubernetes API: LIST answers a PodList, WATCH streams events
-/// pushed by the test.
-#[derive(Clone, Default)]
-struct Api {
-    items: Arc<Mutex<Vec<Value>>>,
-    watchers: Arc<Mutex<Vec<Sender<Bytes, std::io::Error>>>>,
-    lists: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
-}
-
-async fn pods_handler(
-    State(api): State<Api>,
-    Query(q): Query<BTreeMap<String, String>>,
-) -> Response {
-    if q.get("watch").map(String::as_str) == Some("1") {
-        let (tx, body) = Channel::<Bytes, std::io::Error>::new(64);
-        api.watchers.lock().unwrap().push(tx);
-        return Response::builder()
-            .header(CONTENT_TYPE, "application/json")
-            .body(Body::new(body))
-            .unwrap();
-    }
-    api.lists.lock().unwrap().push(q);
-    let items = api.items.lock().unwrap().clone();
-    axum::Json(json!({
-        "kind": "PodList", "apiVersion": "v1",
-        "metadata": {"resourceVersion": "10"},
-        "items": items
-    }))
-    .into_response()
-}
-
-impl Api {
-    /// Remove a pod and tell every watcher, as the API server does.
-    async fn delete(&self, name: &str) {
-        let gone = {
-            let mut items = self.items.lock().unwrap();
-            let i = items
-                .iter()
-                .position(|p| p["metadata"]["name"] == name)
-                .unwrap();
-            items.remove(i)
-        };
-        let line = format!("{}\n", json!({"type": "DELETED", "object": gone}));
-        let senders: Vec<_> = self.watchers.lock().unwrap().drain(..).collect();
-        for mut tx in senders {
-            if tx.send_data(Bytes::from(line.clone())).await.is_ok() {
-                self.watchers.lock().unwrap().push(tx);
-            }
-        }
-    }
-}
-
 struct World {
     rt: tokio::runtime::Runtime,
-    api: Api,
+    api: FakeApi,
     api_url: String,
     proc_root: tempfile::TempDir,
     scenario: Scenario,
@@ -201,15 +114,12 @@ fn scenario_yaml(procs: &[(u32, u64)]) -> String {
 
 fn world(procs: &[FakeProc]) -> World {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let api = Api::default();
-    *api.items.lock().unwrap() = pods();
+    let api = FakeApi::with_pods(pods());
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = Router::new()
-        .route("/api/v1/pods", get(pods_handler))
-        .with_state(api.clone());
+    let app = api.router();
     rt.spawn(async move { axum::serve(listener, app).await });
     let proc_root = tempfile::tempdir().unwrap();
     for p in procs {

@@ -37,22 +37,16 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::{Query, State};
-use axum::http::header::CONTENT_TYPE;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use common::cluster::{self, FakeApi};
 use common::prom::{
     Prometheus, QueryResult, grafana_regex, grafana_substitute, metric_names, prometheus_binary,
     repo_file,
 };
 use common::*;
-use http_body_util::channel::{Channel, Sender};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -103,27 +97,8 @@ fn uid(seed: char) -> String {
     fake_pod_uid(seed)
 }
 
-/// One process in the fake /proc root: pid, comm, uid, cgroup file.
 fn write_proc(root: &Path, pid: u32, comm: &str, uid: u32, cgroup: &str) {
-    let dir = root.join(pid.to_string());
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("comm"), format!("{comm}\n")).unwrap();
-    // Field 22 (start time) is the last one here.
-    std::fs::write(
-        dir.join("stat"),
-        format!(
-            "{pid} ({comm}) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {}\n",
-            1000 + pid
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("status"),
-        format!("Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"),
-    )
-    .unwrap();
-    std::fs::write(dir.join("cgroup"), cgroup).unwrap();
-    std::fs::write(dir.join("cmdline"), format!("{comm}\0")).unwrap();
+    cluster::write_proc(root, pid, comm, uid, cgroup, &[]);
 }
 
 /// Three pods (containerd/cgroup v2, CRI-O/cgroup v2, cgroupfs/cgroup v1)
@@ -179,43 +154,15 @@ fn fake_proc(root: &Path, trainer_pid: u32) {
 }
 
 fn pod_json(ns: &str, name: &str, seed: char, container: &str, runtime: &str) -> Value {
-    json!({
-        "metadata": {"name": name, "namespace": ns, "uid": uid(seed), "resourceVersion": "10"},
-        "spec": {"nodeName": NODE, "containers": [{"name": container}]},
-        "status": {"phase": "Running", "containerStatuses": [
-            {"name": container, "containerID": format!("{runtime}://{}", cid(seed)), "ready": true}
-        ]}
-    })
+    cluster::pod_json(NODE, ns, name, seed, container, runtime)
 }
 
-/// Open watch streams, kept so the watcher does not see them end.
-#[derive(Clone, Default)]
-struct Api {
-    watchers: Arc<Mutex<Vec<Sender<Bytes, std::io::Error>>>>,
-}
-
-async fn pods_handler(
-    State(api): State<Api>,
-    Query(q): Query<BTreeMap<String, String>>,
-) -> Response {
-    if q.get("watch").map(String::as_str) == Some("1") {
-        let (tx, body) = Channel::<Bytes, std::io::Error>::new(8);
-        api.watchers.lock().unwrap().push(tx);
-        return Response::builder()
-            .header(CONTENT_TYPE, "application/json")
-            .body(Body::new(body))
-            .unwrap();
-    }
-    axum::Json(json!({
-        "kind": "PodList", "apiVersion": "v1",
-        "metadata": {"resourceVersion": "10"},
-        "items": [
-            pod_json("team-a", "trainer-0", 'a', "trainer", "containerd"),
-            pod_json("team-b", "infer-7f9c", 'b', "server", "cri-o"),
-            pod_json("team-a", "notebook", 'c', "jupyter", "containerd"),
-        ]
-    }))
-    .into_response()
+fn pods() -> Vec<Value> {
+    vec![
+        pod_json("team-a", "trainer-0", 'a', "trainer", "containerd"),
+        pod_json("team-b", "infer-7f9c", 'b', "server", "cri-o"),
+        pod_json("team-a", "notebook", 'c', "jupyter", "containerd"),
+    ]
 }
 
 /// The main exporter's GPUs; `gpu2_lost` turns GPU 2's error on.
@@ -922,9 +869,7 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let api_addr = listener.local_addr().unwrap();
-    let app = Router::new()
-        .route("/api/v1/pods", get(pods_handler))
-        .with_state(Api::default());
+    let app = FakeApi::with_pods(pods()).router();
     rt.spawn(async move { axum::serve(listener, app).await });
     let proc_root = tempfile::tempdir().unwrap();
     let trainer = Trainer::start();

@@ -437,4 +437,5 @@ impl Exporter {
         assert!(status.success());
     }
 }
+pub mod cluster;
 pub mod prom;
