@@ -10,7 +10,6 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
@@ -483,38 +482,8 @@ fn start_without_caps(scenario: &Scenario) -> Exporter {
         "--config.file",
         cfg.to_str().unwrap(),
     ])
-    .env("FAKE_NVML_CONFIG", &scenario.path)
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn setpriv gpumem-exporter");
-    let stderr = child.stderr.take().expect("stderr");
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = mpsc::channel();
-    let sink = Arc::clone(&lines);
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("msg=listening")
-                && let Some(a) = field(&line, "address").and_then(|a| a.parse().ok())
-            {
-                let _ = tx.send(a);
-            }
-            sink.lock().unwrap().push(line);
-        }
-    });
-    let Ok(addr) = rx.recv_timeout(WAIT) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!(
-            "exporter did not start; stderr:\n{}",
-            lines.lock().unwrap().join("\n")
-        );
-    };
-    Exporter {
-        child,
-        addr,
-        stderr: lines,
-    }
+    .env("FAKE_NVML_CONFIG", &scenario.path);
+    Exporter::spawn(cmd)
 }
 
 #[test]

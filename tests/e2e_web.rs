@@ -68,26 +68,6 @@ fn read_all(s: &mut impl Read) -> Vec<u8> {
     }
 }
 
-fn parse_response(raw: &[u8]) -> Response {
-    let text = String::from_utf8_lossy(raw).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
-    Response {
-        status,
-        headers,
-        body: body.to_string(),
-    }
-}
-
 fn basic(user: &str, password: &str) -> String {
     let creds = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
     format!("Basic {creds}")

@@ -88,13 +88,19 @@ impl Exporter {
 
     pub fn start_with(args: &[String], env: &[(&str, &str)]) -> Exporter {
         let mut cmd = Command::new(BIN);
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        cmd.args(args);
         for (k, v) in env {
             cmd.env(k, v);
         }
+        Self::spawn(cmd)
+    }
+
+    /// Run `cmd` (the exporter, possibly behind a wrapper such as setpriv)
+    /// and wait until it logs the address it listens on.
+    pub fn spawn(mut cmd: Command) -> Exporter {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn gpumem-exporter");
         let stderr = child.stderr.take().expect("stderr");
         let lines = Arc::new(Mutex::new(Vec::new()));
@@ -185,11 +191,11 @@ impl Response {
     }
 }
 
-/// A minimal HTTP/1.1 GET (Connection: close), std only.
-pub fn http_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
+/// Send a GET (the connection closes after it) and read the whole answer.
+fn get_raw(addr: SocketAddr, path: &str, version: &str, headers: &[(&str, &str)]) -> Vec<u8> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut req = format!("GET {path} {version}\r\nHost: {addr}\r\nConnection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -197,7 +203,17 @@ pub fn http_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Respo
     s.write_all(req.as_bytes()).expect("send");
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).expect("read");
-    let text = String::from_utf8_lossy(&raw).to_string();
+    raw
+}
+
+/// A minimal HTTP/1.1 GET (Connection: close), std only.
+pub fn http_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
+    parse_response(&get_raw(addr, path, "HTTP/1.1", headers))
+}
+
+/// Status, headers and (de-chunked) text body of a raw HTTP/1.x answer.
+pub fn parse_response(raw: &[u8]) -> Response {
+    let text = String::from_utf8_lossy(raw).to_string();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let mut lines = head.lines();
     let status = lines
@@ -403,16 +419,7 @@ pub fn http_get_bytes(
     path: &str,
     headers: &[(&str, &str)],
 ) -> (Option<String>, Vec<u8>) {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    let mut req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).expect("send");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read");
+    let raw = get_raw(addr, path, "HTTP/1.0", headers);
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
