@@ -1,0 +1,295 @@
+//! The metrics contract, byte for byte: one fixed snapshot that touches
+//! every metric family the exporter serves, encoded in both formats and
+//! compared with `tests/fixtures/exposition.prom` (Prometheus text 0.0.4)
+//! and `tests/fixtures/exposition.om` (OpenMetrics 1.0).
+//!
+//! A change to a metric name, label, HELP text, value formatting or order
+//! shows up as a diff of those files. Regenerate them on purpose with
+//! `GOLDEN_UPDATE=1 cargo test --test e2e golden::` and commit the diff in
+//! its own commit, explained.
+//!
+//! The build's version and git revision (labels of
+//! `gpumem_exporter_build_info`) are written as `VERSION` and `REVISION` in
+//! the fixtures, so a new commit does not change the contract.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use gpumem_exporter::metrics::{self, Format};
+use gpumem_exporter::model::{
+    DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, KubeState, MemoryInfo, MigInfo,
+    MigSample, OtherProcesses, ProcIdentity, ProcessSample, Snapshot, TorchCounters, TorchStats,
+};
+use gpumem_exporter::sampler::SAMPLE_DURATION_BUCKETS;
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+fn ident(
+    comm: &str,
+    user: &str,
+    container_id: &str,
+    pod_uid: &str,
+    k8s: Option<(&str, &str, &str)>,
+    cmdline: Option<&str>,
+) -> Arc<ProcIdentity> {
+    let (namespace, pod, container) = k8s.unwrap_or(("", "", ""));
+    Arc::new(ProcIdentity {
+        comm: Arc::from(comm),
+        user: Arc::from(user),
+        container_id: Arc::from(container_id),
+        pod_uid: Arc::from(pod_uid),
+        cmdline: cmdline.map(Arc::from),
+        namespace: Arc::from(namespace),
+        pod: Arc::from(pod),
+        container: Arc::from(container),
+    })
+}
+
+fn histogram(observations: &[f64]) -> Arc<DurationHistogram> {
+    let mut h = DurationHistogram::new(SAMPLE_DURATION_BUCKETS);
+    for &s in observations {
+        h.observe(s);
+    }
+    Arc::new(h)
+}
+
+/// Three GPUs: 0 on a Kubernetes node with a torch-bridged process, a
+/// process without a memory figure and a `pid="other"` rollup; 1 in MIG
+/// mode with two instances (one whose memory query failed); 2 not
+/// answering.
+pub fn fixed_snapshot() -> Snapshot {
+    let h200 = |gpu: &str, uuid: &str, bus: &str| {
+        Arc::new(DeviceInfo {
+            gpu: gpu.into(),
+            uuid: uuid.into(),
+            name: "NVIDIA H200".into(),
+            pci_bus_id: bus.into(),
+        })
+    };
+    let total = 150_754_820_096;
+    let reserved = 644_939_776;
+    let memory = |used: u64| MemoryInfo {
+        total,
+        reserved,
+        used,
+        free: total - reserved - used,
+    };
+    let cid = "4f3c2b1a0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c3b";
+    let pod_uid = "0b6e2f51-3c1d-4a8e-9f7b-2d4c6e8a0b1c";
+    let trainer = ProcessSample {
+        pid: 4242,
+        used_bytes: Some(11_782 * MIB),
+        ident: ident(
+            "python3",
+            "alice",
+            cid,
+            pod_uid,
+            Some(("ml-team", "trainer-0", "trainer")),
+            Some(r#"python3 train.py --token <redacted> --name "run \1""#),
+        ),
+        gpu_instance_id: None,
+        compute_instance_id: None,
+        used_peak_bytes: Some(12_000 * MIB),
+        torch: Some(TorchStats {
+            allocated: 10 * GIB,
+            reserved: 11 * GIB,
+            allocated_peak: 10 * GIB + 512 * MIB,
+            reserved_peak: 11 * GIB + 256 * MIB,
+            active: 10 * GIB + 2 * MIB,
+            inactive_split: 3 * MIB,
+            alloc_retries: 2,
+            ooms: 1,
+        }),
+    };
+    let unavailable = ProcessSample {
+        pid: 5151,
+        used_bytes: None,
+        ident: ident("Xorg", "root", "", "", None, None),
+        gpu_instance_id: None,
+        compute_instance_id: None,
+        used_peak_bytes: None,
+        torch: None,
+    };
+    let gpu0 = DeviceSample {
+        info: h200(
+            "0",
+            "GPU-6f1c2a9e-4b1d-8c3e-9a7f-000000000000",
+            "00000000:19:00.0",
+        ),
+        memory: Some(memory(11_790 * MIB + 3 * GIB)),
+        used_peak_bytes: Some(16 * GIB),
+        processes: Arc::from(vec![trainer, unavailable]),
+        other: Some(OtherProcesses {
+            count: 3,
+            used_bytes: 3 * GIB,
+        }),
+        mig: Arc::from(Vec::new()),
+    };
+    let mig = |gi: u32, ci: u32, uuid: &str, used: Option<u64>| MigSample {
+        info: Arc::new(MigInfo {
+            mig_uuid: uuid.into(),
+            name: "NVIDIA H200 MIG 3g.71gb".into(),
+            gpu_instance_id: gi,
+            compute_instance_id: ci,
+        }),
+        memory: used.map(|u| MemoryInfo {
+            total: 71 * GIB,
+            reserved: 0,
+            used: u,
+            free: 71 * GIB - u,
+        }),
+    };
+    let on_mig = ProcessSample {
+        pid: 777,
+        used_bytes: Some(2 * GIB),
+        ident: ident("vllm", "1001", "", "", None, None),
+        gpu_instance_id: Some(1),
+        compute_instance_id: Some(0),
+        used_peak_bytes: Some(2 * GIB + MIB),
+        torch: None,
+    };
+    let gpu1 = DeviceSample {
+        info: h200(
+            "1",
+            "GPU-6f1c2a9e-4b1d-8c3e-9a7f-000000000001",
+            "00000000:2A:00.0",
+        ),
+        memory: Some(memory(2 * GIB + 64 * MIB)),
+        used_peak_bytes: Some(2 * GIB + 64 * MIB),
+        processes: Arc::from(vec![on_mig]),
+        other: None,
+        mig: Arc::from(vec![
+            mig(
+                1,
+                0,
+                "MIG-1d2c3b4a-0000-4000-8000-000000000001",
+                Some(2 * GIB),
+            ),
+            mig(2, 0, "MIG-1d2c3b4a-0000-4000-8000-000000000002", None),
+        ]),
+    };
+    let gpu2 = DeviceSample {
+        info: h200(
+            "2",
+            "GPU-6f1c2a9e-4b1d-8c3e-9a7f-000000000002",
+            "00000000:3B:00.0",
+        ),
+        memory: None,
+        used_peak_bytes: None,
+        processes: Arc::from(Vec::new()),
+        other: None,
+        mig: Arc::from(Vec::new()),
+    };
+    let mut errors = BTreeMap::new();
+    errors.insert(("memory_info", "gpu_lost".to_string()), 7);
+    errors.insert(("running_compute_processes", "unknown".to_string()), 1);
+    Snapshot {
+        taken_at: UNIX_EPOCH + Duration::from_millis(1_796_112_000_250),
+        driver: Arc::new(DriverInfo {
+            driver_version: "580.159.04".into(),
+            nvml_version: "13.580.159.04".into(),
+            cuda_driver_version: "13.0".into(),
+        }),
+        devices: vec![gpu0, gpu1, gpu2],
+        nvml_errors: Arc::new(errors),
+        sample_duration: histogram(&[0.0004, 0.0009, 0.003, 0.02]),
+        sample_nvml_duration: histogram(&[0.0002, 0.0003, 0.0011, 0.015]),
+        memory_samples: 36,
+        process_lookup_failures: 2,
+        nvml_reinit_attempts: 1,
+        kubernetes: Some(KubeState {
+            pods: 12,
+            synced: true,
+            lists_total: 2,
+            watch_restarts_total: 5,
+            errors_total: 1,
+        }),
+        torch: Some(TorchCounters {
+            reports: 40,
+            malformed: 1,
+            oversized: 0,
+            permission: 2,
+        }),
+    }
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// The encoded body with the build's version and revision made constant.
+fn encoded(format: Format) -> String {
+    let body = metrics::encode(&Arc::new(fixed_snapshot()), format).expect("encode");
+    let build = format!(
+        "version=\"{}\",revision=\"{}\"",
+        metrics::VERSION,
+        metrics::REVISION
+    );
+    assert!(body.contains(&build), "build_info labels not found");
+    body.replace(&build, "version=\"VERSION\",revision=\"REVISION\"")
+}
+
+fn check(format: Format, name: &str) {
+    let got = encoded(format);
+    let path = fixture(name);
+    if std::env::var_os("GOLDEN_UPDATE").is_some() {
+        std::fs::write(&path, &got).expect("write fixture");
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (GOLDEN_UPDATE=1 writes it)", path.display()));
+    if got != want {
+        let first = got
+            .lines()
+            .zip(want.lines())
+            .position(|(g, w)| g != w)
+            .unwrap_or_else(|| got.lines().count().min(want.lines().count()));
+        panic!(
+            "{} differs from the encoder's output at line {}:\n  fixture: {:?}\n  encoded: {:?}\n(a change to the metrics contract: GOLDEN_UPDATE=1 rewrites the fixture; commit it on its own)",
+            path.display(),
+            first + 1,
+            want.lines().nth(first),
+            got.lines().nth(first),
+        );
+    }
+}
+
+#[test]
+fn text_exposition_matches_the_fixture() {
+    check(Format::Text, "exposition.prom");
+}
+
+#[test]
+fn openmetrics_exposition_matches_the_fixture() {
+    check(Format::OpenMetrics, "exposition.om");
+}
+
+/// Every family the exporter can serve has at least one sample in the
+/// fixture, so the contract leaves nothing out.
+#[test]
+fn the_fixture_covers_every_family() {
+    let text = encoded(Format::Text);
+    let mut families = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split(' ').next().unwrap_or("");
+            families.push(name.to_string());
+        }
+    }
+    assert!(families.len() >= 40, "only {} families", families.len());
+    for name in &families {
+        let has_sample = text.lines().any(|l| {
+            !l.starts_with('#')
+                && (l.starts_with(&format!("{name}{{"))
+                    || l.starts_with(&format!("{name} "))
+                    || l.starts_with(&format!("{name}_total"))
+                    || l.starts_with(&format!("{name}_bucket")))
+        });
+        assert!(has_sample, "{name} has no sample in the fixture");
+    }
+}
