@@ -5,6 +5,7 @@
 //! Kubernetes: namespace, pod and container empty).
 //!
 //!     cargo bench --bench encode
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a bench/test: a panic is the failure report
 
 mod common;
 
@@ -13,16 +14,19 @@ use std::io::Write as _;
 use std::sync::Arc;
 
 use criterion::{BatchSize, Throughput};
-use gpumem_exporter::metrics::{self, Format, Published};
+use gpumem_exporter::expose::{self, Format};
+use gpumem_exporter::http::cache::BodyCache;
 
 fn main() {
     let mut c = common::criterion();
     for (shape, pods) in [("k8s", true), ("bare", false)] {
         let snapshot = Arc::new(common::snapshot(pods));
-        let text = metrics::encode(&snapshot, Format::Text).expect("encode text");
-        let om = metrics::encode(&snapshot, Format::OpenMetrics).expect("encode openmetrics");
-        let published = Published::new((*snapshot).clone());
-        let gz = published.body(Format::Text, true).expect("gzip body");
+        let text = expose::encode(&snapshot, Format::Text).expect("encode text");
+        let om = expose::encode(&snapshot, Format::OpenMetrics).expect("encode openmetrics");
+        let published = BodyCache::new();
+        let gz = published
+            .body(&snapshot, Format::Text, true)
+            .expect("gzip body");
         println!(
             "{shape}: {} GPUs x {} processes; text {} bytes, openmetrics {} bytes, gzip(text) {} bytes",
             common::GPUS,
@@ -35,11 +39,11 @@ fn main() {
         let mut g = c.benchmark_group(format!("{shape}/encode"));
         g.throughput(Throughput::Bytes(text.len() as u64));
         g.bench_function("text", |b| {
-            b.iter(|| metrics::encode(black_box(&snapshot), Format::Text))
+            b.iter(|| expose::encode(black_box(&snapshot), Format::Text))
         });
         g.throughput(Throughput::Bytes(om.len() as u64));
         g.bench_function("openmetrics", |b| {
-            b.iter(|| metrics::encode(black_box(&snapshot), Format::OpenMetrics))
+            b.iter(|| expose::encode(black_box(&snapshot), Format::OpenMetrics))
         });
         g.finish();
 
@@ -47,22 +51,22 @@ fn main() {
         // Every scrape of a snapshot after the first: a OnceLock read and a
         // refcount increment.
         g.bench_function("body_cached_hit_text", |b| {
-            b.iter(|| black_box(&published).body(Format::Text, false))
+            b.iter(|| black_box(&published).body(&snapshot, Format::Text, false))
         });
         g.bench_function("body_cached_hit_gzip", |b| {
-            b.iter(|| black_box(&published).body(Format::Text, true))
+            b.iter(|| black_box(&published).body(&snapshot, Format::Text, true))
         });
         // The first gzip scrape of a fresh snapshot: encode and gzip once.
         g.bench_function("body_first_gzip", |b| {
             b.iter_batched(
-                || Published::new((*snapshot).clone()),
-                |p| p.body(Format::Text, true),
+                || (BodyCache::new(), Arc::new((*snapshot).clone())),
+                |(cache, s)| cache.body(&s, Format::Text, true),
                 BatchSize::SmallInput,
             )
         });
         g.finish();
 
-        // gzip alone, at the level Published uses (fast).
+        // gzip alone, at the level the body cache uses (fast).
         let mut g = c.benchmark_group(format!("{shape}/gzip"));
         g.throughput(Throughput::Bytes(text.len() as u64));
         g.bench_function("text_fast", |b| {

@@ -8,17 +8,20 @@
 //! the /proc lookups read real files: 2048 lookups per tick, one read of
 //! /proc/<pid>/stat per pid, so 256), and opens the fake
 //! through the production `NvmlSource`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a bench/test: a panic is the failure report
 
 mod common;
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use gpumem_exporter::attribute::procfs::ProcRoot;
+use gpumem_exporter::attribute::{ProcCache, ProcessLookup};
+use gpumem_exporter::config::Timing;
 use gpumem_exporter::gpu::nvml::NvmlSource;
 use gpumem_exporter::gpu::{GpuSource, RawProcess};
 use gpumem_exporter::model::DurationHistogram;
-use gpumem_exporter::procfs::ProcRoot;
-use gpumem_exporter::sampler::{ProcCache, ProcessLookup, Sampler, Timing};
+use gpumem_exporter::sample::Sampler;
 use nvml_wrapper::Nvml;
 
 /// The defaults of the binary.

@@ -5,6 +5,7 @@
 //!
 //!     cargo run --release --example scrape_load -- ADDR [connections] [seconds] [gzip]
 //!     e.g. scrape_load 127.0.0.1:9877 50 10
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a bench/test: a panic is the failure report
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

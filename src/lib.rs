@@ -1,17 +1,21 @@
 //! gpumem-exporter as a library: the binary (`src/main.rs`) wires these
 //! modules together; benchmarks and tests use them directly.
 //!
-//! Data path: [`gpu`] (NVML) → [`sampler`] → [`model::Snapshot`] →
-//! [`metrics`] (encode) → [`server`] (HTTP).
+//! Data path, in folder names: [`gpu`] (NVML) → [`sample`] (with
+//! [`attribute`] saying who each pid is) → [`model::Snapshot`] →
+//! [`publish`] → [`expose`] (encode) → [`http`]. [`config`] turns YAML and
+//! flags into each component's own config; [`signals`] owns the signals;
+//! [`telemetry`] holds the exporter's own counters. See ARCHITECTURE.md.
 
+pub mod attribute;
+pub mod backoff;
 pub mod config;
+pub mod expose;
 pub mod gpu;
-pub mod kube;
+pub mod http;
 pub mod logging;
-pub mod metrics;
 pub mod model;
-pub mod procfs;
-pub mod sampler;
-pub mod server;
-pub mod torch_bridge;
-pub mod web;
+pub mod publish;
+pub mod sample;
+pub mod signals;
+pub mod telemetry;

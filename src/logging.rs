@@ -9,15 +9,15 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::config::{LogFormat, LogLevel};
+use crate::config::{Log, LogFormat};
 
-pub fn init(level: LogLevel, format: LogFormat) {
+pub fn init(cfg: &Log) {
     let filter =
-        tracing_subscriber::EnvFilter::new(format!("warn,gpumem_exporter={}", level.as_str()));
+        tracing_subscriber::EnvFilter::new(format!("warn,gpumem_exporter={}", cfg.level.as_str()));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    let _ = match format {
+    let _ = match cfg.format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Logfmt => builder.event_format(Logfmt).try_init(),
     };

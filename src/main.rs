@@ -1,4 +1,6 @@
-//! gpumem-exporter: flags → config → sampler thread + HTTP server.
+//! gpumem-exporter: flags → config → wire the components (sampler thread,
+//! pod watcher, config reload, HTTP server). The only place for `anyhow`:
+//! every component returns its own typed error.
 //!
 //! Exit codes: 0 clean shutdown, 1 NVML could not be loaded or initialised
 //! (or the listen address could not be bound), 2 bad flags, config or web
@@ -10,9 +12,16 @@ use std::sync::Arc;
 
 use clap::Parser;
 
+use gpumem_exporter::attribute::ProcCache;
+use gpumem_exporter::attribute::kube::{self, PodIndex};
+use gpumem_exporter::config::{self, Config, HumanDuration, Overrides};
 use gpumem_exporter::gpu::nvml::{InitError, NvmlSource};
-use gpumem_exporter::sampler::Shared;
-use gpumem_exporter::{config, kube, logging, metrics, procfs, sampler, server, web};
+use gpumem_exporter::http::web_config::Web;
+use gpumem_exporter::publish::Shared;
+use gpumem_exporter::sample::{self, Control, OpenFailure};
+use gpumem_exporter::signals::{self, Signals};
+use gpumem_exporter::telemetry::Telemetry;
+use gpumem_exporter::{expose, http, logging};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -56,6 +65,23 @@ struct Cli {
     log_format: Option<String>,
 }
 
+impl Cli {
+    /// The flags that override config file keys.
+    fn overrides(&self) -> Overrides {
+        Overrides {
+            listen_address: self.listen_address.clone(),
+            telemetry_path: self.telemetry_path.clone(),
+            sample_interval: self.sample_interval.clone(),
+            memory_sample_interval: self.memory_sample_interval.clone(),
+            peak_window: self.peak_window.clone(),
+            nvml_library: self.nvml_library.clone(),
+            log_level: self.log_level.clone(),
+            log_format: self.log_format.clone(),
+            procfs: self.procfs.clone(),
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // Two malloc arenas are plenty for a sampler and a few HTTP threads;
     // glibc's default (8 per core) keeps freed memory in per-thread arenas
@@ -65,17 +91,7 @@ fn main() -> ExitCode {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
     let cli = Cli::parse();
-    let overrides = config::Overrides {
-        listen_address: cli.listen_address,
-        telemetry_path: cli.telemetry_path,
-        sample_interval: cli.sample_interval,
-        memory_sample_interval: cli.memory_sample_interval,
-        peak_window: cli.peak_window,
-        nvml_library: cli.nvml_library,
-        log_level: cli.log_level,
-        log_format: cli.log_format,
-        procfs: cli.procfs,
-    };
+    let overrides = cli.overrides();
     let env = |k: &str| std::env::var(k).ok();
     let cfg = match config::load(cli.config_file.as_deref(), &overrides, &env) {
         Ok(c) => c,
@@ -84,8 +100,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    logging::init(cfg.log_level, cfg.log_format);
-    let web = match web::Web::load(cli.web_config_file) {
+    logging::init(&cfg.log);
+    let web = match Web::load(cli.web_config_file) {
         Ok(w) => w,
         Err(e) => {
             eprintln!("gpumem-exporter: {e}");
@@ -101,46 +117,28 @@ fn main() -> ExitCode {
     }
 }
 
-fn timing(cfg: &config::Config) -> sampler::Timing {
-    sampler::Timing {
-        sample_interval: cfg.sample_interval,
-        memory_sample_interval: cfg.memory_sample_interval,
-        peak_window: cfg.peak_window,
-    }
-}
-
-fn selection(cfg: &config::Config) -> sampler::Selection {
-    sampler::Selection {
-        enabled: cfg.processes.enabled,
-        min_bytes: cfg.processes.min_bytes,
-        top_n: cfg.processes.top_n,
-    }
-}
-
 /// On SIGHUP, re-read the config file with the same flags. A bad file keeps
 /// the running config (logged, counted). Intervals, peak window and the
 /// process knobs apply at once; keys that need a restart are named in a
 /// warning.
 async fn reload_on_sighup(
     file: Option<PathBuf>,
-    flags: config::Overrides,
-    mut current: config::Config,
-    control: std::sync::mpsc::Sender<sampler::Control>,
+    flags: Overrides,
+    mut current: Config,
+    control: std::sync::mpsc::Sender<Control>,
+    telemetry: Arc<Telemetry>,
+    mut signals: Signals,
 ) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        tracing::warn!("cannot install the SIGHUP handler; config reload is off");
-        return;
-    };
-    while hup.recv().await.is_some() {
+    loop {
+        signals.hangup().await;
         let env = |k: &str| std::env::var(k).ok();
         match config::load(file.as_deref(), &flags, &env) {
             Err(e) => {
-                config::RELOAD_FAILURE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Telemetry::bump(&telemetry.config_reloads_failure);
                 tracing::error!("config reload failed, keeping the running config: {e}");
             }
             Ok(new) => {
-                config::RELOAD_SUCCESS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Telemetry::bump(&telemetry.config_reloads_success);
                 let restart = config::restart_needed(&current, &new);
                 if !restart.is_empty() {
                     tracing::warn!(
@@ -148,7 +146,7 @@ async fn reload_on_sighup(
                         "config reloaded; these changed keys take effect only after a restart"
                     );
                 }
-                let _ = control.send(sampler::Control::Reconfigure(timing(&new), selection(&new)));
+                let _ = control.send(Control::Reconfigure(new.timing, new.selection));
                 tracing::info!("config reloaded");
                 current = new;
             }
@@ -157,58 +155,48 @@ async fn reload_on_sighup(
 }
 
 fn run(
-    cfg: config::Config,
+    cfg: Config,
     config_file: Option<PathBuf>,
-    overrides: config::Overrides,
-    web: web::Web,
+    overrides: Overrides,
+    web: Web,
 ) -> anyhow::Result<()> {
     tracing::info!(
-        version = metrics::VERSION,
-        revision = metrics::REVISION,
+        version = expose::VERSION,
+        revision = expose::REVISION,
         config = %config::describe(config_file.as_ref()),
         "starting gpumem-exporter"
     );
-    let shared = Arc::new(Shared::new(cfg.sample_interval));
-    let (control_tx, control_rx) = std::sync::mpsc::channel::<sampler::Control>();
+    let telemetry = Arc::new(Telemetry::new());
+    let shared = Arc::new(Shared::new(
+        cfg.timing.sample_interval,
+        Arc::clone(&telemetry),
+    ));
+    let (control_tx, control_rx) = std::sync::mpsc::channel::<Control>();
     let library = cfg.nvml_library.clone();
     let started = std::time::Instant::now();
-    let mut lookup = sampler::ProcCache::new(procfs::ProcRoot::new(&cfg.procfs))
-        .with_users(procfs::UserNames::new(&cfg.processes.passwd_file));
-    if cfg.processes.torch_bridge {
-        lookup = lookup.with_torch_bridge();
-    }
-    if let Some(max) = cfg.processes.cmdline {
-        lookup = lookup.with_cmdline(max);
-    }
-    let pods = cfg
-        .kubernetes
-        .as_ref()
-        .map(|_| Arc::new(kube::PodIndex::new()));
-    if let Some(p) = &pods {
-        lookup = lookup.with_pods(Arc::clone(p));
-    }
-    let _sampler = sampler::spawn(
+    let pods = cfg.kubernetes.as_ref().map(|_| Arc::new(PodIndex::new()));
+    let lookup = ProcCache::from_config(&cfg.attribution, pods.clone());
+    let _sampler = sample::spawn(
         move || {
             NvmlSource::open(library.as_deref()).map_err(|e| match e {
                 // A library that cannot be loaded will not appear by itself.
-                InitError::Load { .. } => sampler::OpenFailure::Fatal(e),
+                InitError::Load { .. } => OpenFailure::Fatal(e),
                 // A driver not loaded yet (boot), a permission not granted
                 // yet (udev), a GPU not answering: keep trying.
-                _ => sampler::OpenFailure::Retry(e),
+                _ => OpenFailure::Retry(e),
             })
         },
         lookup,
-        timing(&cfg),
-        selection(&cfg),
+        cfg.timing,
+        cfg.selection,
         Arc::clone(&shared),
         control_rx,
-    )
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
-    if let Some(p) = shared.latest() {
+    )?;
+    if let Some(s) = shared.latest() {
         tracing::info!(
             init_ms = started.elapsed().as_millis() as u64,
-            gpus = p.snapshot.devices.len(),
-            interval = %config::HumanDuration(cfg.sample_interval),
+            gpus = s.devices.len(),
+            interval = %HumanDuration(cfg.timing.sample_interval),
             "NVML initialised"
         );
     }
@@ -225,26 +213,23 @@ fn run(
         .enable_all()
         .thread_name("http")
         .build()?;
-    if let (Some(k), Some(index)) = (&cfg.kubernetes, pods) {
-        tracing::info!(api = %k.api_url, node = %k.node_name, "watching this node's pods");
-        runtime.spawn(kube::run_watcher(
-            kube::KubeConfig {
-                api_url: k.api_url.clone(),
-                node_name: k.node_name.clone(),
-                token: None,
-                token_file: k.token_file.clone(),
-                ca_file: k.ca_file.clone(),
-            },
-            index,
+    runtime.block_on(async {
+        let signals = signals::install();
+        if let (Some(k), Some(index)) = (&cfg.kubernetes, pods) {
+            tracing::info!(api = %k.api_url, node = %k.node_name, "watching this node's pods");
+            tokio::spawn(kube::run_watcher(k.clone(), index));
+        }
+        tokio::spawn(reload_on_sighup(
+            config_file,
+            overrides,
+            cfg.clone(),
+            control_tx.clone(),
+            Arc::clone(&telemetry),
+            signals.clone(),
         ));
-    }
-    let reload_tx = control_tx.clone();
-    let reload_base = cfg.clone();
-    runtime.spawn(async move {
-        reload_on_sighup(config_file, overrides, reload_base, reload_tx).await;
-    });
-    runtime.block_on(server::serve(cfg, shared, web))?;
-    let _ = control_tx.send(sampler::Control::Stop);
+        http::serve(&cfg.http, shared, web, telemetry, signals).await
+    })?;
+    let _ = control_tx.send(Control::Stop);
     tracing::info!("stopped");
     Ok(())
 }

@@ -185,7 +185,7 @@ impl DurationHistogram {
 }
 
 /// Key of the NVML error counter: (operation, error) labels.
-pub type ErrorKey = (&'static str, String);
+pub type ErrorKey = (&'static str, &'static str);
 
 /// Everything one scrape shows. Built fresh by every tick: a process that
 /// exited is simply not in the next snapshot.
@@ -210,14 +210,63 @@ pub struct Snapshot {
     pub kubernetes: Option<KubeState>,
     /// Torch bridge counters, when `processes.torch_bridge` is on.
     pub torch: Option<TorchCounters>,
+    /// The exporter's own counters outside the sampler (reloads, HTTP),
+    /// copied in when the snapshot is published.
+    pub exporter: ExporterCounters,
 }
 
-/// The pod watcher's health, copied into each full snapshot.
+impl Snapshot {
+    /// A snapshot of no GPU, taken at `taken_at`.
+    pub fn empty(taken_at: SystemTime) -> Snapshot {
+        Snapshot {
+            taken_at,
+            driver: Arc::default(),
+            devices: Vec::new(),
+            nvml_errors: Arc::default(),
+            sample_duration: Arc::new(DurationHistogram::new(&[])),
+            sample_nvml_duration: Arc::new(DurationHistogram::new(&[])),
+            memory_samples: 0,
+            process_lookup_failures: 0,
+            nvml_reinit_attempts: 0,
+            kubernetes: None,
+            torch: None,
+            exporter: ExporterCounters::default(),
+        }
+    }
+}
+
+/// Counters of the config reloads and the HTTP server (see
+/// `crate::telemetry`), as of publication.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExporterCounters {
+    pub config_reloads_success: u64,
+    pub config_reloads_failure: u64,
+    pub web_config_reloads_success: u64,
+    pub web_config_reloads_failure: u64,
+    pub http_connections_open: u64,
+    pub http_connections_evicted: u64,
+    pub http_connections_refused: u64,
+}
+
+/// The pod watcher's state and counters, read from its index and copied
+/// into each full snapshot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KubeState {
+    /// Pods of this node in the index.
     pub pods: u64,
+    /// A LIST has completed: the index reflects the API server, not just
+    /// an empty start.
     pub synced: bool,
+    /// Completed LISTs (all pages), the first one included.
     pub lists_total: u64,
+    /// Watches re-opened without a relist (stream end, drop, error).
     pub watch_restarts_total: u64,
+    /// Well-formed watch events, bookmarks and `ERROR` events included.
+    pub events_total: u64,
+    /// Failed requests, bad statuses, malformed or oversize lines, `ERROR`
+    /// events other than 410.
     pub errors_total: u64,
+    /// When the API server last confirmed the index: a completed LIST or any
+    /// watch event (bookmarks included). 0 before the first LIST.
+    pub last_sync_unix_seconds: u64,
 }

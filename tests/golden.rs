@@ -11,18 +11,20 @@
 //! The build's version and git revision (labels of
 //! `gpumem_exporter_build_info`) are written as `VERSION` and `REVISION` in
 //! the fixtures, so a new commit does not change the contract.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a bench/test: a panic is the failure report
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use gpumem_exporter::metrics::{self, Format};
+use gpumem_exporter::expose::{self, Format};
 use gpumem_exporter::model::{
-    DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, KubeState, MemoryInfo, MigInfo,
-    MigSample, OtherProcesses, ProcIdentity, ProcessSample, Snapshot, TorchCounters, TorchStats,
+    DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ExporterCounters, KubeState,
+    MemoryInfo, MigInfo, MigSample, OtherProcesses, ProcIdentity, ProcessSample, Snapshot,
+    TorchCounters, TorchStats,
 };
-use gpumem_exporter::sampler::SAMPLE_DURATION_BUCKETS;
+use gpumem_exporter::sample::SAMPLE_DURATION_BUCKETS;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -184,8 +186,8 @@ pub fn fixed_snapshot() -> Snapshot {
         mig: Arc::from(Vec::new()),
     };
     let mut errors = BTreeMap::new();
-    errors.insert(("memory_info", "gpu_lost".to_string()), 7);
-    errors.insert(("running_compute_processes", "unknown".to_string()), 1);
+    errors.insert(("memory_info", "gpu_lost"), 7);
+    errors.insert(("running_compute_processes", "unknown"), 1);
     Snapshot {
         taken_at: UNIX_EPOCH + Duration::from_millis(1_796_112_000_250),
         driver: Arc::new(DriverInfo {
@@ -206,6 +208,7 @@ pub fn fixed_snapshot() -> Snapshot {
             lists_total: 2,
             watch_restarts_total: 5,
             errors_total: 1,
+            ..KubeState::default()
         }),
         torch: Some(TorchCounters {
             reports: 40,
@@ -213,6 +216,7 @@ pub fn fixed_snapshot() -> Snapshot {
             oversized: 0,
             permission: 2,
         }),
+        exporter: ExporterCounters::default(),
     }
 }
 
@@ -224,11 +228,11 @@ fn fixture(name: &str) -> PathBuf {
 
 /// The encoded body with the build's version and revision made constant.
 fn encoded(format: Format) -> String {
-    let body = metrics::encode(&Arc::new(fixed_snapshot()), format).expect("encode");
+    let body = expose::encode(&Arc::new(fixed_snapshot()), format).expect("encode");
     let build = format!(
         "version=\"{}\",revision=\"{}\"",
-        metrics::VERSION,
-        metrics::REVISION
+        expose::VERSION,
+        expose::REVISION
     );
     assert!(body.contains(&build), "build_info labels not found");
     body.replace(&build, "version=\"VERSION\",revision=\"REVISION\"")

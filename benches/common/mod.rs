@@ -16,7 +16,7 @@ use gpumem_exporter::model::{
     DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, MemoryInfo, ProcIdentity,
     ProcessSample, Snapshot,
 };
-use gpumem_exporter::sampler::SAMPLE_DURATION_BUCKETS;
+use gpumem_exporter::sample::SAMPLE_DURATION_BUCKETS;
 
 pub const GPUS: usize = 8;
 pub const PROCESSES: usize = 256;
@@ -103,7 +103,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
         nvml.observe(0.003 + (i % 5) as f64 * 0.001);
     }
     let mut errors = BTreeMap::new();
-    errors.insert(("memory_info", "gpu_lost".to_string()), 3u64);
+    errors.insert(("memory_info", "gpu_lost"), 3u64);
     let devices = (0..GPUS)
         .map(|g| {
             let used = used_bytes();
@@ -154,6 +154,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
         nvml_reinit_attempts: 0,
         kubernetes: None,
         torch: None,
+        exporter: Default::default(),
     }
 }
 

@@ -1,6 +1,10 @@
 //! The only code that talks to the GPU driver. [`GpuSource`] is the small
-//! seam the sampler uses; [`nvml::NvmlSource`] is the production impl.
+//! seam the sampler uses; [`nvml::NvmlSource`] is the production impl,
+//! [`fake::FakeGpu`] an in-process one for unit tests of the tick, and
+//! [`error`] maps NVML errors to the `error` label.
 
+pub mod error;
+pub mod fake;
 pub mod nvml;
 
 use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
@@ -11,7 +15,7 @@ use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
 #[error("{operation}: {error}")]
 pub struct GpuError {
     pub operation: &'static str,
-    pub error: String,
+    pub error: &'static str,
 }
 
 /// One process as the driver lists it, before /proc lookups.

@@ -9,7 +9,7 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 
-use super::{GpuError, GpuSource, RawProcess, merge_process};
+use super::{GpuError, GpuSource, RawProcess, error, merge_process};
 use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
 
 /// The library name the dynamic loader resolves when none is configured.
@@ -31,36 +31,19 @@ pub enum InitError {
         "NVML was loaded from {where_} but has no permission to talk to the driver (NVML_ERROR_NO_PERMISSION): the exporter needs read/write access to /dev/nvidiactl and /dev/nvidia*"
     )]
     NoPermission { where_: String },
-    #[error("NVML initialisation failed ({where_}): {operation}: {detail}")]
+    #[error("NVML initialisation failed ({where_}): {operation}: {source}")]
     Other {
         where_: String,
         operation: &'static str,
-        detail: String,
+        #[source]
+        source: NvmlError,
     },
-}
-
-/// A stable snake_case name for an NVML error, used as the `error` label.
-pub fn error_name(e: &NvmlError) -> String {
-    let debug = format!("{e:?}");
-    let head = debug.split(['(', ' ', '{']).next().unwrap_or("unknown");
-    let mut out = String::with_capacity(head.len() + 4);
-    for (i, ch) in head.chars().enumerate() {
-        if ch.is_ascii_uppercase() {
-            if i > 0 {
-                out.push('_');
-            }
-            out.push(ch.to_ascii_lowercase());
-        } else {
-            out.push(ch);
-        }
-    }
-    out
 }
 
 fn gpu_err(operation: &'static str) -> impl Fn(NvmlError) -> GpuError {
     move |e| GpuError {
         operation,
-        error: error_name(&e),
+        error: error::label(&e),
     }
 }
 
@@ -106,16 +89,16 @@ impl NvmlSource {
             other => InitError::Other {
                 where_: where_.clone(),
                 operation: "init",
-                detail: other.to_string(),
+                source: other,
             },
         })?;
         let nvml = Box::new(nvml);
         let other = |operation: &'static str| {
             let where_ = where_.clone();
-            move |e: NvmlError| InitError::Other {
+            move |source: NvmlError| InitError::Other {
                 where_,
                 operation,
-                detail: e.to_string(),
+                source,
             }
         };
         let driver = DriverInfo {
@@ -167,7 +150,7 @@ impl NvmlSource {
     fn handle(&self, device: usize, operation: &'static str) -> Result<&Device<'static>, GpuError> {
         self.handles.get(device).ok_or(GpuError {
             operation,
-            error: "invalid_device_index".to_string(),
+            error: error::INVALID_DEVICE_INDEX,
         })
     }
 }
@@ -299,7 +282,7 @@ impl GpuSource for NvmlSource {
             .and_then(|m| m.get(mig))
             .ok_or(GpuError {
                 operation: "mig_memory_info",
-                error: "invalid_device_index".to_string(),
+                error: error::INVALID_DEVICE_INDEX,
             })?;
         memory_of(h).map_err(|e| GpuError {
             operation: "mig_memory_info",
@@ -311,17 +294,6 @@ impl GpuSource for NvmlSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn error_names_are_snake_case() {
-        assert_eq!(error_name(&NvmlError::GpuLost), "gpu_lost");
-        assert_eq!(error_name(&NvmlError::NotSupported), "not_supported");
-        assert_eq!(error_name(&NvmlError::Unknown), "unknown");
-        assert_eq!(
-            error_name(&NvmlError::FailedToLoadSymbol("x".into())),
-            "failed_to_load_symbol"
-        );
-    }
 
     #[test]
     fn cuda_versions() {

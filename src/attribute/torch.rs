@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use super::procfs::ProcRoot;
 use crate::model::{TorchCounters, TorchStats};
-use crate::procfs::ProcRoot;
 
 /// What `/proc/<pid>/fd/<n>` reads for the bridge's memfd.
 pub const LINK_TARGET: &str = "/memfd:gpumem-bridge (deleted)";

@@ -1,0 +1,260 @@
+//! The cache of this node's pods: pod UID / container id → namespace, pod,
+//! container. Published by swapping an `Arc`, so readers never block.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+
+use crate::attribute::cgroup::is_container_id;
+use crate::model::KubeState;
+
+/// Who a process belongs to in Kubernetes terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    pub namespace: String,
+    pub pod: String,
+    /// Empty when only the pod UID was known.
+    pub container: String,
+}
+
+/// The cache of this node's pods. Cheap to share (`Arc<PodIndex>`); readers
+/// never block and never see a half-applied relist.
+#[derive(Debug, Default)]
+pub struct PodIndex {
+    pub(super) data: ArcSwap<IndexData>,
+    pub(super) lists_total: AtomicU64,
+    pub(super) watch_restarts_total: AtomicU64,
+    pub(super) events_total: AtomicU64,
+    pub(super) errors_total: AtomicU64,
+    pub(super) last_sync_unix_seconds: AtomicU64,
+    pub(super) synced: AtomicBool,
+}
+
+impl PodIndex {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A container id (64 hex digits; a `runtime://` prefix is tolerated)
+    /// wins and gives the container name; otherwise the pod UID gives the
+    /// namespace and pod with an empty container.
+    pub fn lookup(&self, pod_uid: Option<&str>, container_id: Option<&str>) -> Option<PodRef> {
+        let data = self.data.load();
+        if let Some(id) = container_id.and_then(normalize_container_id)
+            && let Some(c) = data.containers.get(id)
+            && let Some(pod) = data.pods.get(&c.pod_uid)
+        {
+            return Some(pod.to_ref(&c.name));
+        }
+        let pod = data.pods.get(pod_uid?)?;
+        Some(pod.to_ref(""))
+    }
+
+    /// Pods currently indexed.
+    pub fn pods(&self) -> usize {
+        self.data.load().pods.len()
+    }
+
+    /// The watcher's state and counters now.
+    pub fn stats(&self) -> KubeState {
+        KubeState {
+            pods: self.pods() as u64,
+            lists_total: self.lists_total.load(Ordering::Relaxed),
+            watch_restarts_total: self.watch_restarts_total.load(Ordering::Relaxed),
+            events_total: self.events_total.load(Ordering::Relaxed),
+            errors_total: self.errors_total.load(Ordering::Relaxed),
+            last_sync_unix_seconds: self.last_sync_unix_seconds.load(Ordering::Relaxed),
+            synced: self.synced.load(Ordering::Acquire),
+        }
+    }
+
+    /// Adds one pod by hand, for tests of code that consumes the index and
+    /// for setups without a watcher. With a watcher running, the next relist
+    /// replaces it.
+    pub fn insert(&self, pod_uid: &str, containers: &[(&str, &str)], namespace: &str, pod: &str) {
+        let mut data = IndexData::clone(&self.data.load());
+        data.upsert(Pod {
+            uid: pod_uid.to_owned(),
+            namespace: namespace.to_owned(),
+            name: pod.to_owned(),
+            node_name: String::new(),
+            resource_version: String::new(),
+            containers: containers
+                .iter()
+                .filter_map(|(name, id)| {
+                    Some(Container {
+                        name: (*name).to_owned(),
+                        id: normalize_container_id(id)?.to_owned(),
+                    })
+                })
+                .collect(),
+        });
+        self.data.store(Arc::new(data));
+    }
+
+    pub(super) fn publish(&self, data: &IndexData) {
+        self.data.store(Arc::new(data.clone()));
+    }
+
+    pub(super) fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn touch(&self) {
+        self.last_sync_unix_seconds
+            .store(unix_now(), Ordering::Relaxed);
+    }
+}
+
+/// The published state: pods by UID and container ids pointing at them.
+#[derive(Debug, Clone, Default)]
+pub(super) struct IndexData {
+    pub(super) pods: HashMap<String, Arc<Pod>>,
+    pub(super) containers: HashMap<String, ContainerSlot>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct ContainerSlot {
+    pub(super) pod_uid: String,
+    pub(super) name: String,
+}
+
+impl IndexData {
+    pub(super) fn upsert(&mut self, pod: Pod) {
+        self.remove(&pod.uid);
+        for c in &pod.containers {
+            self.containers.insert(
+                c.id.clone(),
+                ContainerSlot {
+                    pod_uid: pod.uid.clone(),
+                    name: c.name.clone(),
+                },
+            );
+        }
+        self.pods.insert(pod.uid.clone(), Arc::new(pod));
+    }
+
+    pub(super) fn remove(&mut self, uid: &str) -> bool {
+        let Some(old) = self.pods.remove(uid) else {
+            return false;
+        };
+        for c in &old.containers {
+            if self.containers.get(&c.id).is_some_and(|s| s.pod_uid == uid) {
+                self.containers.remove(&c.id);
+            }
+        }
+        true
+    }
+}
+
+/// The fields of a pod this module uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Pod {
+    pub(super) uid: String,
+    pub(super) namespace: String,
+    pub(super) name: String,
+    pub(super) node_name: String,
+    pub(super) resource_version: String,
+    /// Containers that have an id (started at least once), init and
+    /// ephemeral containers included.
+    pub(super) containers: Vec<Container>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Container {
+    pub(super) name: String,
+    pub(super) id: String,
+}
+
+impl Pod {
+    pub(super) fn to_ref(&self, container: &str) -> PodRef {
+        PodRef {
+            namespace: self.namespace.clone(),
+            pod: self.name.clone(),
+            container: container.to_owned(),
+        }
+    }
+}
+
+/// `containerd://<id>`, `cri-o://<id>`, `docker://<id>` or a bare id →
+/// the 64-hex id; `None` for anything else (an empty id of a pending
+/// container, a truncated id).
+pub fn normalize_container_id(raw: &str) -> Option<&str> {
+    let id = raw.split_once("://").map_or(raw, |(_, id)| id);
+    is_container_id(id).then_some(id)
+}
+
+// ---------------------------------------------------------------------------
+// Wire format
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID_A: &str = "3f4e8c2b1a9d7e6f5c4b3a2918273645f6e5d4c3b2a1908f7e6d5c4b3a291807";
+    const ID_B: &str = "0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9";
+
+    #[test]
+    fn container_id_prefixes() {
+        let cases: &[(&str, Option<&str>)] = &[
+            (&format!("containerd://{ID_A}"), Some(ID_A)),
+            (&format!("cri-o://{ID_A}"), Some(ID_A)),
+            (&format!("docker://{ID_A}"), Some(ID_A)),
+            (ID_A, Some(ID_A)),
+            ("", None),
+            ("containerd://", None),
+            ("containerd://abc123", None),
+            (&format!("containerd://{}", ID_A.to_uppercase()), None),
+            (&format!("containerd://{ID_A}0"), None),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(normalize_container_id(raw), *want, "{raw}");
+        }
+    }
+    #[test]
+    fn index_lookup_and_removal() {
+        let index = PodIndex::new();
+        index.insert("uid-a", &[("trainer", ID_A)], "team-a", "trainer-0");
+        index.insert(
+            "uid-b",
+            &[("server", &format!("docker://{ID_B}"))],
+            "team-b",
+            "infer",
+        );
+        let r = |ns: &str, pod: &str, c: &str| PodRef {
+            namespace: ns.into(),
+            pod: pod.into(),
+            container: c.into(),
+        };
+        assert_eq!(index.pods(), 2);
+        assert_eq!(
+            index.lookup(None, Some(ID_A)),
+            Some(r("team-a", "trainer-0", "trainer"))
+        );
+        // The container id wins over a (different) pod UID.
+        assert_eq!(
+            index.lookup(Some("uid-a"), Some(ID_B)),
+            Some(r("team-b", "infer", "server"))
+        );
+        assert_eq!(
+            index.lookup(Some("uid-a"), Some("unknown")),
+            Some(r("team-a", "trainer-0", ""))
+        );
+        assert_eq!(index.lookup(Some("nope"), None), None);
+        assert_eq!(index.lookup(None, None), None);
+
+        let mut data = IndexData::clone(&index.data.load());
+        assert!(data.remove("uid-a"));
+        assert!(!data.remove("uid-a"));
+        assert!(!data.containers.contains_key(ID_A));
+        assert_eq!(data.containers.len(), 1);
+    }
+}

@@ -1,0 +1,105 @@
+//! Each component's own config: the runtime types the HTTP server, the
+//! sampler, attribution, the pod watcher and logging take. The top
+//! [`Config`](super::Config) is composed of them; [`super::build`] fills
+//! them from the file and flags.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::values::{LogFormat, LogLevel};
+
+/// The HTTP server's address and metrics path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Http {
+    pub listen_address: SocketAddr,
+    pub telemetry_path: String,
+}
+
+/// Timing of the loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// Full samples: memory, processes, /proc.
+    pub sample_interval: Duration,
+    /// Memory-only samples in between; `>= sample_interval` means none.
+    pub memory_sample_interval: Duration,
+    /// Peaks are the maximum over this much history.
+    pub peak_window: Duration,
+}
+
+impl Timing {
+    pub fn every(sample_interval: Duration) -> Timing {
+        Timing {
+            sample_interval,
+            memory_sample_interval: sample_interval,
+            peak_window: sample_interval,
+        }
+    }
+}
+
+/// Which processes get series of their own (cardinality knobs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Selection {
+    /// Per-process series at all.
+    pub enabled: bool,
+    /// Processes using less are summed into the `pid="other"` series.
+    pub min_bytes: u64,
+    /// Keep at most this many processes per GPU (largest first); 0: all.
+    pub top_n: usize,
+}
+
+impl Default for Selection {
+    fn default() -> Self {
+        Selection {
+            enabled: true,
+            min_bytes: 0,
+            top_n: 0,
+        }
+    }
+}
+
+/// Who a pid is: where /proc and passwd are, what else to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attribution {
+    /// Where /proc is (the host's, e.g. /host/proc, when mounted elsewhere).
+    pub procfs: String,
+    pub passwd_file: String,
+    /// `Some(max length)` when the command line is exported.
+    pub cmdline: Option<usize>,
+    /// Read PyTorch allocator figures published by `gpumem_bridge`.
+    pub torch_bridge: bool,
+}
+
+impl Default for Attribution {
+    fn default() -> Self {
+        Attribution {
+            procfs: "/proc".to_string(),
+            passwd_file: "/etc/passwd".to_string(),
+            cmdline: None,
+            torch_bridge: true,
+        }
+    }
+}
+
+/// Where the Kubernetes API server is and how to authenticate to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeConfig {
+    /// `https://host:port` (or `http://` for tests), no trailing path.
+    pub api_url: String,
+    /// The node whose pods are watched (the downward API's `spec.nodeName`).
+    pub node_name: String,
+    /// A fixed bearer token; `token_file` wins when both are set.
+    pub token: Option<String>,
+    /// Read at every (re)connect, so projected service account tokens,
+    /// which the kubelet rotates, keep working.
+    pub token_file: Option<PathBuf>,
+    /// PEM bundle of the cluster CA; required for `https://`.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Log level and format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Log {
+    pub level: LogLevel,
+    pub format: LogFormat,
+}

@@ -1,0 +1,689 @@
+//! YAML file + command-line flags → validated [`Config`].
+//!
+//! The top [`Config`] is composed of each component's own config: the HTTP
+//! server takes [`Http`], the sampler [`Timing`] and [`Selection`], the
+//! attribution [`Attribution`], the pod watcher [`KubeConfig`], logging
+//! [`Log`]. They are plain runtime types; the serde types ([`file`]) stay
+//! apart, and [`build`] — validation — is the one place that turns one into
+//! the other and reports config errors. Value types ([`values`]) validate
+//! while they are deserialised, so YAML errors carry the line and column,
+//! and flags reuse the same parsers through `FromStr`.
+
+mod components;
+mod file;
+mod values;
+pub mod yaml;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+pub use components::{Attribution, Http, KubeConfig, Log, Selection, Timing};
+pub use values::{
+    ApiUrl, CmdlineLength, HumanDuration, Interval, KubeMode, ListenAddress, LogFormat, LogLevel,
+    TelemetryPath,
+};
+
+use file::{FileConfig, FileKubernetes, FileProcesses};
+use yaml::{ReadError, YamlError};
+
+/// Default listen address. 9877 is not taken by a well-known exporter
+/// (node 9100, dcgm-exporter 9400, nvitop-exporter 9445,
+/// nvidia_gpu_exporter 9835).
+pub const DEFAULT_LISTEN: &str = ":9877";
+pub const DEFAULT_TELEMETRY_PATH: &str = "/metrics";
+pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_MEMORY_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+pub const DEFAULT_PEAK_WINDOW: Duration = Duration::from_secs(30);
+/// Larger config files are refused before parsing.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Where the in-cluster service account credentials are mounted.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// A config error: one line that names the flag or the key, and the file
+/// and line it came from.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: ReadError,
+    },
+    #[error("config file {origin}: {source}")]
+    Binary {
+        origin: String,
+        #[source]
+        source: ReadError,
+    },
+    #[error("{0}")]
+    Yaml(#[from] YamlError),
+    #[error("flag --{flag}: {reason}")]
+    Flag { flag: &'static str, reason: String },
+    #[error("config file {origin}{}: key {key}: {reason}", line.map(|l| format!(" line {l}")).unwrap_or_default())]
+    Key {
+        origin: String,
+        line: Option<usize>,
+        key: &'static str,
+        reason: String,
+    },
+}
+
+// ---------------------------------------------------------------- runtime
+
+/// The validated configuration the program runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub http: Http,
+    pub timing: Timing,
+    pub selection: Selection,
+    /// `None`: let the dynamic loader find `libnvidia-ml.so.1`.
+    pub nvml_library: Option<String>,
+    pub log: Log,
+    pub attribution: Attribution,
+    /// `None`: the pod watcher is off.
+    pub kubernetes: Option<KubeConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            http: Http {
+                listen_address: SocketAddr::from(([0, 0, 0, 0], 9877)),
+                telemetry_path: DEFAULT_TELEMETRY_PATH.to_string(),
+            },
+            timing: Timing {
+                sample_interval: DEFAULT_SAMPLE_INTERVAL,
+                memory_sample_interval: DEFAULT_MEMORY_SAMPLE_INTERVAL,
+                peak_window: DEFAULT_PEAK_WINDOW,
+            },
+            selection: Selection::default(),
+            nvml_library: None,
+            log: Log {
+                level: LogLevel::Info,
+                format: LogFormat::Logfmt,
+            },
+            attribution: Attribution::default(),
+            kubernetes: None,
+        }
+    }
+}
+
+/// Command-line overrides, already parsed by the caller (clap). Each is
+/// `None` when the flag was not given.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Overrides {
+    pub listen_address: Option<String>,
+    pub telemetry_path: Option<String>,
+    pub sample_interval: Option<String>,
+    pub memory_sample_interval: Option<String>,
+    pub peak_window: Option<String>,
+    pub nvml_library: Option<String>,
+    pub log_level: Option<String>,
+    pub log_format: Option<String>,
+    pub procfs: Option<String>,
+}
+
+// ---------------------------------------------------------------- runtime
+
+/// Read the config file (if any), apply flag overrides, validate.
+pub fn load(
+    file: Option<&Path>,
+    flags: &Overrides,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    match file {
+        Some(path) => {
+            let text = read_file(path)?;
+            let origin = path.display().to_string();
+            build(parse_yaml(&text, &origin)?, flags, env).map_err(|e| locate(e, &text, &origin))
+        }
+        None => build(FileConfig::default(), flags, env).map_err(|e| locate(e, "", "")),
+    }
+}
+
+/// Parse YAML text; `origin` names it in errors.
+pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+    build(parse_yaml(text, origin)?, &Overrides::default(), &|_| None)
+        .map_err(|e| locate(e, text, origin))
+}
+
+/// An error from [`build`], before it is placed in the file: about a flag
+/// (already complete) or a key.
+#[derive(Debug)]
+enum Located {
+    Flag(&'static str, String),
+    Key(&'static str, String),
+}
+
+/// Errors found after parsing (relations between keys) name a key; add the
+/// file and line where that key is written, when it is in the file.
+fn locate(e: Located, text: &str, origin: &str) -> ConfigError {
+    match e {
+        Located::Flag(flag, reason) => ConfigError::Flag { flag, reason },
+        Located::Key(key, reason) => ConfigError::Key {
+            origin: origin.to_string(),
+            line: yaml::line_of_key(text, key),
+            key,
+            reason,
+        },
+    }
+}
+
+fn read_file(path: &Path) -> Result<String, ConfigError> {
+    let read = |source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    yaml::utf8(yaml::read_limited(path, MAX_CONFIG_BYTES).map_err(read)?).map_err(read)
+}
+
+fn parse_yaml(text: &str, origin: &str) -> Result<FileConfig, ConfigError> {
+    yaml::no_nul(text.as_bytes()).map_err(|source| ConfigError::Binary {
+        origin: origin.to_string(),
+        source,
+    })?;
+    serde_saphyr::from_str::<Option<FileConfig>>(text)
+        .map(Option::unwrap_or_default)
+        .map_err(|e| YamlError::new(&e, text, &format!("config file {origin}")).into())
+}
+
+fn flag<T: FromStr<Err = String>>(
+    name: &'static str,
+    v: &Option<String>,
+) -> Result<Option<T>, Located> {
+    v.as_deref()
+        .map(|s| s.parse::<T>().map_err(|e| Located::Flag(name, e)))
+        .transpose()
+}
+
+fn build(
+    file: FileConfig,
+    o: &Overrides,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, Located> {
+    let d = Config::default();
+    let listen = flag::<ListenAddress>("web.listen-address", &o.listen_address)?
+        .or(file.web.listen_address)
+        .map(|a| a.0)
+        .unwrap_or(d.http.listen_address);
+    let path = flag::<TelemetryPath>("web.telemetry-path", &o.telemetry_path)?
+        .or(file.web.telemetry_path)
+        .map(|p| p.0)
+        .unwrap_or(d.http.telemetry_path);
+    let interval = flag::<Interval>("sample-interval", &o.sample_interval)?
+        .or(file.sample_interval)
+        .map(|i| i.0)
+        .unwrap_or(d.timing.sample_interval);
+    let mem_flag = flag::<Interval>("memory-sample-interval", &o.memory_sample_interval)?;
+    let mem_from_flag = mem_flag.is_some();
+    let memory_interval = mem_flag
+        .or(file.memory_sample_interval)
+        .map(|i| i.0)
+        .unwrap_or(d.timing.memory_sample_interval)
+        .min(if mem_from_flag || file.memory_sample_interval.is_some() {
+            Duration::MAX
+        } else {
+            // Default: never slower than the full samples.
+            interval
+        });
+    if memory_interval > interval {
+        let msg = format!(
+            "memory_sample_interval {} is longer than sample_interval {}; it must be shorter or equal",
+            HumanDuration(memory_interval),
+            HumanDuration(interval)
+        );
+        return Err(if mem_from_flag {
+            Located::Flag("memory-sample-interval", msg)
+        } else {
+            Located::Key("memory_sample_interval", msg)
+        });
+    }
+    let window_flag = flag::<Interval>("peak-window", &o.peak_window)?;
+    let window_from_flag = window_flag.is_some();
+    let peak_window = window_flag
+        .or(file.peak_window)
+        .map(|i| i.0)
+        // Default: 30s, or one sample interval when that is longer.
+        .unwrap_or(d.timing.peak_window.max(interval));
+    if peak_window < interval {
+        let msg = format!(
+            "peak_window {} is shorter than sample_interval {}; it must be at least one sample interval (and should be at least the scrape interval)",
+            HumanDuration(peak_window),
+            HumanDuration(interval)
+        );
+        return Err(if window_from_flag {
+            Located::Flag("peak-window", msg)
+        } else {
+            Located::Key("peak_window", msg)
+        });
+    }
+    let library = o
+        .nvml_library
+        .clone()
+        .or(file.nvml.library)
+        .filter(|s| !s.is_empty());
+    let level = flag::<LogLevel>("log.level", &o.log_level)?
+        .or(file.log.level)
+        .unwrap_or(d.log.level);
+    let format = flag::<LogFormat>("log.format", &o.log_format)?
+        .or(file.log.format)
+        .unwrap_or(d.log.format);
+    let (selection, attribution) = processes(file.processes, &file.path.procfs, &o.procfs);
+    Ok(Config {
+        http: Http {
+            listen_address: listen,
+            telemetry_path: path,
+        },
+        timing: Timing {
+            sample_interval: interval,
+            memory_sample_interval: memory_interval,
+            peak_window,
+        },
+        selection,
+        nvml_library: library,
+        log: Log { level, format },
+        attribution,
+        kubernetes: kubernetes(file.kubernetes, env)?,
+    })
+}
+
+/// The `processes:` keys (and `path.procfs`, or its flag) split by owner:
+/// what the sampler selects, and what attribution reads.
+fn processes(
+    f: FileProcesses,
+    procfs_key: &Option<String>,
+    procfs_flag: &Option<String>,
+) -> (Selection, Attribution) {
+    let s = Selection::default();
+    let a = Attribution::default();
+    let selection = Selection {
+        enabled: f.enabled.unwrap_or(s.enabled),
+        min_bytes: f.min_bytes.unwrap_or(s.min_bytes),
+        top_n: f.top_n.map(|n| n as usize).unwrap_or(s.top_n),
+    };
+    let attribution = Attribution {
+        procfs: procfs_flag
+            .clone()
+            .or_else(|| procfs_key.clone())
+            .filter(|p| !p.is_empty())
+            .unwrap_or(a.procfs),
+        passwd_file: f
+            .passwd_file
+            .filter(|p| !p.is_empty())
+            .unwrap_or(a.passwd_file),
+        cmdline: f
+            .cmdline
+            .unwrap_or(false)
+            .then(|| f.cmdline_max_length.map(|l| l.0).unwrap_or(256)),
+        torch_bridge: f.torch_bridge.unwrap_or(a.torch_bridge),
+    };
+    (selection, attribution)
+}
+
+/// The API server's URL in a pod: `KUBERNETES_SERVICE_HOST`/`_PORT`, as
+/// the kubelet sets them; `None` outside a cluster. The one place the
+/// in-cluster API is discovered.
+pub fn in_cluster_api_url(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
+    let host = nonempty(env("KUBERNETES_SERVICE_HOST"))?;
+    let port = nonempty(env("KUBERNETES_SERVICE_PORT"))?;
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    Some(format!("https://{host}:{port}"))
+}
+
+/// Resolve the pod watcher's settings: explicit keys first, then the
+/// in-cluster environment (KUBERNETES_SERVICE_HOST/PORT, NODE_NAME) and
+/// the service account files, when present.
+fn kubernetes(
+    f: FileKubernetes,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<KubeConfig>, Located> {
+    let mode = f.enabled.unwrap_or(KubeMode::Auto);
+    if mode == KubeMode::Off {
+        return Ok(None);
+    }
+    let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
+    let api_url = f
+        .api_url
+        .map(|u| u.0)
+        .filter(|u| !u.is_empty())
+        .or_else(|| in_cluster_api_url(env));
+    let Some(api_url) = api_url else {
+        return if mode == KubeMode::On {
+            Err(Located::Key(
+                "kubernetes.enabled",
+                "is true but no API is known: set kubernetes.api_url or run in a cluster (KUBERNETES_SERVICE_HOST)".into(),
+            ))
+        } else {
+            Ok(None)
+        };
+    };
+    let Some(node_name) = nonempty(f.node_name).or_else(|| nonempty(env("NODE_NAME"))) else {
+        return Err(Located::Key(
+            "kubernetes.node_name",
+            "is empty and NODE_NAME is not set: the pod watcher needs this node's name (downward API spec.nodeName), or set kubernetes.enabled: false".into(),
+        ));
+    };
+    let account = Path::new(SERVICE_ACCOUNT_DIR);
+    let existing = |name: &str| Some(account.join(name)).filter(|p| p.exists());
+    Ok(Some(KubeConfig {
+        api_url,
+        node_name,
+        token: None,
+        token_file: nonempty(f.token_file)
+            .map(PathBuf::from)
+            .or_else(|| existing("token")),
+        ca_file: nonempty(f.ca_file)
+            .map(PathBuf::from)
+            .or_else(|| existing("ca.crt")),
+    }))
+}
+
+/// Keys whose change needs a restart: they are read once at start (the
+/// listener, the NVML library, /proc and passwd paths, the pod watcher,
+/// logging).
+pub fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut keys = Vec::new();
+    let mut check = |changed: bool, key: &'static str| {
+        if changed {
+            keys.push(key);
+        }
+    };
+    let (o, n) = (&old.attribution, &new.attribution);
+    check(
+        old.http.listen_address != new.http.listen_address,
+        "web.listen_address",
+    );
+    check(
+        old.http.telemetry_path != new.http.telemetry_path,
+        "web.telemetry_path",
+    );
+    check(old.nvml_library != new.nvml_library, "nvml.library");
+    check(old.log.level != new.log.level, "log.level");
+    check(old.log.format != new.log.format, "log.format");
+    check(o.procfs != n.procfs, "path.procfs");
+    check(o.cmdline != n.cmdline, "processes.cmdline");
+    check(o.passwd_file != n.passwd_file, "processes.passwd_file");
+    check(o.torch_bridge != n.torch_bridge, "processes.torch_bridge");
+    check(old.kubernetes != new.kubernetes, "kubernetes");
+    keys
+}
+
+/// Where the config came from, for the startup log line.
+pub fn describe(file: Option<&PathBuf>) -> String {
+    file.map(|p| p.display().to_string())
+        .unwrap_or_else(|| "defaults and flags".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(parse("", "t").unwrap(), Config::default());
+        assert_eq!(parse("# only a comment\n", "t").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn full_file() {
+        let c = parse(
+            "web:\n  listen_address: 127.0.0.1:9999\n  telemetry_path: /m\nsample_interval: 500ms\nnvml:\n  library: /x/libnvidia-ml.so.1\nlog:\n  level: debug\n  format: json\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.http.listen_address, "127.0.0.1:9999".parse().unwrap());
+        assert_eq!(c.http.telemetry_path, "/m");
+        assert_eq!(c.timing.sample_interval, Duration::from_millis(500));
+        assert_eq!(c.nvml_library.as_deref(), Some("/x/libnvidia-ml.so.1"));
+        assert_eq!(c.log.level, LogLevel::Debug);
+        assert_eq!(c.log.format, LogFormat::Json);
+    }
+
+    #[test]
+    fn flags_override_file() {
+        let file = parse_yaml("sample_interval: 2s\nlog:\n  level: debug\n", "t").unwrap();
+        let o = Overrides {
+            sample_interval: Some("250ms".into()),
+            ..Default::default()
+        };
+        let c = build(file, &o, &|_| None).unwrap();
+        assert_eq!(c.timing.sample_interval, Duration::from_millis(250));
+        assert_eq!(c.log.level, LogLevel::Debug);
+    }
+
+    #[test]
+    fn memory_interval_defaults_follow_sample_interval() {
+        let c = parse("sample_interval: 50ms\n", "t").unwrap();
+        assert_eq!(c.timing.memory_sample_interval, Duration::from_millis(50));
+        let c = parse("", "t").unwrap();
+        assert_eq!(c.timing.memory_sample_interval, Duration::from_millis(100));
+        assert_eq!(c.timing.peak_window, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn bad_flag_names_the_flag() {
+        let o = Overrides {
+            sample_interval: Some("fast".into()),
+            ..Default::default()
+        };
+        let Err(e) = load(None, &o, &|_| None) else {
+            panic!("expected a flag error");
+        };
+        let e = e.to_string();
+        assert!(
+            e.starts_with("flag --sample-interval: invalid duration \"fast\""),
+            "{e}"
+        );
+    }
+
+    /// Each bad file gives one line naming the key and its line.
+    #[test]
+    fn bad_files_name_key_and_line() {
+        let cases = [
+            (
+                "web:\n  listen_addres: x\n",
+                "line 2 column 3: key web.listen_addres: unknown field `listen_addres`",
+            ),
+            (
+                "sample_interval: 5x\n",
+                "line 1 column 18: key sample_interval: invalid duration \"5x\"",
+            ),
+            (
+                "log:\n  level: loud\n",
+                "line 2 column 10: key log.level: invalid log level \"loud\"",
+            ),
+            (
+                "log:\n  format: xml\n",
+                "key log.format: invalid log format \"xml\"",
+            ),
+            (
+                "web:\n  listen_address: nowhere\n",
+                "key web.listen_address: invalid listen address \"nowhere\"",
+            ),
+            (
+                "sample_interval: 1ms\n",
+                "key sample_interval: interval \"1ms\" out of range",
+            ),
+            (
+                "bogus: 1\n",
+                "line 1 column 1: key bogus: unknown field `bogus`",
+            ),
+            ("web: 3\n", "line 1 column 6: key web:"),
+            (
+                "sample_interval: 1s\nmemory_sample_interval: 2s\n",
+                "line 2: key memory_sample_interval: memory_sample_interval 2s is longer than sample_interval 1s",
+            ),
+            (
+                "sample_interval: 10s\n\npeak_window: 5s\n",
+                "line 3: key peak_window: peak_window 5s is shorter than sample_interval 10s",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = parse(text, "c.yaml").unwrap_err().to_string();
+            assert!(e.starts_with("config file c.yaml "), "{e}");
+            assert!(e.contains(want), "{text:?}: got {e:?}, want {want:?}");
+            assert!(!e.contains('\n'), "one line: {e:?}");
+        }
+    }
+
+    #[test]
+    fn kubernetes_settings() {
+        let env = |k: &str| match k {
+            "KUBERNETES_SERVICE_HOST" => Some("10.0.0.1".to_string()),
+            "KUBERNETES_SERVICE_PORT" => Some("443".to_string()),
+            "NODE_NAME" => Some("gpu-1".to_string()),
+            _ => None,
+        };
+        let k = kubernetes(FileKubernetes::default(), &env)
+            .unwrap()
+            .unwrap();
+        assert_eq!(k.api_url, "https://10.0.0.1:443");
+        assert_eq!(k.node_name, "gpu-1");
+        // auto outside a cluster: off.
+        assert_eq!(
+            kubernetes(FileKubernetes::default(), &|_| None).unwrap(),
+            None
+        );
+        // explicit URL, node from the file.
+        let f = parse_yaml(
+            "kubernetes:\n  api_url: http://127.0.0.1:8001\n  node_name: n1\n",
+            "t",
+        )
+        .unwrap();
+        let k = kubernetes(f.kubernetes, &|_| None).unwrap().unwrap();
+        assert_eq!(
+            (k.api_url.as_str(), k.node_name.as_str()),
+            ("http://127.0.0.1:8001", "n1")
+        );
+        // on, but nothing known.
+        let e = parse("kubernetes:\n  enabled: true\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 2: key kubernetes.enabled: is true but no API is known"),
+            "{e}"
+        );
+        let e = parse("kubernetes:\n  api_url: http://x:1\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("key kubernetes.node_name: is empty"), "{e}");
+        assert_eq!(
+            parse("kubernetes:\n  enabled: false\n", "c")
+                .unwrap()
+                .kubernetes,
+            None
+        );
+    }
+
+    #[test]
+    fn process_knobs() {
+        let c = parse(
+            "processes:\n  enabled: true\n  min_bytes: 1048576\n  top_n: 10\n  cmdline: true\n  cmdline_max_length: 64\n  torch_bridge: false\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            (c.selection, c.attribution),
+            (
+                Selection {
+                    enabled: true,
+                    min_bytes: 1 << 20,
+                    top_n: 10,
+                },
+                Attribution {
+                    procfs: "/proc".into(),
+                    passwd_file: "/etc/passwd".into(),
+                    cmdline: Some(64),
+                    torch_bridge: false,
+                }
+            )
+        );
+        for (text, want) in [
+            (
+                "processes:\n  min_bytes: -1\n",
+                "line 2 column 14: key processes.min_bytes:",
+            ),
+            (
+                "processes:\n  top_n: many\n",
+                "line 2 column 10: key processes.top_n:",
+            ),
+            (
+                "processes:\n  cmdline: yes please\n",
+                "key processes.cmdline:",
+            ),
+            (
+                "processes:\n  cmdline_max_length: 3\n",
+                "key processes.cmdline_max_length: invalid length",
+            ),
+            (
+                "kubernetes:\n  enabled: maybe\n",
+                "key kubernetes.enabled: invalid value \"maybe\"",
+            ),
+            (
+                "kubernetes:\n  api_url: ftp://x\n",
+                "key kubernetes.api_url: invalid API URL",
+            ),
+        ] {
+            let e = parse(text, "c.yaml").unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
+
+    /// config.example.yaml lists every key with its default.
+    #[test]
+    fn example_file_is_the_defaults() {
+        let text = include_str!("../../config.example.yaml");
+        assert_eq!(
+            parse(text, "config.example.yaml").unwrap(),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn binary_is_rejected() {
+        let e = parse("\0\x01\x02", "c.yaml").unwrap_err().to_string();
+        assert!(e.contains("binary data"), "{e}");
+    }
+
+    #[test]
+    fn in_cluster_from_env() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| *key == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        type Vars = &'static [(&'static str, &'static str)];
+        let cases: [(Vars, Option<&str>); 4] = [
+            (
+                &[
+                    ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+                    ("KUBERNETES_SERVICE_PORT", "443"),
+                ],
+                Some("https://10.96.0.1:443"),
+            ),
+            (
+                &[
+                    ("KUBERNETES_SERVICE_HOST", "fd00::1"),
+                    ("KUBERNETES_SERVICE_PORT", "6443"),
+                ],
+                Some("https://[fd00::1]:6443"),
+            ),
+            (&[], None),
+            (&[("KUBERNETES_SERVICE_HOST", "10.96.0.1")], None),
+        ];
+        for (vars, want) in cases {
+            assert_eq!(in_cluster_api_url(&env(vars)).as_deref(), want, "{vars:?}");
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The exporter's own families (`gpumem_exporter_*`): build info, sample
+//! durations, counters of the sampler, the config reloads, /proc lookups,
+//! the torch bridge, the pod watcher, NVML errors and the HTTP server.
+//! Encoded last, after the GPU data.
+
+use std::fmt;
+use std::time::UNIX_EPOCH;
+
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+
+use super::encoder::gauge;
+use crate::model::{DurationHistogram, Snapshot};
+
+/// `version` and `revision` labels of `gpumem_exporter_build_info`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub const REVISION: &str = env!("GPUMEM_EXPORTER_REVISION");
+
+fn histogram(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    h: &DurationHistogram,
+) -> Result<(), fmt::Error> {
+    let mut buckets: Vec<(f64, u64)> = h
+        .bounds
+        .iter()
+        .copied()
+        .zip(h.counts.iter().copied())
+        .collect();
+    buckets.push((f64::INFINITY, h.counts.last().copied().unwrap_or(0)));
+    enc.encode_descriptor(name, help, None, MetricType::Histogram)?
+        .encode_histogram::<NoLabelSet>(h.sum, h.count, &buckets, None)
+}
+
+pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    let mut m = gauge(
+        enc,
+        "gpumem_exporter_build_info",
+        "Version and git revision of the running gpumem-exporter; value is always 1.",
+    )?;
+    let labels = [("version", VERSION), ("revision", REVISION)];
+    m.encode_family(&labels)?.encode_gauge(&1u32)?;
+
+    histogram(
+        enc,
+        "gpumem_exporter_sample_duration_seconds",
+        "Wall time of one full sample over all GPUs: NVML calls and /proc reads.",
+        &s.sample_duration,
+    )?;
+    histogram(
+        enc,
+        "gpumem_exporter_sample_nvml_duration_seconds",
+        "The part of each full sample spent inside NVML calls; the rest is the exporter's own work.",
+        &s.sample_nvml_duration,
+    )?;
+    enc.encode_descriptor(
+        "gpumem_exporter_memory_samples",
+        "Memory-only samples taken between full samples (memory_sample_interval).",
+        None,
+        MetricType::Counter,
+    )?
+    .encode_counter::<NoLabelSet, _, u64>(&s.memory_samples, None)?;
+
+    enc.encode_descriptor(
+            "gpumem_exporter_nvml_reinit_attempts",
+            "Times NVML was opened afresh because every GPU kept failing (3 samples in a row, then with backoff).",
+            None,
+            MetricType::Counter,
+        )?
+        .encode_counter::<NoLabelSet, _, u64>(&s.nvml_reinit_attempts, None)?;
+
+    let mut m = enc.encode_descriptor(
+        "gpumem_exporter_config_reloads",
+        "Config file reloads on SIGHUP; a failed one keeps the running config.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (result, n) in [
+        ("success", s.exporter.config_reloads_success),
+        ("failure", s.exporter.config_reloads_failure),
+    ] {
+        m.encode_family(&[("result", result)])?
+            .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+    }
+
+    enc.encode_descriptor(
+            "gpumem_exporter_process_lookup_failures",
+            "Pids reported by NVML that were not visible in /proc (exited, or no host PID namespace): their series carry the pid but no name, user or pod.",
+            None,
+            MetricType::Counter,
+        )?
+        .encode_counter::<NoLabelSet, _, u64>(&s.process_lookup_failures, None)?;
+
+    if let Some(t) = &s.torch {
+        enc.encode_descriptor(
+            "gpumem_exporter_torch_reports",
+            "Torch bridge documents read and accepted (at most one per process per full sample).",
+            None,
+            MetricType::Counter,
+        )?
+        .encode_counter::<NoLabelSet, _, u64>(&t.reports, None)?;
+        let mut m = enc.encode_descriptor(
+                "gpumem_exporter_torch_reports_dropped",
+                "Torch bridge documents dropped: malformed (not the v1 JSON, wrong types, not a sealed memfd), oversized (over 64 KiB), permission (the process's fds may not be read; once per process).",
+                None,
+                MetricType::Counter,
+            )?;
+        for (reason, n) in [
+            ("malformed", t.malformed),
+            ("oversized", t.oversized),
+            ("permission", t.permission),
+        ] {
+            m.encode_family(&[("reason", reason)])?
+                .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+        }
+    }
+
+    if let Some(k) = &s.kubernetes {
+        gauge(
+            enc,
+            "gpumem_exporter_kubernetes_pods",
+            "Pods of this node in the pod watcher's cache.",
+        )?
+        .encode_gauge(&k.pods)?;
+        gauge(
+            enc,
+            "gpumem_exporter_kubernetes_synced",
+            "1 once the pod watcher has listed this node's pods.",
+        )?
+        .encode_gauge(&u32::from(k.synced))?;
+        for (name, help, v) in [
+            (
+                "gpumem_exporter_kubernetes_lists",
+                "Full LISTs of this node's pods (start, and after a watch expired).",
+                k.lists_total,
+            ),
+            (
+                "gpumem_exporter_kubernetes_watch_restarts",
+                "Pod watches re-established after a drop.",
+                k.watch_restarts_total,
+            ),
+            (
+                "gpumem_exporter_kubernetes_errors",
+                "Errors talking to the Kubernetes API or parsing its answers.",
+                k.errors_total,
+            ),
+        ] {
+            enc.encode_descriptor(name, help, None, MetricType::Counter)?
+                .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+        }
+    }
+
+    let ts = s
+        .taken_at
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    gauge(
+        enc,
+        "gpumem_exporter_last_sample_timestamp_seconds",
+        "Unix time when the sample served now was taken; its age shows a stuck sampler.",
+    )?
+    .encode_gauge(&ts)?;
+
+    let mut m = enc.encode_descriptor(
+        "gpumem_exporter_nvml_errors",
+        "NVML calls that failed, by operation and error.",
+        None,
+        MetricType::Counter,
+    )?;
+    for ((op, err), n) in s.nvml_errors.iter() {
+        let labels = [("operation", *op), ("error", *err)];
+        m.encode_family(&labels)?
+            .encode_counter::<NoLabelSet, _, u64>(n, None)?;
+    }
+
+    // The HTTP server's and web config's counters, copied into the snapshot
+    // when it was published (crate::telemetry).
+    let own = &s.exporter;
+    let mut m = enc.encode_descriptor(
+        "gpumem_exporter_web_config_reloads",
+        "Web config file (--web.config.file) reloads on SIGHUP; a failed one keeps the running config.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (result, n) in [
+        ("success", own.web_config_reloads_success),
+        ("failure", own.web_config_reloads_failure),
+    ] {
+        m.encode_family(&[("result", result)])?
+            .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+    }
+    gauge(
+        enc,
+        "gpumem_exporter_http_connections",
+        "Open HTTP connections.",
+    )?
+    .encode_gauge(&(own.http_connections_open as i64))?;
+    for (name, help, n) in [
+        (
+            "gpumem_exporter_http_connections_evicted",
+            "Idle HTTP connections closed to make room at the connection cap (http_server_config.max_connections).",
+            own.http_connections_evicted,
+        ),
+        (
+            "gpumem_exporter_http_connections_refused",
+            "HTTP connections closed at once: the cap was reached and every connection was busy.",
+            own.http_connections_refused,
+        ),
+    ] {
+        enc.encode_descriptor(name, help, None, MetricType::Counter)?
+            .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+    }
+    Ok(())
+}

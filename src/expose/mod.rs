@@ -1,0 +1,77 @@
+//! Snapshot → exposition text (Prometheus text 0.0.4 or OpenMetrics 1.0).
+//! Every metric name the exporter serves is defined in this folder, one
+//! file per family group, in the order a scrape shows them: [`gpu`],
+//! [`process`], [`torch`], [`mig`], then the exporter's own families
+//! ([`exporter`]) last. Encoding reads only the [`Snapshot`]: no NVML, no
+//! /proc, no HTTP state. The golden files in `tests/fixtures/` are the
+//! whole output for one fixed snapshot.
+
+mod encoder;
+mod exporter;
+mod gpu;
+mod mig;
+mod process;
+mod torch;
+
+use std::fmt;
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
+
+use crate::model::Snapshot;
+
+pub use exporter::{REVISION, VERSION};
+
+/// Content types of the two formats served.
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Exposition format (the HTTP side picks one from the `Accept` header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Prometheus text format 0.0.4, the default.
+    Text,
+    OpenMetrics,
+}
+
+impl Format {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Text => TEXT_CONTENT_TYPE,
+            Format::OpenMetrics => OPENMETRICS_CONTENT_TYPE,
+        }
+    }
+}
+
+/// Encode one snapshot in the given format.
+pub fn encode(snapshot: &Arc<Snapshot>, format: Format) -> Result<String, fmt::Error> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(SnapshotCollector(Arc::clone(snapshot))));
+    let mut out = String::with_capacity(4096);
+    match format {
+        Format::Text => prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?,
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &registry)?,
+    }
+    Ok(out)
+}
+
+#[derive(Debug)]
+struct SnapshotCollector(Arc<Snapshot>);
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let s = &*self.0;
+        gpu::devices(&mut enc, s)?;
+        process::memory(&mut enc, s)?;
+        if s.torch.is_some() {
+            torch::families(&mut enc, s)?;
+        }
+        process::rollup_and_identity(&mut enc, s)?;
+        mig::families(&mut enc, s)?;
+        gpu::driver(&mut enc, s)?;
+        exporter::families(&mut enc, s)
+    }
+}

@@ -1,0 +1,143 @@
+//! Per-process families: memory used, its peak, the "no figure" marker,
+//! the `pid="other"` rollup count and `gpu_process_info`.
+
+use std::fmt;
+
+use prometheus_client::encoding::DescriptorEncoder;
+
+use super::encoder::{gauge, gpu_labels, id_label};
+use crate::model::{DeviceSample, OtherProcesses, ProcessSample, Snapshot};
+
+/// Labels of every per-process value series: the GPU (and MIG instance),
+/// the pid, its name and its pod.
+pub(super) fn process_labels<'a>(
+    d: &'a DeviceSample,
+    p: &'a ProcessSample,
+    pid: &'a str,
+    gi: &'a str,
+    ci: &'a str,
+) -> [(&'static str, &'a str); 9] {
+    [
+        ("gpu", d.info.gpu.as_str()),
+        ("uuid", d.info.uuid.as_str()),
+        ("pid", pid),
+        ("process", &*p.ident.comm),
+        ("namespace", &*p.ident.namespace),
+        ("pod", &*p.ident.pod),
+        ("container", &*p.ident.container),
+        ("gpu_instance_id", gi),
+        ("compute_instance_id", ci),
+    ]
+}
+
+/// One gauge family with a series per (GPU, process) for which `value`
+/// gives a figure, plus the `pid="other"` rollup when `other` gives one.
+fn process_family(
+    enc: &mut DescriptorEncoder,
+    s: &Snapshot,
+    name: &str,
+    help: &str,
+    value: fn(&ProcessSample) -> Option<u64>,
+    other: fn(&OtherProcesses) -> Option<u64>,
+) -> Result<(), fmt::Error> {
+    let mut m = gauge(enc, name, help)?;
+    let empty = ProcessSample {
+        pid: 0,
+        used_bytes: None,
+        ident: Default::default(),
+        gpu_instance_id: None,
+        compute_instance_id: None,
+        used_peak_bytes: None,
+        torch: None,
+    };
+    for d in &s.devices {
+        for p in d.processes.iter() {
+            if let Some(v) = value(p) {
+                let pid = p.pid.to_string();
+                let (gi, ci) = (id_label(p.gpu_instance_id), id_label(p.compute_instance_id));
+                let labels = process_labels(d, p, &pid, &gi, &ci);
+                m.encode_family(&labels)?.encode_gauge(&v)?;
+            }
+        }
+        if let Some(v) = d.other.as_ref().and_then(other) {
+            let labels = process_labels(d, &empty, "other", "", "");
+            m.encode_family(&labels)?.encode_gauge(&v)?;
+        }
+    }
+    Ok(())
+}
+
+/// `gpu_process_memory_used_bytes`, `…_used_peak_bytes` and
+/// `gpu_process_memory_unavailable`.
+pub(super) fn memory(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    process_family(
+        enc,
+        s,
+        "gpu_process_memory_used_bytes",
+        "Device memory used by one process on one GPU, in bytes, as NVML reports it. pid=\"other\" sums the processes left out by processes.min_bytes / processes.top_n.",
+        |p| p.used_bytes,
+        |o| Some(o.used_bytes),
+    )?;
+    process_family(
+        enc,
+        s,
+        "gpu_process_memory_used_peak_bytes",
+        "Largest gpu_process_memory_used_bytes of this live process over the last peak_window (full samples).",
+        |p| p.used_peak_bytes,
+        |_| None,
+    )?;
+    process_family(
+        enc,
+        s,
+        "gpu_process_memory_unavailable",
+        "1 for a process NVML lists on this GPU without a memory figure (NVML_VALUE_NOT_AVAILABLE); such a process has no gpu_process_memory_used_bytes series.",
+        |p| p.used_bytes.is_none().then_some(1),
+        |_| None,
+    )?;
+    Ok(())
+}
+
+/// `gpu_processes_other` and `gpu_process_info`.
+pub(super) fn rollup_and_identity(
+    enc: &mut DescriptorEncoder,
+    s: &Snapshot,
+) -> Result<(), fmt::Error> {
+    let mut m = gauge(
+        enc,
+        "gpu_processes_other",
+        "Number of processes summed into the pid=\"other\" series of this GPU.",
+    )?;
+    for d in &s.devices {
+        if let Some(o) = &d.other {
+            m.encode_family(&gpu_labels(d))?.encode_gauge(&o.count)?;
+        }
+    }
+
+    let mut m = gauge(
+        enc,
+        "gpu_process_info",
+        "Identity of a process on a GPU; value is always 1. user from the host's passwd (or the uid), container_id and pod_uid from its cgroup.",
+    )?;
+    for d in &s.devices {
+        for p in d.processes.iter() {
+            let pid = p.pid.to_string();
+            let i = &p.ident;
+            let base = [
+                ("gpu", d.info.gpu.as_str()),
+                ("uuid", d.info.uuid.as_str()),
+                ("pid", pid.as_str()),
+                ("process", &*i.comm),
+                ("user", &*i.user),
+                ("container_id", &*i.container_id),
+                ("pod_uid", &*i.pod_uid),
+            ];
+            match &i.cmdline {
+                Some(c) => m
+                    .encode_family(&(base, [("cmdline", &**c)]))?
+                    .encode_gauge(&1u32)?,
+                None => m.encode_family(&base)?.encode_gauge(&1u32)?,
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,153 @@
+//! The HTTP side: the listener and its limits ([`listener`]), routes
+//! ([`routes`]), content negotiation ([`negotiate`]), the per-snapshot body
+//! cache ([`cache`]), the web config file ([`web_config`]) with TLS
+//! ([`tls`]) and basic auth ([`auth`]). Nothing here calls NVML; a scrape is
+//! a cache lookup, or one encode per new snapshot and format.
+
+pub mod auth;
+pub mod cache;
+pub mod listener;
+pub mod negotiate;
+pub mod routes;
+pub mod tls;
+pub mod web_config;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+
+use crate::config::Http;
+use crate::publish::Shared;
+use crate::signals::Signals;
+use crate::telemetry::Telemetry;
+use listener::{Conns, SHUTDOWN_GRACE};
+use web_config::{Web, WebConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {address} (web.listen_address): {source}")]
+    Listen {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Serve HTTP(S) until SIGTERM or SIGINT; then let in-flight requests finish
+/// (at most [`SHUTDOWN_GRACE`]). SIGHUP re-reads the web config file.
+pub async fn serve(
+    cfg: &Http,
+    shared: Arc<Shared>,
+    web: Web,
+    telemetry: Arc<Telemetry>,
+    mut signals: Signals,
+) -> Result<(), ServeError> {
+    let Web { path, config } = web;
+    let max = config.limits.max_connections;
+    listener::raise_fd_limit(max);
+    let listen = |source| ServeError::Listen {
+        address: cfg.listen_address,
+        source,
+    };
+    let listener = listener::bind(cfg.listen_address).map_err(listen)?;
+    let address = listener.local_addr().map_err(listen)?;
+    tracing::info!(
+        address = %address,
+        path = %cfg.telemetry_path,
+        tls = config.tls.is_some(),
+        basic_auth = config.users.is_some(),
+        max_connections = max,
+        "listening"
+    );
+    let current = Arc::new(ArcSwap::from_pointee(config));
+    let app = routes::router(shared, &cfg.telemetry_path).layer(
+        axum::middleware::from_fn_with_state(Arc::clone(&current), routes::require_auth),
+    );
+    let conns = Arc::new(Conns::new(max, Arc::clone(&telemetry)));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut hangups = signals.clone();
+    let mut accept_warned: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            biased;
+            () = signals.stopped() => break,
+            () = hangups.hangup() => reload(path.as_deref(), &current, max, &telemetry),
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => {
+                    let Some(permit) = conns.admit().await else {
+                        Telemetry::bump(&telemetry.http_connections_refused);
+                        tracing::debug!("connection refused: {max} connections open, all busy");
+                        continue;
+                    };
+                    let registration = conns.register();
+                    tokio::spawn(listener::connection(
+                        stream,
+                        app.clone(),
+                        current.load_full(),
+                        registration,
+                        stop_rx.clone(),
+                        permit,
+                    ));
+                }
+                Err(e) => {
+                    use std::io::ErrorKind::{ConnectionAborted, ConnectionReset, Interrupted};
+                    if matches!(e.kind(), ConnectionAborted | ConnectionReset | Interrupted) {
+                        continue;
+                    }
+                    // Usually out of file descriptors: make room, retry soon.
+                    if accept_warned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                        tracing::warn!(error = %e, open = conns.open(), "cannot accept connections");
+                        accept_warned = Some(Instant::now());
+                    }
+                    conns.evict_oldest_idle();
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    if tokio::time::timeout(SHUTDOWN_GRACE, conns.drained())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the shutdown grace period; closing them");
+    }
+    Ok(())
+}
+
+/// Re-read the web config file; a bad one keeps the running config.
+fn reload(
+    path: Option<&Path>,
+    current: &ArcSwap<WebConfig>,
+    max_connections: usize,
+    telemetry: &Telemetry,
+) {
+    let Some(path) = path else {
+        tracing::debug!("SIGHUP: no --web.config.file to re-read");
+        return;
+    };
+    match WebConfig::load(path) {
+        Ok(new) => {
+            Telemetry::bump(&telemetry.web_config_reloads_success);
+            if new.limits.max_connections != max_connections {
+                tracing::warn!(
+                    "web config: a new http_server_config.max_connections takes effect only after a restart"
+                );
+            }
+            tracing::info!(
+                tls = new.tls.is_some(),
+                basic_auth = new.users.is_some(),
+                "web config reloaded"
+            );
+            current.store(Arc::new(new));
+        }
+        Err(e) => {
+            Telemetry::bump(&telemetry.web_config_reloads_failure);
+            tracing::error!("web config reload failed, keeping the running one: {e}");
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! The sampler: one dedicated thread owns the [`GpuSource`]. Every
+//! `memory_sample_interval` it reads each GPU's memory (cheap: ~7 µs per
+//! GPU), and every `sample_interval` it also reads the process lists and
+//! asks [`attribute`](crate::attribute) who each pid is. Each tick builds a
+//! fresh immutable [`Snapshot`]; [`thread`] publishes it. Peaks over
+//! `peak_window` ([`peaks`]) are kept here, so they do not depend on who
+//! scrapes or how often; [`select`] picks the processes that get series.
+
+mod peaks;
+mod select;
+pub mod thread;
+mod tick;
+
+pub use peaks::WindowMax;
+pub use select::select;
+pub use thread::{Control, OpenFailure, StartError, spawn};
+pub use tick::{SAMPLE_DURATION_BUCKETS, Sampler};

@@ -1,0 +1,265 @@
+//! The sampler thread: open NVML (retrying with backoff while the driver
+//! is not ready), tick on two deadlines, publish each snapshot, re-open
+//! NVML when every GPU keeps failing, and obey [`Control`] messages.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, sync_channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::tick::Sampler;
+use crate::attribute::ProcessLookup;
+use crate::backoff::Backoff;
+use crate::config::{HumanDuration, Selection, Timing};
+use crate::gpu::GpuSource;
+use crate::publish::Shared;
+
+/// Clears the `alive` flag however the thread ends (return or panic).
+struct AliveGuard(Arc<Shared>);
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.set_alive(false);
+    }
+}
+
+/// Why the sampler could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError<E: std::error::Error + 'static> {
+    #[error(transparent)]
+    Open(E),
+    #[error("cannot start the sampler thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error("the sampler thread ended before NVML was opened")]
+    Ended,
+}
+
+/// How opening the GPU source failed: a library that cannot be loaded at
+/// all will not fix itself (fatal); a driver that is not loaded yet after a
+/// reboot, or a permission that udev has not granted yet, may (retry).
+#[derive(Debug)]
+pub enum OpenFailure<E> {
+    Fatal(E),
+    Retry(E),
+}
+
+/// Messages to the sampler thread.
+#[derive(Debug, Clone, Copy)]
+pub enum Control {
+    Stop,
+    /// New intervals and selection from a reloaded config (SIGHUP).
+    Reconfigure(Timing, Selection),
+}
+
+/// Waits between NVML (re)initialisation attempts: 1 s doubling to 30 s.
+pub const NVML_RETRY_MIN: Duration = Duration::from_secs(1);
+pub const NVML_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// After this many full samples in which every GPU failed, NVML is opened
+/// afresh (with backoff): device handles can go stale after a GPU reset.
+pub const REINIT_AFTER_FAILED_SAMPLES: u32 = 3;
+
+/// Wait up to `total`, beating the heartbeat every `beat` so `/healthz`
+/// knows the thread is alive. Returns a control message if one arrives.
+fn wait_alive(
+    shared: &Shared,
+    control: &Receiver<Control>,
+    total: Duration,
+    beat: Duration,
+) -> Option<Control> {
+    let until = Instant::now() + total;
+    loop {
+        shared.beat();
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        match control.recv_timeout(left.min(beat)) {
+            Ok(c) => return Some(c),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return Some(Control::Stop),
+        }
+    }
+}
+
+/// Start the sampler thread. `open` runs on that thread (NVML handles stay
+/// on the thread that made them). A fatal open error is returned here, so
+/// the caller can exit with a clear message before serving anything. A
+/// retryable one is logged once; the thread keeps retrying with backoff
+/// while the server answers `/readyz` 503 and `/healthz` 200, and starts
+/// sampling by itself once NVML answers. Returns once the first snapshot is
+/// published or retrying has begun. The thread stops on [`Control::Stop`]
+/// or when the sender is dropped.
+pub fn spawn<G, P, E, F>(
+    open: F,
+    procs: P,
+    timing: Timing,
+    selection: Selection,
+    shared: Arc<Shared>,
+    control: Receiver<Control>,
+) -> Result<JoinHandle<()>, StartError<E>>
+where
+    G: GpuSource + 'static,
+    P: ProcessLookup + Send + 'static,
+    E: std::error::Error + Send + 'static,
+    F: Fn() -> Result<G, OpenFailure<E>> + Send + 'static,
+{
+    let (ready_tx, ready_rx) = sync_channel::<Result<(), E>>(1);
+    let thread_shared = Arc::clone(&shared);
+    let handle = std::thread::Builder::new()
+        .name("sampler".into())
+        .spawn(move || {
+            let shared = thread_shared;
+            shared.set_alive(true);
+            let _guard = AliveGuard(Arc::clone(&shared));
+            let mut backoff = Backoff::new(NVML_RETRY_MIN, NVML_RETRY_MAX);
+            let mut attempts: u64 = 0;
+            let gpu = loop {
+                attempts += 1;
+                match open() {
+                    Ok(g) => break g,
+                    Err(OpenFailure::Fatal(e)) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                    Err(OpenFailure::Retry(e)) => {
+                        if attempts == 1 {
+                            tracing::error!(
+                                "{e}; the exporter stays up (/readyz answers 503) and retries with backoff until NVML answers"
+                            );
+                            let _ = ready_tx.send(Ok(()));
+                        } else {
+                            tracing::debug!(attempt = attempts, "NVML still not available: {e}");
+                        }
+                        let wait = backoff.next_delay();
+                        if let Some(Control::Stop) =
+                            wait_alive(&shared, &control, wait, timing.sample_interval)
+                        {
+                            return;
+                        }
+                    }
+                }
+            };
+            if attempts > 1 {
+                tracing::info!(attempts, "NVML answered; sampling starts");
+            }
+            let mut sampler = Sampler::new(gpu, procs, timing).with_selection(selection);
+            shared.publish(sampler.tick());
+            let _ = ready_tx.send(Ok(()));
+            run_loop(sampler, &shared, &control, &open);
+        })
+        .map_err(StartError::Thread)?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(handle),
+        Ok(Err(e)) => {
+            let _ = handle.join();
+            Err(StartError::Open(e))
+        }
+        Err(_) => {
+            let _ = handle.join();
+            Err(StartError::Ended)
+        }
+    }
+}
+
+/// Next deadline after `prev`; when the loop fell behind, restart from now
+/// instead of bursting to catch up.
+fn advance(prev: Instant, step: Duration, now: Instant) -> Instant {
+    let next = prev + step;
+    if next <= now { now + step } else { next }
+}
+
+fn run_loop<G, P, E, F>(
+    mut sampler: Sampler<G, P>,
+    shared: &Shared,
+    control: &Receiver<Control>,
+    open: &F,
+) where
+    G: GpuSource,
+    P: ProcessLookup,
+    E: std::fmt::Display,
+    F: Fn() -> Result<G, OpenFailure<E>>,
+{
+    let start = Instant::now();
+    let mut t = sampler.timing();
+    let mut next_full = start + t.sample_interval;
+    let mut next_mem = start + t.memory_sample_interval;
+    let mut failed_samples: u32 = 0;
+    let mut reinit_backoff = Backoff::new(NVML_RETRY_MIN, NVML_RETRY_MAX);
+    let mut next_reinit = start;
+    loop {
+        let fast = t.memory_sample_interval < t.sample_interval;
+        let due = if fast {
+            next_full.min(next_mem)
+        } else {
+            next_full
+        };
+        let wait = due.saturating_duration_since(Instant::now());
+        match control.recv_timeout(wait) {
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(Control::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+            Ok(Control::Reconfigure(timing, selection)) => {
+                sampler.reconfigure(timing, selection);
+                shared.set_interval(timing.sample_interval);
+                t = timing;
+                let now = Instant::now();
+                next_full = now + t.sample_interval;
+                next_mem = now + t.memory_sample_interval;
+                tracing::info!(
+                    sample_interval = %HumanDuration(t.sample_interval),
+                    memory_sample_interval = %HumanDuration(t.memory_sample_interval),
+                    peak_window = %HumanDuration(t.peak_window),
+                    "sampler reconfigured"
+                );
+                continue;
+            }
+        }
+        let now = Instant::now();
+        if now < next_full {
+            shared.publish(sampler.tick_memory());
+            next_mem = advance(next_mem, t.memory_sample_interval, Instant::now());
+            continue;
+        }
+        let snapshot = sampler.tick();
+        let all_down = !snapshot.devices.is_empty() && snapshot.devices.iter().all(|d| !d.up());
+        shared.publish(snapshot);
+        let now = Instant::now();
+        next_full = advance(next_full, t.sample_interval, now);
+        next_mem = now + t.memory_sample_interval;
+        if !all_down {
+            failed_samples = 0;
+            reinit_backoff.reset();
+            continue;
+        }
+        failed_samples = failed_samples.saturating_add(1);
+        if failed_samples >= REINIT_AFTER_FAILED_SAMPLES && now >= next_reinit {
+            sampler.count_reinit();
+            match open() {
+                Ok(g) => {
+                    tracing::warn!(
+                        "every GPU failed {failed_samples} samples in a row; NVML re-opened"
+                    );
+                    sampler.replace_gpu(g);
+                    failed_samples = 0;
+                }
+                Err(OpenFailure::Fatal(e)) | Err(OpenFailure::Retry(e)) => {
+                    tracing::debug!("re-opening NVML failed: {e}");
+                }
+            }
+            next_reinit = now + reinit_backoff.next_delay();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_skip_when_behind() {
+        let t0 = Instant::now();
+        let s = Duration::from_millis(100);
+        assert_eq!(advance(t0, s, t0), t0 + s);
+        let late = t0 + Duration::from_millis(350);
+        assert_eq!(advance(t0, s, late), late + s);
+    }
+}
