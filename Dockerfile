@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
 # gpumem-exporter container image. UNTESTED in this repository's CI (no
-# Docker engine there); see docs/OPERATIONS.md, "Docker".
+# Docker engine there); see docs/deploying.md, "Docker".
 #
 #     docker build -t registry.example.com/gpumem-exporter:0.1.0 \
 #         --build-arg GPUMEM_EXPORTER_REVISION=$(git rev-parse --short=12 HEAD) .
