@@ -2,14 +2,12 @@
 //! root (`--path.procfs`) laid out like the kernel's, and a local HTTP
 //! server speaking the Kubernetes list/watch wire format.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::cluster::{self, FakeApi};
-use common::*;
+use crate::harness::cluster::{self, FakeApi};
+use crate::harness::*;
 use serde_json::Value;
 
 const NODE: &str = "gpu-node-1";

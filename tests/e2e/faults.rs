@@ -1,11 +1,9 @@
 //! End-to-end faults: NVML not ready at start, every GPU lost, a hung NVML
 //! call, config reload on SIGHUP. The fake NVML has a knob for each.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::harness::*;
 
 const UUID0: &str = "GPU-eeeeeeee-0000-0000-0000-000000000000";
 const UUID1: &str = "GPU-ffffffff-0000-0000-0000-000000000000";

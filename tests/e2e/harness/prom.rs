@@ -29,11 +29,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A running Prometheus; killed on drop, its TSDB removed with `dir`.
+/// A running Prometheus; killed on drop, its TSDB removed with `_dir`.
 pub struct Prometheus {
     pub child: Child,
     pub addr: SocketAddr,
-    pub dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
     pub log: Arc<Mutex<Vec<String>>>,
 }
 
@@ -43,8 +43,6 @@ pub struct QueryResult {
     /// `success` or `error`.
     pub status: String,
     pub error: Option<String>,
-    /// `vector`, `scalar`, `matrix` or `string`.
-    pub result_type: String,
     /// The series (or the one scalar) answered.
     pub result: Vec<Value>,
 }
@@ -120,7 +118,7 @@ impl Prometheus {
                     return Prometheus {
                         child,
                         addr,
-                        dir,
+                        _dir: dir,
                         log,
                     };
                 }
@@ -175,7 +173,6 @@ impl Prometheus {
         QueryResult {
             status: v["status"].as_str().unwrap_or("").to_string(),
             error: v["error"].as_str().map(str::to_string),
-            result_type: v["data"]["resultType"].as_str().unwrap_or("").to_string(),
             result: match &v["data"]["result"] {
                 Value::Array(a) => a.clone(),
                 Value::Null => Vec::new(),

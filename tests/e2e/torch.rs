@@ -3,8 +3,6 @@
 //! their pids, and the real exporter reads their documents from /proc.
 //! Also runs the Python package's own unit tests.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -12,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::*;
+use crate::harness::*;
 use serde_json::json;
 
 /// CUDA's (bare) UUIDs of the stub's devices; NVML spells them `GPU-…`.

@@ -1,6 +1,5 @@
 //! Helpers for end-to-end tests: build the fake NVML, write scenarios, run
 //! the real `gpumem-exporter` binary, scrape it over plain HTTP.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -2,8 +2,6 @@
 //! connections; methods and header limits; `--web.config.file` (TLS, mTLS,
 //! basic auth, SIGHUP reload, bad files). Certificates are made here.
 
-mod common;
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -12,13 +10,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use gpumem_exporter::web::{ClientAuth, Limits, WebConfig};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use common::*;
+use crate::harness::*;
 
 const SCENARIO: &str = r#"devices:
   - uuid: GPU-dddddddd-0000-0000-0000-000000000000
@@ -763,13 +762,13 @@ async fn the_example_web_config_loads() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("web-config.example.yml");
     let path = dir.path().join("web-config.yml");
     std::fs::copy(&example, &path).expect("copy example");
-    let cfg = gpumem_exporter::web::WebConfig::load(&path).expect("example loads");
+    let cfg = WebConfig::load(&path).expect("example loads");
     assert!(cfg.tls.is_some());
     assert_eq!(
         cfg.client_auth,
-        Some(gpumem_exporter::web::ClientAuth::RequireAndVerifyClientCert)
+        Some(ClientAuth::RequireAndVerifyClientCert)
     );
-    assert_eq!(cfg.limits, gpumem_exporter::web::Limits::default());
+    assert_eq!(cfg.limits, Limits::default());
     let users = cfg.users.expect("users");
     let t = Instant::now();
     let header = basic("prometheus", "example-password");

@@ -1,17 +1,15 @@
 //! Process-churn soak: the fake NVML starts and ends ~100 pids a minute
 //! (each with a /proc entry that appears and disappears), for
 //! `SOAK_SECONDS` (default 120, the CI version; the documented long run is
-//! `SOAK_SECONDS=3600 cargo test --release --test soak -- --nocapture`).
+//! `SOAK_SECONDS=3600 cargo test --release --test e2e soak:: -- --nocapture`).
 //! After warm-up, RSS must stay flat within 1 MiB, open fds flat, and the
 //! number of process series must equal the live pids at every check.
-
-mod common;
 
 use std::collections::VecDeque;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::harness::*;
 
 const UUID: &str = "GPU-99999999-0000-0000-0000-000000000000";
 const LIVE: usize = 20;

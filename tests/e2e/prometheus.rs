@@ -13,7 +13,7 @@
 //!   small ones summed into pid="other" (processes.min_bytes / top_n) and
 //!   one without a memory figure. The trainer pod's process is a real
 //!   `python3` running the torch bridge (python/) with the stub `torch`
-//!   (tests/torch_stub), as in tests/e2e_torch.rs: its fake /proc entry
+//!   (tests/torch_stub), as in the `torch` tests: its fake /proc entry
 //!   links `fd` to its real /proc/<pid>/fd, so the exporter reads its
 //!   allocator figures (gpu_process_torch_*), and its allocation retries
 //!   keep rising (GpuTorchAllocRetriesRising). GPU 1 in MIG mode with a pod's process in
@@ -28,8 +28,6 @@
 //! The summary table goes to stderr unconditionally (also when the test
 //! passes).
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::io::{BufRead, BufReader};
@@ -41,12 +39,12 @@ use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::cluster::{self, FakeApi};
-use common::prom::{
+use crate::harness::cluster::{self, FakeApi};
+use crate::harness::prom::{
     Prometheus, QueryResult, grafana_regex, grafana_substitute, metric_names, prometheus_binary,
     repo_file,
 };
-use common::*;
+use crate::harness::*;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -446,7 +444,7 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
         }
         other => panic!(
             "rules.yml has a new alert {other}: add what the scenario shows for it to \
-             `expectation` in tests/e2e_prometheus.rs"
+             `expectation` in tests/e2e/prometheus.rs"
         ),
     }
 }

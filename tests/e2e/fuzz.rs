@@ -5,7 +5,7 @@
 //! CI runs each target for FUZZ_SECONDS (default 3). The long run
 //! documented in RELIABILITY.md:
 //!
-//!     FUZZ_SECONDS=600 cargo test --release --test fuzz -- --nocapture --test-threads=1
+//!     FUZZ_SECONDS=600 cargo test --release --test e2e fuzz:: -- --nocapture --test-threads=5
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};

@@ -1,11 +1,9 @@
 //! End-to-end: the real binary on the fake NVML.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::harness::*;
 
 const GIB: u64 = 1 << 30;
 
