@@ -39,7 +39,9 @@ use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::harness::cluster::{self, FakeApi};
+use crate::harness::cluster::{
+    FakeNode, cgroup_containerd, cgroup_crio, cgroup_v1, team_pods, write_proc,
+};
 use crate::harness::prom::{
     Prometheus, QueryResult, grafana_regex, grafana_substitute, metric_names, prometheus_binary,
     repo_file,
@@ -48,7 +50,6 @@ use crate::harness::*;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-const NODE: &str = "gpu-node-1";
 const GPU0: &str = "GPU-0a0a0a0a-0000-0000-0000-000000000000";
 const GPU1: &str = "GPU-1b1b1b1b-0000-0000-0000-000000000000";
 const GPU2: &str = "GPU-2c2c2c2c-0000-0000-0000-000000000000";
@@ -87,80 +88,34 @@ const DEADLINE: Duration = Duration::from_secs(35);
 
 // ------------------------------------------------------------------ world
 
-fn cid(seed: char) -> String {
-    fake_container_id(seed)
-}
-
-fn uid(seed: char) -> String {
-    fake_pod_uid(seed)
-}
-
-fn write_proc(root: &Path, pid: u32, comm: &str, uid: u32, cgroup: &str) {
-    cluster::write_proc(root, pid, comm, uid, cgroup, &[]);
-}
-
-/// Three pods (containerd/cgroup v2, CRI-O/cgroup v2, cgroupfs/cgroup v1)
-/// and one host process outside any pod. The trainer (`trainer_pid`) is a
-/// real process: its `fd` directory is its real one, where the exporter
-/// finds the torch bridge's memfd.
+/// The three pods of [`team_pods`] (containerd/cgroup v2, CRI-O/cgroup
+/// v2, cgroupfs/cgroup v1) and one host process outside any pod. The
+/// trainer (`trainer_pid`) is a real process: its `fd` directory is its
+/// real one, where the exporter finds the torch bridge's memfd.
 fn fake_proc(root: &Path, trainer_pid: u32) {
     write_proc(
         root,
         trainer_pid,
         "python3",
         1000,
-        &format!(
-            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n",
-            uid('a').replace('-', "_"),
-            cid('a')
-        ),
+        &cgroup_containerd('a'),
+        &[],
     );
     std::os::unix::fs::symlink(
         format!("/proc/{trainer_pid}/fd"),
         root.join(trainer_pid.to_string()).join("fd"),
     )
     .unwrap();
-    write_proc(
-        root,
-        4102,
-        "tritonserver",
-        1001,
-        &format!(
-            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/crio-{}.scope\n",
-            uid('b').replace('-', "_"),
-            cid('b')
-        ),
-    );
-    write_proc(
-        root,
-        4103,
-        "jupyter",
-        1000,
-        &format!(
-            "12:memory:/kubepods/burstable/pod{u}/{c}\n1:name=systemd:/kubepods/burstable/pod{u}/{c}\n",
-            u = uid('c'),
-            c = cid('c')
-        ),
-    );
+    write_proc(root, 4102, "tritonserver", 1001, &cgroup_crio('b'), &[]);
+    write_proc(root, 4103, "jupyter", 1000, &cgroup_v1('c'), &[]);
     write_proc(
         root,
         4104,
         "nvtop",
         1001,
         "0::/user.slice/user-1001.slice\n",
+        &[],
     );
-}
-
-fn pod_json(ns: &str, name: &str, seed: char, container: &str, runtime: &str) -> Value {
-    cluster::pod_json(NODE, ns, name, seed, container, runtime)
-}
-
-fn pods() -> Vec<Value> {
-    vec![
-        pod_json("team-a", "trainer-0", 'a', "trainer", "containerd"),
-        pod_json("team-b", "infer-7f9c", 'b', "server", "cri-o"),
-        pod_json("team-a", "notebook", 'c', "jupyter", "containerd"),
-    ]
 }
 
 /// The main exporter's GPUs; `gpu2_lost` turns GPU 2's error on.
@@ -862,42 +817,12 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
     stale_scn.write(&stale_scenario(60_000));
 
     // The Kubernetes API and the fake /proc root of the main exporter.
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let api_addr = listener.local_addr().unwrap();
-    let app = FakeApi::with_pods(pods()).router();
-    rt.spawn(async move { axum::serve(listener, app).await });
-    let proc_root = tempfile::tempdir().unwrap();
+    let node = FakeNode::start(team_pods());
     let trainer = Trainer::start();
-    fake_proc(proc_root.path(), trainer.pid);
+    fake_proc(node.proc_root.path(), trainer.pid);
 
     let scenario = Scenario::new(&main_scenario(false, trainer.pid));
-    let passwd = scenario.file(
-        "passwd",
-        b"root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\nbob:x:1001:1001::/home/bob:/bin/sh\n",
-    );
-    let cfg = scenario.file(
-        "config.yaml",
-        format!(
-            "sample_interval: 100ms
-path:
-  procfs: {}
-processes:
-  passwd_file: {}
-  min_bytes: 1000000000
-  top_n: 2
-kubernetes:
-  enabled: true
-  api_url: http://{api_addr}
-  node_name: {NODE}
-",
-            proc_root.path().display(),
-            passwd.display(),
-        )
-        .as_bytes(),
-    );
+    let cfg = node.config(&scenario, "  min_bytes: 1000000000\n  top_n: 2\n");
     let main = Exporter::start(&scenario, &["--config.file", cfg.to_str().unwrap()]);
     wait_for(
         Duration::from_secs(10),

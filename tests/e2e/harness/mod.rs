@@ -394,24 +394,6 @@ pub fn promtool() -> &'static str {
     require_tool("promtool", "prometheus")
 }
 
-/// A container id (64 hex) made of one repeated hex digit, for tests.
-pub fn fake_container_id(seed: char) -> String {
-    std::iter::repeat_n(seed, 64).collect()
-}
-
-/// A pod UID (8-4-4-4-12 hex) made of one repeated hex digit, for tests.
-pub fn fake_pod_uid(seed: char) -> String {
-    let s: String = std::iter::repeat_n(seed, 32).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &s[..8],
-        &s[8..12],
-        &s[12..16],
-        &s[16..20],
-        &s[20..]
-    )
-}
-
 /// GET returning (Content-Encoding, raw body bytes), for compressed bodies.
 pub fn http_get_bytes(
     addr: SocketAddr,
