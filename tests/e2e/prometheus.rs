@@ -30,12 +30,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -44,8 +42,8 @@ use crate::harness::cluster::{
 };
 use crate::harness::prom::{
     Prometheus, QueryResult, grafana_regex, grafana_substitute, metric_names, prometheus_binary,
-    repo_file,
 };
+use crate::harness::python::{Py, StubState};
 use crate::harness::*;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -166,16 +164,14 @@ fn stale_scenario(delay_ms: u64) -> String {
 /// test rewrites; its allocation retries grow by one every RETRY_EVERY (and
 /// it had one OOM). Killed, and the rewriting stopped, on drop.
 struct Trainer {
-    child: Child,
-    pid: u32,
+    py: Py,
     stop: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
-    _state: tempfile::TempDir,
 }
 
 /// `torch.cuda.memory_stats()` of GPU 0 as the stub returns them.
-fn torch_state(retries: u64) -> String {
-    json!({"initialized": true, "devices": [{"uuid": GPU0_CUDA, "stats": {
+fn torch_stats(retries: u64) -> Value {
+    json!({
         "allocated_bytes.all.current": TORCH_ALLOCATED,
         "reserved_bytes.all.current": TORCH_RESERVED,
         "allocated_bytes.all.peak": TORCH_ALLOCATED + 4_000_000_000u64,
@@ -184,41 +180,22 @@ fn torch_state(retries: u64) -> String {
         "inactive_split_bytes.all.current": 3_000_000_000u64,
         "num_alloc_retries": retries,
         "num_ooms": 1,
-    }}]})
-    .to_string()
+    })
 }
 
 impl Trainer {
     fn start() -> Trainer {
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let state = tempfile::tempdir().expect("tempdir");
-        let path = state.path().join("torch-state.json");
-        let write = {
-            let dir = state.path().to_path_buf();
-            move |retries: u64| {
-                // Atomically: the stub re-reads the file on every call.
-                let tmp = dir.join("torch-state.tmp");
-                std::fs::write(&tmp, torch_state(retries)).expect("write stub state");
-                std::fs::rename(&tmp, dir.join("torch-state.json")).expect("rename stub state");
-            }
-        };
-        write(0);
+        let state = Arc::new(StubState::new(&[(GPU0_CUDA, torch_stats(0))]));
         // A pid the fake /proc already uses would mix two processes up: try
         // again (the other child is killed when dropped, after the loop).
         let mut discarded = Vec::new();
-        let (child, pid) = loop {
-            let (child, pid) = spawn_bridge(repo, &path);
-            if !FAKE_PIDS.contains(&pid) {
-                break (child, pid);
+        let py = loop {
+            let py = Py::bridge(&state, "");
+            if !FAKE_PIDS.contains(&py.pid) {
+                break py;
             }
             assert!(discarded.len() < 5, "python3 keeps getting the fake pids");
-            discarded.push(Trainer {
-                child,
-                pid,
-                stop: Arc::new(AtomicBool::new(true)),
-                ticker: None,
-                _state: tempfile::tempdir().expect("tempdir"),
-            });
+            discarded.push(py);
         };
         drop(discarded);
         let stop = Arc::new(AtomicBool::new(false));
@@ -228,64 +205,13 @@ impl Trainer {
             while !flag.load(Ordering::Relaxed) {
                 std::thread::sleep(RETRY_EVERY);
                 retries += 1;
-                write(retries);
+                state.write(&[(GPU0_CUDA, torch_stats(retries))]);
             }
         });
         Trainer {
-            child,
-            pid,
+            py,
             stop,
             ticker: Some(ticker),
-            _state: state,
-        }
-    }
-}
-
-/// `python3` with PYTHONPATH=python:tests/torch_stub that starts the bridge,
-/// says `ready <pid>` and waits for its stdin to close.
-fn spawn_bridge(repo: &Path, state: &Path) -> (Child, u32) {
-    let pythonpath = format!(
-        "{}:{}",
-        repo.join("python").display(),
-        repo.join("tests/torch_stub").display()
-    );
-    let mut child = Command::new("python3")
-        .args([
-            "-u",
-            "-c",
-            "import os, sys, torch, gpumem_bridge\n\
-             assert gpumem_bridge.start()\n\
-             print('ready', os.getpid(), flush=True)\n\
-             sys.stdin.read()\n",
-        ])
-        .env("PYTHONPATH", pythonpath)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("GPUMEM_BRIDGE_INTERVAL", "0.1")
-        .env("TORCH_STUB_STATE", state)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot start python3 ({e}): install it (Debian: apt-get install -y python3)")
-        });
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
-    match line
-        .strip_prefix("ready ")
-        .and_then(|p| p.trim().parse().ok())
-    {
-        Some(pid) => (child, pid),
-        None => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the torch bridge child did not get ready (said {line:?})");
         }
     }
 }
@@ -296,8 +222,6 @@ impl Drop for Trainer {
         if let Some(t) = self.ticker.take() {
             let _ = t.join();
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -819,9 +743,9 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
     // The Kubernetes API and the fake /proc root of the main exporter.
     let node = FakeNode::start(team_pods());
     let trainer = Trainer::start();
-    fake_proc(node.proc_root.path(), trainer.pid);
+    fake_proc(node.proc_root.path(), trainer.py.pid);
 
-    let scenario = Scenario::new(&main_scenario(false, trainer.pid));
+    let scenario = Scenario::new(&main_scenario(false, trainer.py.pid));
     let cfg = node.config(&scenario, "  min_bytes: 1000000000\n  top_n: 2\n");
     let main = Exporter::start(&scenario, &["--config.file", cfg.to_str().unwrap()]);
     wait_for(
@@ -843,7 +767,7 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
         "the trainer's torch bridge figures on the main exporter (gpu_process_torch_*)",
         || {
             let m = main.metrics();
-            let pid = trainer.pid.to_string();
+            let pid = trainer.py.pid.to_string();
             let found = m.find(
                 "gpu_process_torch_allocated_bytes",
                 &[("pid", pid.as_str()), ("pod", "trainer-0")],
@@ -852,7 +776,7 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
         },
     );
     // GPU 2 answered at start; from now on it is lost.
-    scenario.write(&main_scenario(true, trainer.pid));
+    scenario.write(&main_scenario(true, trainer.py.pid));
 
     // The exporter's metric families, as Prometheus names their series.
     let families: Vec<String> = main
@@ -877,7 +801,7 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
         main: main.addr.to_string(),
         stale: stale.addr.to_string(),
         down: down_socket.local_addr().unwrap().to_string(),
-        trainer: trainer.pid.to_string(),
+        trainer: trainer.py.pid.to_string(),
     };
     let config = format!(
         "global:

@@ -4,12 +4,11 @@
 //! Also runs the Python package's own unit tests.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::harness::python::{Py, StubState, python3};
 use crate::harness::*;
 use serde_json::json;
 
@@ -31,14 +30,6 @@ const FAMILIES: [&str; 8] = [
 
 fn gpu(bare: &str) -> String {
     format!("GPU-{bare}")
-}
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn python3() -> &'static str {
-    require_tool("python3", "python3")
 }
 
 /// Allocator figures derived from one number, all distinct and above 2^32
@@ -86,137 +77,6 @@ impl Figures {
             "reserved_peak": v[3], "active": v[4], "inactive_split": v[5],
             "alloc_retries": v[6], "ooms": v[7],
         })
-    }
-}
-
-/// The stub torch's state file, rewritten atomically.
-struct StubState {
-    dir: tempfile::TempDir,
-}
-
-impl StubState {
-    fn new(devices: &[(&str, Figures)]) -> StubState {
-        let s = StubState {
-            dir: tempfile::tempdir().expect("tempdir"),
-        };
-        s.write(devices);
-        s
-    }
-
-    fn path(&self) -> PathBuf {
-        self.dir.path().join("torch-state.json")
-    }
-
-    /// Devices in CUDA order (`CUDA_VISIBLE_DEVICES` may differ from NVML's).
-    fn write(&self, devices: &[(&str, Figures)]) {
-        let devs: Vec<_> = devices
-            .iter()
-            .map(|(u, f)| json!({"uuid": u, "stats": f.stats()}))
-            .collect();
-        let tmp = self.dir.path().join("torch-state.tmp");
-        std::fs::write(
-            &tmp,
-            json!({"initialized": true, "devices": devs}).to_string(),
-        )
-        .expect("write stub state");
-        std::fs::rename(&tmp, self.path()).expect("rename stub state");
-    }
-}
-
-/// A Python child; killed on drop. It prints `ready <pid>` once set up and
-/// then waits for its stdin to close.
-struct Py {
-    child: Child,
-    pid: u32,
-}
-
-impl Py {
-    fn spawn(code: &str, env: &[(&str, &str)]) -> Py {
-        let pythonpath = format!(
-            "{}:{}",
-            repo().join("python").display(),
-            repo().join("tests/torch_stub").display()
-        );
-        let mut cmd = Command::new(python3());
-        cmd.args(["-u", "-c", code])
-            .env("PYTHONPATH", pythonpath)
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .env("GPUMEM_BRIDGE_INTERVAL", "0.1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn python3");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(WAIT).unwrap_or_default();
-        let pid = line
-            .strip_prefix("ready ")
-            .and_then(|p| p.trim().parse().ok());
-        let Some(pid) = pid else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("python child did not get ready (said {line:?})");
-        };
-        Py { child, pid }
-    }
-
-    /// A process running the bridge, figures from the stub's state file.
-    fn bridge(state: &StubState, extra: &str) -> Py {
-        let code = format!(
-            "import os, sys, torch, gpumem_bridge\nassert gpumem_bridge.start()\n{extra}\nprint('ready', os.getpid(), flush=True)\nsys.stdin.read()\n"
-        );
-        Py::spawn(
-            &code,
-            &[("TORCH_STUB_STATE", state.path().to_str().unwrap())],
-        )
-    }
-
-    /// A process that publishes `payload` itself, as a hostile or broken
-    /// client would: a memfd with the bridge's name, sealed unless asked.
-    fn raw(payload: &[u8], seal: bool) -> (Py, tempfile::TempDir) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("payload");
-        std::fs::write(&file, payload).expect("payload");
-        let code = format!(
-            "import fcntl, os, sys\n\
-             data = open({file:?}, 'rb').read()\n\
-             fd = os.memfd_create('gpumem-bridge', os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)\n\
-             view = memoryview(data)\n\
-             while view:\n    view = view[os.write(fd, view):]\n\
-             if {seal}:\n    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)\n\
-             print('ready', os.getpid(), flush=True)\n\
-             sys.stdin.read()\n",
-            file = file.to_str().unwrap(),
-            seal = if seal { "True" } else { "False" },
-        );
-        (Py::spawn(&code, &[]), dir)
-    }
-
-    /// A GPU process without the bridge.
-    fn plain() -> Py {
-        Py::spawn(
-            "import os, sys\nprint('ready', os.getpid(), flush=True)\nsys.stdin.read()\n",
-            &[],
-        )
-    }
-
-    fn pid_str(&self) -> String {
-        self.pid.to_string()
-    }
-}
-
-impl Drop for Py {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -295,7 +155,7 @@ fn dropped(m: &Metrics, reason: &str) -> u64 {
 fn series_match_the_stub_follow_it_and_vanish_with_the_process() {
     let (a0, a1) = (Figures(5_000_000_007), Figures(9_000_000_011));
     // CUDA order is the reverse of NVML's: only the UUID joins them.
-    let state = StubState::new(&[(U1, a1), (U0, a0)]);
+    let state = StubState::new(&[(U1, a1.stats()), (U0, a0.stats())]);
     let py = Py::bridge(&state, "");
     let pid = py.pid_str();
     let scenario = Scenario::new(&scenario_yaml(&[
@@ -343,7 +203,7 @@ fn series_match_the_stub_follow_it_and_vanish_with_the_process() {
 
     // The process's figures change: the series follow.
     let (b0, b1) = (Figures(6_000_000_013), Figures(7_000_000_017));
-    state.write(&[(U1, b1), (U0, b0)]);
+    state.write(&[(U1, b1.stats()), (U0, b0.stats())]);
     wait_for(WAIT, "series following the stub", || {
         let m = ex.metrics();
         (exported(&m, "0", &pid) == Some(b0.values())
@@ -405,7 +265,7 @@ fn a_process_reports_only_about_itself() {
 #[test]
 fn malformed_and_oversized_documents_are_dropped_and_counted() {
     let good = Figures(8_000_000_009);
-    let state = StubState::new(&[(U0, good)]);
+    let state = StubState::new(&[(U0, good.stats())]);
     let ok = Py::bridge(&state, "");
     let (garbage, _d1) = Py::raw(b"this is not json", true);
     let wrong_types = json!({"v": 1, "devices": [{"uuid": gpu(U0), "allocated": "lots"}]});
@@ -486,7 +346,7 @@ fn start_without_caps(scenario: &Scenario) -> Exporter {
 
 #[test]
 fn permission_denied_is_counted_once_per_process_and_logged_once() {
-    let state = StubState::new(&[(U0, Figures(4_000_000_001))]);
+    let state = StubState::new(&[(U0, Figures(4_000_000_001).stats())]);
     // Non-dumpable: its /proc/<pid>/fd links need CAP_SYS_PTRACE to follow,
     // even for the same uid.
     let (a, b) = (
@@ -529,7 +389,7 @@ fn permission_denied_is_counted_once_per_process_and_logged_once() {
 #[test]
 fn mig_instance_is_joined_by_its_own_uuid() {
     let f = Figures(3_000_000_019);
-    let state = StubState::new(&[(U1, f)]);
+    let state = StubState::new(&[(U1, f.stats())]);
     let py = Py::bridge(&state, "");
     // The parent GPU has another UUID; CUDA's is the MIG instance's.
     let scenario = Scenario::new(&format!(
@@ -552,7 +412,7 @@ fn mig_instance_is_joined_by_its_own_uuid() {
 
 #[test]
 fn torch_bridge_false_reads_nothing() {
-    let state = StubState::new(&[(U0, Figures(2_000_000_003))]);
+    let state = StubState::new(&[(U0, Figures(2_000_000_003).stats())]);
     let py = Py::bridge(&state, "");
     let scenario = Scenario::new(&scenario_yaml(&[(U0, &[(py.pid, 1 << 30)])]));
     let ex = start(&scenario, "processes:\n  torch_bridge: false\n");

@@ -12,11 +12,21 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gpumem-exporter");
 
+/// The repository root.
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A file of the repository, by its path from the root.
+pub fn repo_file(rel: &str) -> PathBuf {
+    repo().join(rel)
+}
+
 /// Path of the fake `libnvidia-ml` (built once per test binary).
 pub fn fake_nvml() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let manifest = repo();
         let status = Command::new(env!("CARGO"))
             .args(["build", "-q", "-p", "fake-nvml", "--lib"])
             .current_dir(manifest)
@@ -427,3 +437,4 @@ impl Exporter {
 }
 pub mod cluster;
 pub mod prom;
+pub mod python;

@@ -6,7 +6,6 @@
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -365,13 +364,4 @@ pub fn grafana_regex(values: &[&str]) -> String {
     } else {
         format!("({})", escaped.join("|"))
     }
-}
-
-/// The repository root (for deploy/ and grafana/).
-pub fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-pub fn repo_file(rel: &str) -> PathBuf {
-    repo().join(rel)
 }
