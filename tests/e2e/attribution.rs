@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::harness::cluster::{
     self, FakeNode, cgroup_containerd, cgroup_crio, cgroup_v1, container_id as cid, pod_uid as uid,
-    team_pods,
+    pods_resolved, team_pods,
 };
 use crate::harness::*;
 
@@ -93,8 +93,8 @@ impl World {
     /// The exporter on this node; `processes`: more lines under
     /// `processes:`.
     fn start(&self, processes: &str) -> Exporter {
-        let cfg = self.node.config(&self.scenario, processes);
-        Exporter::start(&self.scenario, &["--config.file", cfg.to_str().unwrap()])
+        let config = self.node.config(&self.scenario, processes);
+        Exporter::with_config(&self.scenario, &config, &[])
     }
 }
 
@@ -112,16 +112,7 @@ fn three_pods_sharing_a_gpu_get_their_own_series() {
     // The watcher lists asynchronously: wait until names are resolved.
     let m = wait_for(Duration::from_secs(10), "pod names", || {
         let m = ex.metrics();
-        (m.find("gpu_process_memory_used_bytes", &[("pod", "notebook")])
-            .len()
-            == 1
-            && m.find("gpu_process_memory_used_bytes", &[("pod", "trainer-0")])
-                .len()
-                == 1
-            && m.find("gpu_process_memory_used_bytes", &[("pod", "infer-7f9c")])
-                .len()
-                == 1)
-            .then_some(m)
+        pods_resolved(&m, &["notebook", "trainer-0", "infer-7f9c"]).then_some(m)
     });
     let want = [
         (
@@ -198,11 +189,7 @@ fn deleted_pod_and_exited_process_leave_no_series() {
     let mut w = world(&procs);
     let ex = w.start("");
     wait_for(Duration::from_secs(10), "infer pod resolved", || {
-        (ex.metrics()
-            .find("gpu_process_memory_used_bytes", &[("pod", "infer-7f9c")])
-            .len()
-            == 1)
-            .then_some(())
+        pods_resolved(&ex.metrics(), &["infer-7f9c"]).then_some(())
     });
     // The pod is deleted from the API, its process leaves the GPU and /proc.
     w.node.delete("infer-7f9c");
@@ -272,12 +259,7 @@ fn hidden_pids_are_exported_by_pid_and_counted() {
             .unwrap()
             >= 1.0
     );
-    let log = ex.stderr();
-    assert_eq!(
-        log.matches("not visible in /proc").count(),
-        1,
-        "logged once: {log}"
-    );
+    ex.assert_logged_once("not visible in /proc");
 }
 
 #[test]
@@ -364,13 +346,7 @@ fn mps_clients_appear_with_their_own_pid_and_pod() {
     let ex = w.start("");
     let m = wait_for(Duration::from_secs(10), "MPS clients with pods", || {
         let m = ex.metrics();
-        (m.find("gpu_process_memory_used_bytes", &[("pod", "infer-7f9c")])
-            .len()
-            == 1
-            && m.find("gpu_process_memory_used_bytes", &[("pod", "trainer-0")])
-                .len()
-                == 1)
-            .then_some(m)
+        pods_resolved(&m, &["infer-7f9c", "trainer-0"]).then_some(m)
     });
     assert_eq!(
         labels_of(&m, "gpu_process_memory_used_bytes", "4101")["namespace"],

@@ -14,9 +14,11 @@
 //! the end of this file.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
+
+use crate::harness::tools::{output_text, run_tool, run_tool_ok};
+use crate::harness::{BIN, repo_file};
 
 const IMAGE: &str = "ghcr.io/gpumem-exporter/gpumem-exporter:0.1.0";
 const NAMESPACE: &str = "gpumem-exporter";
@@ -37,74 +39,9 @@ const TORCH_CAPABILITIES: [&str; 2] = ["SYS_PTRACE", "DAC_READ_SEARCH"];
 
 // ------------------------------------------------------------------ helpers
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn read(rel: &str) -> String {
-    let path = repo().join(rel);
+    let path = repo_file(rel);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
-}
-
-fn install_hint(program: &str) -> &'static str {
-    match program {
-        "promtool" => {
-            "install promtool: `apt-get install -y prometheus` (Debian/Ubuntu) or the \
-             prometheus release tarball from https://prometheus.io/download/"
-        }
-        "kubectl" => {
-            "install kubectl (it includes kustomize): https://kubernetes.io/docs/tasks/tools/ \
-             or `apt-get install -y kubectl` from pkgs.k8s.io"
-        }
-        "systemd-analyze" => "install systemd-analyze: `apt-get install -y systemd`",
-        _ => "install it and put it on PATH",
-    }
-}
-
-/// Runs `program args...` in the repository root, feeding `stdin`. Panics
-/// loudly when the program is not installed: these checks must never be
-/// skipped silently.
-fn run(program: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .current_dir(repo())
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = match cmd.spawn() {
-        Ok(child) => child,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-            "`{program}` is not installed, so this check cannot run; {}",
-            install_hint(program)
-        ),
-        Err(e) => panic!("cannot start `{program}`: {e}"),
-    };
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin was piped");
-        pipe.write_all(input)
-            .unwrap_or_else(|e| panic!("writing to `{program}`: {e}"));
-    }
-    child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("waiting for `{program}`: {e}"))
-}
-
-/// Like [`run`], and panics with the tool's output unless it succeeded.
-fn run_ok(program: &str, args: &[&str], stdin: Option<&[u8]>) -> String {
-    let out = run(program, args, stdin);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "`{program} {}` failed ({}):\n{stdout}\n{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 /// A scratch directory, removed on drop.
@@ -135,8 +72,8 @@ impl Drop for Scratch {
 /// only; `kubectl annotate --local` reads it offline (no cluster, any kind)
 /// and prints JSON. Removing an annotation nobody sets changes nothing.
 fn render(dir: &str) -> Vec<Json> {
-    let yaml = run_ok("kubectl", &["kustomize", dir], None);
-    let json = run_ok(
+    let yaml = run_tool_ok("kubectl", &["kustomize", dir], None);
+    let json = run_tool_ok(
         "kubectl",
         &[
             "annotate",
@@ -258,7 +195,7 @@ fn alert_names_in_rules_yml() -> Vec<String> {
 
 #[test]
 fn promtool_accepts_the_rule_file() {
-    let out = run_ok(
+    let out = run_tool_ok(
         "promtool",
         &["check", "rules", "deploy/prometheus/rules.yml"],
         None,
@@ -268,16 +205,12 @@ fn promtool_accepts_the_rule_file() {
 
 #[test]
 fn rule_unit_tests_pass() {
-    let out = run(
+    let out = run_tool(
         "promtool",
         &["test", "rules", "deploy/prometheus/rules_test.yml"],
         None,
     );
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert!(
         out.status.success() && text.contains("SUCCESS"),
         "promtool test rules failed:\n{text}"
@@ -325,7 +258,7 @@ fn every_alert_is_tested_firing_and_silent() {
 
 #[test]
 fn prometheusrule_is_generated_from_rules_yml() {
-    let generated = run_ok("sh", &["scripts/gen-prometheusrule.sh"], None);
+    let generated = run_tool_ok("sh", &["scripts/gen-prometheusrule.sh"], None);
     let committed = read("deploy/kubernetes/base/prometheusrule.yaml");
     assert!(
         generated == committed,
@@ -361,7 +294,7 @@ fn every_alert_has_severity_annotations_and_a_runbook() {
         .find(|o| o.s("kind") == Some("PrometheusRule"))
         .expect("the base renders a PrometheusRule");
     let mut anchors = heading_anchors(&read("docs/OPERATIONS.md"));
-    if let Ok(readme) = std::fs::read_to_string(repo().join("README.md")) {
+    if let Ok(readme) = std::fs::read_to_string(repo_file("README.md")) {
         anchors.extend(heading_anchors(&readme));
     }
     let groups = rule.at("spec.groups").expect("spec.groups").items();
@@ -977,16 +910,15 @@ fn grafana_dashboard_is_valid_and_complete() {
     }
     let scratch = Scratch::new("dashboard");
     let file = scratch.write("dashboard-exprs.yml", &rules);
-    let out = run(
+    let out = run_tool(
         "promtool",
         &["check", "rules", file.to_str().unwrap()],
         None,
     );
     assert!(
         out.status.success(),
-        "dashboard expressions are not valid PromQL:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        "dashboard expressions are not valid PromQL:\n{}",
+        output_text(&out)
     );
 }
 
@@ -1079,12 +1011,8 @@ fn systemd_unit_is_sandboxed_and_verifies() {
     );
     let scratch = Scratch::new("systemd");
     let path = scratch.write("gpumem-exporter.service", &copy);
-    let out = run("systemd-analyze", &["verify", path.to_str().unwrap()], None);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_tool("systemd-analyze", &["verify", path.to_str().unwrap()], None);
+    let text = output_text(&out);
     assert!(
         out.status.success() && text.trim().is_empty(),
         "systemd-analyze verify complains about the unit:\n{text}"
@@ -1104,7 +1032,7 @@ fn unit_for_analysis() -> String {
 /// The capability lines `systemd-analyze security --offline=yes` marks as
 /// exposed (`✗ CapabilityBoundingSet=~CAP_…`, `✗ AmbientCapabilities=`).
 fn exposed_capabilities(unit: &std::path::Path) -> Vec<String> {
-    let out = run_ok(
+    let out = run_tool_ok(
         "systemd-analyze",
         &["security", "--offline=yes", unit.to_str().unwrap()],
         None,
@@ -1157,12 +1085,8 @@ fn systemd_torch_bridge_drop_in_adds_exactly_two_capabilities() {
     std::fs::create_dir_all(&dropins).expect("create the drop-in folder");
     let verify = |conf: &str| -> String {
         std::fs::write(dropins.join("torch-bridge.conf"), conf).expect("write the drop-in");
-        let out = run("systemd-analyze", &["verify", unit.to_str().unwrap()], None);
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = run_tool("systemd-analyze", &["verify", unit.to_str().unwrap()], None);
+        let text = output_text(&out);
         assert!(
             out.status.success(),
             "systemd-analyze verify failed:\n{text}"
@@ -1286,7 +1210,7 @@ fn exporter_accepts_the_shipped_config_files() {
         ("deploy/kubernetes/overlays/torch-bridge/config.yaml", true),
         ("deploy/systemd/config.yaml", false),
     ] {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpumem-exporter"));
+        let mut cmd = Command::new(BIN);
         for (key, value) in in_cluster {
             if cluster {
                 cmd.env(key, value);
@@ -1295,7 +1219,7 @@ fn exporter_accepts_the_shipped_config_files() {
             }
         }
         let mut child = cmd
-            .arg(format!("--config.file={}", repo().join(file).display()))
+            .arg(format!("--config.file={}", repo_file(file).display()))
             .args([
                 "--nvml.library=/nonexistent/libnvidia-ml.so.1",
                 "--web.listen-address=127.0.0.1:0",

@@ -35,10 +35,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::harness::cluster::{
-    FakeNode, cgroup_containerd, cgroup_crio, cgroup_v1, team_pods, write_proc,
+    FakeNode, cgroup_containerd, cgroup_crio, cgroup_v1, pods_resolved, team_pods, write_proc,
 };
 use crate::harness::prom::{
     Prometheus, QueryResult, grafana_regex, grafana_substitute, metric_names, prometheus_binary,
@@ -399,13 +399,6 @@ fn table(rows: &[Row]) -> String {
     out
 }
 
-fn now_unix() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
 // ------------------------------------------------------------------ the test
 
 struct Checks<'a> {
@@ -547,7 +540,7 @@ impl Checks<'_> {
                     ("alert", name)
                 }
                 Expect::Ahead(secs, want) => {
-                    let ahead = self.query(&name, &rule.expr, Some(now_unix() + secs));
+                    let ahead = self.query(&name, &rule.expr, Some(unix_now() + secs));
                     counts.push(ahead.result.len());
                     if let Err(e) = check_series(&ahead, &want) {
                         problem.get_or_insert(format!("{secs} s ahead: {e}"));
@@ -725,18 +718,10 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
 
     // The hung exporter first: its served sample starts ageing at once.
     let stale_scn = Scenario::new(&stale_scenario(0));
-    let stale_cfg = stale_scn.file(
-        "config.yaml",
-        b"kubernetes:\n  enabled: false\nprocesses:\n  enabled: false\n",
-    );
-    let stale = Exporter::start(
+    let stale = Exporter::with_config(
         &stale_scn,
-        &[
-            "--config.file",
-            stale_cfg.to_str().unwrap(),
-            "--sample-interval",
-            "1s",
-        ],
+        "kubernetes:\n  enabled: false\nprocesses:\n  enabled: false\n",
+        &["--sample-interval", "1s"],
     );
     stale_scn.write(&stale_scenario(60_000));
 
@@ -746,21 +731,12 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
     fake_proc(node.proc_root.path(), trainer.py.pid);
 
     let scenario = Scenario::new(&main_scenario(false, trainer.py.pid));
-    let cfg = node.config(&scenario, "  min_bytes: 1000000000\n  top_n: 2\n");
-    let main = Exporter::start(&scenario, &["--config.file", cfg.to_str().unwrap()]);
+    let config = node.config(&scenario, "  min_bytes: 1000000000\n  top_n: 2\n");
+    let main = Exporter::with_config(&scenario, &config, &[]);
     wait_for(
         Duration::from_secs(10),
         "pod names on the main exporter",
-        || {
-            let m = main.metrics();
-            (m.find("gpu_process_memory_used_bytes", &[("pod", "trainer-0")])
-                .len()
-                == 1
-                && m.find("gpu_process_memory_used_bytes", &[("pod", "notebook")])
-                    .len()
-                    == 1)
-                .then_some(())
-        },
+        || pods_resolved(&main.metrics(), &["trainer-0", "notebook"]).then_some(()),
     );
     wait_for(
         Duration::from_secs(10),

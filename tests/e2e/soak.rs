@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::harness::cluster::write_proc;
 use crate::harness::*;
 
 const UUID: &str = "GPU-99999999-0000-0000-0000-000000000000";
@@ -27,21 +28,16 @@ fn scenario(pids: &VecDeque<u32>) -> String {
     y
 }
 
+/// A worker process of uid 1000 outside any pod.
 fn add_proc(root: &Path, pid: u32) {
-    let dir = root.join(pid.to_string());
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("comm"), format!("worker-{}\n", pid % 1000)).unwrap();
-    std::fs::write(
-        dir.join("stat"),
-        format!("{pid} (worker) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {pid}\n"),
-    )
-    .unwrap();
-    std::fs::write(dir.join("status"), "Uid:\t1000\t1000\t1000\t1000\n").unwrap();
-    std::fs::write(
-        dir.join("cgroup"),
-        format!("0::/system.slice/job-{pid}.service\n"),
-    )
-    .unwrap();
+    write_proc(
+        root,
+        pid,
+        &format!("worker-{}", pid % 1000),
+        1000,
+        &format!("0::/system.slice/job-{pid}.service\n"),
+        &[],
+    );
 }
 
 fn status_kib(pid: u32, key: &str) -> u64 {

@@ -4,11 +4,11 @@
 //! Also runs the Python package's own unit tests.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use crate::harness::python::{Py, StubState, python3};
+use crate::harness::tools::{assert_promtool_check_metrics_clean, output_text};
 use crate::harness::*;
 use serde_json::json;
 
@@ -101,16 +101,13 @@ fn scenario_yaml(gpus: &[(&str, &[(u32, u64)])]) -> String {
     y
 }
 
-fn config(scenario: &Scenario, extra: &str) -> PathBuf {
-    scenario.file(
-        "config.yaml",
-        format!("sample_interval: 100ms\nmemory_sample_interval: 100ms\n{extra}").as_bytes(),
-    )
+/// Samples every 100 ms; `extra`: more config lines.
+fn config(extra: &str) -> String {
+    format!("sample_interval: 100ms\nmemory_sample_interval: 100ms\n{extra}")
 }
 
 fn start(scenario: &Scenario, extra: &str) -> Exporter {
-    let cfg = config(scenario, extra);
-    Exporter::start(scenario, &["--config.file", cfg.to_str().unwrap()])
+    Exporter::with_config(scenario, &config(extra), &[])
 }
 
 /// Labels of a series as owned pairs.
@@ -185,21 +182,7 @@ fn series_match_the_stub_follow_it_and_vanish_with_the_process() {
         assert_eq!(dropped(&m, reason), 0, "{reason}:\n{}", m.text);
     }
     // The exposition is valid, counters included.
-    let mut check = Command::new(promtool())
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool");
-    std::io::Write::write_all(&mut check.stdin.take().unwrap(), m.text.as_bytes()).unwrap();
-    let out = check.wait_with_output().unwrap();
-    assert!(
-        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_promtool_check_metrics_clean(&m.text);
 
     // The process's figures change: the series follow.
     let (b0, b1) = (Figures(6_000_000_013), Figures(7_000_000_017));
@@ -321,27 +304,21 @@ fn malformed_and_oversized_documents_are_dropped_and_counted() {
 /// Start the exporter without any capability (root keeps its uid but loses
 /// CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH), as a DaemonSet without them.
 fn start_without_caps(scenario: &Scenario) -> Exporter {
-    let cfg = config(scenario, "");
-    let lib = fake_nvml().to_str().unwrap().to_string();
+    let cfg = scenario.file("config.yaml", config("").as_bytes());
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let mut cmd = if root {
+    let cmd = if root {
         let mut c = Command::new("setpriv");
         c.args(["--inh-caps=-all", "--bounding-set=-all", "--", BIN]);
         c
     } else {
         Command::new(BIN)
     };
-    cmd.args([
-        "--nvml.library",
-        &lib,
-        "--web.listen-address",
-        "127.0.0.1:0",
-        "--config.file",
-        cfg.to_str().unwrap(),
-    ])
-    .env("FAKE_NVML_CONFIG", &scenario.path);
-    Exporter::spawn(cmd)
+    Exporter::spawn(Exporter::command(
+        cmd,
+        scenario,
+        &["--config.file", cfg.to_str().unwrap()],
+    ))
 }
 
 #[test]
@@ -378,12 +355,7 @@ fn permission_denied_is_counted_once_per_process_and_logged_once() {
     let used = m.find("gpu_process_memory_used_bytes", &[("pid", &a.pid_str())]);
     assert_eq!(used.len(), 1);
     assert!(!used[0].0["process"].is_empty(), "{}", m.text);
-    let log = ex.stderr();
-    assert_eq!(
-        log.matches("CAP_SYS_PTRACE").count(),
-        1,
-        "logged once:\n{log}"
-    );
+    ex.assert_logged_once("CAP_SYS_PTRACE");
 }
 
 #[test]
@@ -436,11 +408,7 @@ fn python_unit_tests() {
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .expect("run python3 -m unittest");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert!(out.status.success(), "python unit tests failed:\n{text}");
     assert!(text.contains("OK"), "{text}");
 }

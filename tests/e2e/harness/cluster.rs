@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use http_body_util::channel::{Channel, Sender};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::Scenario;
+use super::{Metrics, Scenario};
 
 /// The node the exporter and the pod watcher run on.
 pub const NODE: &str = "gpu-node-1";
@@ -199,6 +199,17 @@ pub fn team_pods() -> Vec<Value> {
         seeded_pod("team-b", "infer-7f9c", 'b', "server", "cri-o"),
         seeded_pod("team-a", "notebook", 'c', "jupyter", "containerd"),
     ]
+}
+
+/// Each of `pods` names exactly one process series: the watcher has
+/// resolved them.
+pub fn pods_resolved(m: &Metrics, pods: &[&str]) -> bool {
+    assert!(!pods.is_empty(), "which pods?");
+    pods.iter().all(|pod| {
+        m.find("gpu_process_memory_used_bytes", &[("pod", pod)])
+            .len()
+            == 1
+    })
 }
 
 /// One line of a watch stream.
@@ -411,21 +422,17 @@ impl FakeNode {
         }
     }
 
-    /// Write the config file of an exporter on this node, beside
-    /// `scenario`: a sample every 100 ms, this /proc root and [`PASSWD`],
+    /// The config of an exporter on this node: a sample every 100 ms,
+    /// this /proc root and [`PASSWD`] (written beside `scenario`),
     /// `processes` (lines under `processes:`, each indented two spaces),
     /// the pod watcher on this API and [`NODE`].
-    pub fn config(&self, scenario: &Scenario, processes: &str) -> PathBuf {
+    pub fn config(&self, scenario: &Scenario, processes: &str) -> String {
         let passwd = scenario.file("passwd", PASSWD);
-        scenario.file(
-            "config.yaml",
-            format!(
-                "sample_interval: 100ms\npath:\n  procfs: {}\nprocesses:\n  passwd_file: {}\n{processes}kubernetes:\n  enabled: true\n  api_url: {}\n  node_name: {NODE}\n",
-                self.proc_root.path().display(),
-                passwd.display(),
-                self.api.url()
-            )
-            .as_bytes(),
+        format!(
+            "sample_interval: 100ms\npath:\n  procfs: {}\nprocesses:\n  passwd_file: {}\n{processes}kubernetes:\n  enabled: true\n  api_url: {}\n  node_name: {NODE}\n",
+            self.proc_root.path().display(),
+            passwd.display(),
+            self.api.url()
         )
     }
 

@@ -17,7 +17,7 @@ use super::http_get;
 /// `prometheus`, or a loud failure naming the package to install. Never a
 /// skip: a missing server would silently turn the test into a no-op.
 pub fn prometheus_binary() -> &'static str {
-    super::require_tool("prometheus", "prometheus")
+    super::tools::require_tool("prometheus")
 }
 
 /// A port that was free a moment ago (the caller retries if it is taken).

@@ -10,13 +10,14 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{repo, require_tool};
+use super::repo;
+use super::tools::require_tool;
 
 /// How long a child may take to say it is ready.
 const READY: Duration = Duration::from_secs(20);
 
 pub fn python3() -> &'static str {
-    require_tool("python3", "python3")
+    require_tool("python3")
 }
 
 /// The stub torch's state file, rewritten atomically (the stub re-reads it
