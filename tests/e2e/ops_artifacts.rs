@@ -13,9 +13,10 @@
 //! json` and read with serde_json.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use gpumem_exporter::config::{self, Config, Overrides};
 use serde_json::Value;
 
 use crate::harness::tools::{output_text, run_tool, run_tool_ok};
@@ -140,35 +141,54 @@ fn heading_anchors(markdown: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// (dotted key, value) of each setting of a shipped config file: two
-/// levels of block mappings, which is all the shipped files use.
-fn config_settings(text: &str) -> Vec<(String, String)> {
-    let mut parent = String::new();
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let trimmed = line.trim();
-        if trimmed.is_empty() || trimmed.starts_with('#') {
-            continue;
-        }
-        let (key, value) = trimmed.split_once(':').unwrap_or((trimmed, ""));
-        let key = key.trim();
-        let path = if line.starts_with(' ') {
-            format!("{parent}.{key}")
-        } else {
-            parent = key.to_string();
-            key.to_string()
-        };
-        out.push((path, value.trim().to_string()));
+/// The environment a shipped config file runs in: the DaemonSet's for
+/// the Kubernetes ones (in-cluster API variables, NODE_NAME from the
+/// downward API), a plain host's (none of those) for the others.
+fn shipped_env(file: &str) -> &'static [(&'static str, &'static str)] {
+    if file.starts_with("deploy/kubernetes/") {
+        &IN_CLUSTER
+    } else {
+        &[]
     }
-    out
 }
 
-/// The value of one dotted key of a shipped config file.
-fn config_value(text: &str, key: &str) -> Option<String> {
-    config_settings(text)
-        .into_iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v)
+const IN_CLUSTER: [(&str, &str); 3] = [
+    ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+    ("KUBERNETES_SERVICE_PORT", "443"),
+    ("NODE_NAME", "gpu-node-1"),
+];
+
+/// The shipped config files, and whether each turns the torch bridge on:
+/// off where the exporter lacks the capabilities it needs, on where they
+/// are granted.
+const SHIPPED_CONFIGS: [(&str, bool); 3] = [
+    ("deploy/kubernetes/base/config.yaml", false),
+    ("deploy/kubernetes/overlays/torch-bridge/config.yaml", true),
+    ("deploy/systemd/config.yaml", false),
+];
+
+/// A config file as the exporter reads it, in the environment it is
+/// shipped for (see [`shipped_env`]); its error when the exporter would
+/// refuse it (an unknown key, a bad value).
+fn load_config(path: &Path, env: &[(&str, &str)]) -> Result<Config, String> {
+    let lookup = |key: &str| {
+        env.iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.to_string())
+    };
+    config::load(Some(path), &Overrides::default(), &lookup).map_err(|e| e.to_string())
+}
+
+/// A shipped config file as the exporter reads it; panics with the
+/// exporter's error when it would refuse the file.
+fn shipped_config(file: &str) -> Config {
+    load_config(&repo_file(file), shipped_env(file))
+        .unwrap_or_else(|e| panic!("the exporter refuses {file}: {e}"))
+}
+
+/// A YAML file's tree, every key and value as written.
+fn yaml_tree(file: &str) -> Value {
+    serde_saphyr::from_str(&read(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
 }
 
 fn alert_names_in_rules_yml() -> Vec<String> {
@@ -524,16 +544,13 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
     );
     let config = cm["data"]["config.yaml"].as_str().expect("config.yaml key");
     let (file, torch_bridge) = match variant {
-        Variant::Plain => ("deploy/kubernetes/base/config.yaml", "false"),
-        Variant::TorchBridge => (
-            "deploy/kubernetes/overlays/torch-bridge/config.yaml",
-            "true",
-        ),
+        Variant::Plain => ("deploy/kubernetes/base/config.yaml", false),
+        Variant::TorchBridge => ("deploy/kubernetes/overlays/torch-bridge/config.yaml", true),
     };
     assert_eq!(config, read(file));
     assert_eq!(
-        config_value(config, "processes.torch_bridge").as_deref(),
-        Some(torch_bridge),
+        shipped_config(file).processes.torch_bridge,
+        torch_bridge,
         "processes.torch_bridge in the rendered config"
     );
 
@@ -712,17 +729,30 @@ fn torch_bridge_overlay_grants_exactly_the_two_capabilities() {
             o["metadata"]["name"].as_str()
         );
     }
-    // The two config files stay in step: same settings but one.
-    let settings = |file: &str| -> Vec<(String, String)> {
-        config_settings(&read(file))
-            .into_iter()
-            .filter(|(k, _)| k != "processes.torch_bridge")
-            .collect()
+    // The two config files stay in step: the same keys and values but one,
+    // as written and as the exporter reads them.
+    let base = "deploy/kubernetes/base/config.yaml";
+    let overlay = "deploy/kubernetes/overlays/torch-bridge/config.yaml";
+    let without_torch_bridge = |file: &str| {
+        let mut tree = yaml_tree(file);
+        let processes = tree["processes"].as_object_mut().expect("processes:");
+        assert!(
+            processes.remove("torch_bridge").is_some(),
+            "{file}: processes.torch_bridge is set"
+        );
+        tree
     };
     assert_eq!(
-        settings("deploy/kubernetes/overlays/torch-bridge/config.yaml"),
-        settings("deploy/kubernetes/base/config.yaml"),
+        without_torch_bridge(overlay),
+        without_torch_bridge(base),
         "overlays/torch-bridge/config.yaml must equal base/config.yaml except processes.torch_bridge"
+    );
+    let mut read_as = shipped_config(overlay);
+    read_as.processes.torch_bridge = false;
+    assert_eq!(
+        read_as,
+        shipped_config(base),
+        "the exporter reads the overlay's config as the base's, torch_bridge aside"
     );
 }
 
@@ -1108,52 +1138,30 @@ fn dockerfile_builds_a_nonroot_glibc_image() {
     }
 }
 
-/// The config files shipped for Kubernetes and systemd use only the keys of
-/// the exporter's documented config schema (the exporter rejects unknown
-/// keys).
+/// The config files shipped for Kubernetes and systemd use only keys the
+/// exporter knows: its own config loader reads them (it rejects unknown
+/// keys, as the control case shows), each in the environment it is shipped
+/// for.
 #[test]
 fn shipped_config_files_use_known_keys() {
-    let known = [
-        "web",
-        "web.listen_address",
-        "web.telemetry_path",
-        "sample_interval",
-        "memory_sample_interval",
-        "peak_window",
-        "nvml",
-        "nvml.library",
-        "log",
-        "log.level",
-        "log.format",
-        "kubernetes",
-        "kubernetes.enabled",
-        "kubernetes.node_name",
-        "processes",
-        "processes.enabled",
-        "processes.min_bytes",
-        "processes.top_n",
-        "processes.cmdline",
-        "processes.passwd_file",
-        "processes.torch_bridge",
-    ];
-    // The torch bridge is off where the exporter lacks the capabilities it
-    // needs, and on where they are granted.
-    for (file, torch_bridge) in [
-        ("deploy/kubernetes/base/config.yaml", "false"),
-        (
-            "deploy/kubernetes/overlays/torch-bridge/config.yaml",
-            "true",
-        ),
-        ("deploy/systemd/config.yaml", "false"),
-    ] {
-        let text = read(file);
-        for (path, _) in config_settings(&text) {
-            assert!(known.contains(&path.as_str()), "{file}: unknown key {path}");
-        }
+    for (file, torch_bridge) in SHIPPED_CONFIGS {
+        let config = shipped_config(file);
         assert_eq!(
-            config_value(&text, "processes.torch_bridge").as_deref(),
-            Some(torch_bridge),
+            config.processes.torch_bridge, torch_bridge,
             "{file}: processes.torch_bridge"
+        );
+        // Control: the same file with one key the exporter does not know.
+        let scratch = tempfile::tempdir().expect("tempdir");
+        let typo = write_in(
+            &scratch,
+            "config.yaml",
+            &format!("{}gpumem_test_unknown_key: 1\n", read(file)),
+        );
+        let err = load_config(&typo, shipped_env(file))
+            .expect_err("a config file with an unknown key is refused");
+        assert!(
+            err.contains("unknown field `gpumem_test_unknown_key`"),
+            "{file} plus an unknown key: {err}"
         );
     }
 }
@@ -1165,24 +1173,12 @@ fn shipped_config_files_use_known_keys() {
 /// downward API) or a plain host's (none of those).
 #[test]
 fn exporter_accepts_the_shipped_config_files() {
-    let in_cluster = [
-        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
-        ("KUBERNETES_SERVICE_PORT", "443"),
-        ("NODE_NAME", "gpu-node-1"),
-    ];
-    for (file, cluster) in [
-        ("deploy/kubernetes/base/config.yaml", true),
-        ("deploy/kubernetes/overlays/torch-bridge/config.yaml", true),
-        ("deploy/systemd/config.yaml", false),
-    ] {
+    for (file, _) in SHIPPED_CONFIGS {
         let mut cmd = Command::new(BIN);
-        for (key, value) in in_cluster {
-            if cluster {
-                cmd.env(key, value);
-            } else {
-                cmd.env_remove(key);
-            }
+        for (key, _) in IN_CLUSTER {
+            cmd.env_remove(key);
         }
+        cmd.envs(shipped_env(file).iter().copied());
         let mut child = cmd
             .arg(format!("--config.file={}", repo_file(file).display()))
             .args([
