@@ -24,7 +24,9 @@ use crate::harness::{BIN, repo_file};
 
 const IMAGE: &str = "ghcr.io/gpumem-exporter/gpumem-exporter:0.1.0";
 const NAMESPACE: &str = "gpumem-exporter";
-const RUNBOOK_BASE: &str = "https://github.com/gpumem-exporter/gpumem-exporter/blob/main/README.md";
+/// Where links into this repository's files start; the rest of such a
+/// link is the file's path and maybe `#anchor`.
+const REPO_BLOB: &str = "https://github.com/gpumem-exporter/gpumem-exporter/blob/main/";
 const ALERTS: [&str; 8] = [
     "GpuMemoryHigh",
     "GpuMemoryExhaustionPredicted",
@@ -121,9 +123,9 @@ fn strings(value: Option<&Value>) -> Vec<String> {
         .collect()
 }
 
-/// GitHub's anchor for a Markdown heading: lower case, punctuation other
-/// than `-` and `_` removed, spaces turned into `-`.
-fn github_anchor(heading: &str) -> String {
+/// GitHub's anchor (slug) for the text of a Markdown heading: lower case,
+/// punctuation other than `-` and `_` removed, each space turned into `-`.
+fn github_slug(heading: &str) -> String {
     heading
         .trim()
         .to_lowercase()
@@ -133,12 +135,75 @@ fn github_anchor(heading: &str) -> String {
         .collect()
 }
 
+/// The anchors GitHub gives the headings of a Markdown file: ATX headings
+/// (`#` to `######` and a space) outside fenced code blocks, a repeated
+/// slug numbered `-1`, `-2`, … as GitHub does.
 fn heading_anchors(markdown: &str) -> BTreeSet<String> {
-    markdown
-        .lines()
-        .filter(|l| l.starts_with('#'))
-        .map(|l| github_anchor(l.trim_start_matches('#')))
-        .collect()
+    let mut anchors = BTreeSet::new();
+    let mut fence: Option<&str> = None;
+    for line in markdown.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if let Some(f) = fence {
+            if trimmed.starts_with(f) {
+                fence = None;
+            }
+            continue;
+        }
+        if indent < 4
+            && let Some(f) = ["```", "~~~"].into_iter().find(|f| trimmed.starts_with(f))
+        {
+            fence = Some(f);
+            continue;
+        }
+        let level = trimmed.chars().take_while(|c| *c == '#').count();
+        let text = &trimmed[level..];
+        if indent >= 4 || !(1..=6).contains(&level) || !(text.is_empty() || text.starts_with(' ')) {
+            continue;
+        }
+        // An optional closing sequence of #s.
+        let text = text.trim_end();
+        let text = match text.trim_end_matches('#') {
+            t if t.is_empty() || t.ends_with(' ') => t,
+            _ => text,
+        };
+        let slug = github_slug(text);
+        let mut anchor = slug.clone();
+        let mut n = 0;
+        while anchors.contains(&anchor) {
+            n += 1;
+            anchor = format!("{slug}-{n}");
+        }
+        anchors.insert(anchor);
+    }
+    anchors
+}
+
+/// The file and the anchor that a link into this repository names
+/// (`REPO_BLOB` + path + `#anchor`), checked: the file exists in this
+/// checkout and has a heading with that anchor.
+fn resolve_repo_link(url: &str) -> (String, String) {
+    let rest = url
+        .strip_prefix(REPO_BLOB)
+        .unwrap_or_else(|| panic!("{url} does not start with {REPO_BLOB}"));
+    let (path, anchor) = rest
+        .split_once('#')
+        .unwrap_or_else(|| panic!("{url} names no #anchor"));
+    assert!(
+        !path.is_empty()
+            && !path
+                .split('/')
+                .any(|p| p.is_empty() || p == "." || p == ".."),
+        "{url}: {path:?} is not a plain path of a file"
+    );
+    let text = std::fs::read_to_string(repo_file(path))
+        .unwrap_or_else(|e| panic!("{url}: {path} is not a file of this repository: {e}"));
+    let anchors = heading_anchors(&text);
+    assert!(
+        anchors.contains(anchor),
+        "{url}: {path} has no heading whose anchor is #{anchor}; its anchors: {anchors:?}"
+    );
+    (path.to_string(), anchor.to_string())
 }
 
 /// The environment a shipped config file runs in: the DaemonSet's for
@@ -293,18 +358,15 @@ fn prometheusrule_is_generated_from_rules_yml() {
     );
 }
 
-/// Severity, summary, description and a runbook_url whose anchor is a
-/// heading in docs/OPERATIONS.md (or README.md, where the runbooks move).
+/// Severity, summary, description and a runbook_url: a link to a heading
+/// `Alert: <name>` of a Markdown file of this repository, which must exist
+/// in this checkout with that heading.
 #[test]
 fn every_alert_has_severity_annotations_and_a_runbook() {
     let rule = render("deploy/kubernetes/base")
         .into_iter()
         .find(|o| o["kind"].as_str() == Some("PrometheusRule"))
         .expect("the base renders a PrometheusRule");
-    let mut anchors = heading_anchors(&read("docs/OPERATIONS.md"));
-    if let Ok(readme) = std::fs::read_to_string(repo_file("README.md")) {
-        anchors.extend(heading_anchors(&readme));
-    }
     let groups = list(rule.pointer("/spec/groups").expect("spec.groups"));
     assert_eq!(groups.len(), 1, "one rule group");
     assert_eq!(groups[0]["name"].as_str(), Some("gpumem-exporter"));
@@ -330,15 +392,18 @@ fn every_alert_has_severity_annotations_and_a_runbook() {
                 "{alert}: no {key}"
             );
         }
-        let anchor = format!("alert-{}", alert.to_lowercase());
-        assert_eq!(
-            r["annotations"]["runbook_url"].as_str(),
-            Some(format!("{RUNBOOK_BASE}#{anchor}").as_str()),
-            "{alert}: runbook_url"
-        );
+        let url = r["annotations"]["runbook_url"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{alert}: no runbook_url"));
         assert!(
-            anchors.contains(&anchor),
-            "{alert}: no heading `### Alert: {alert}` (anchor #{anchor}) in docs/OPERATIONS.md or README.md"
+            url.starts_with(REPO_BLOB),
+            "{alert}: runbook_url {url} is not a link into this repository ({REPO_BLOB}...)"
+        );
+        let (file, anchor) = resolve_repo_link(url);
+        assert_eq!(
+            anchor,
+            github_slug(&format!("Alert: {alert}")),
+            "{alert}: runbook_url {url} must link to the heading `Alert: {alert}` (in {file})"
         );
         assert!(
             r["expr"].as_str().is_some() && r["for"].as_str().is_some(),
@@ -1210,11 +1275,25 @@ fn exporter_accepts_the_shipped_config_files() {
 }
 
 #[test]
-fn github_anchor_and_dashboard_variables() {
+fn github_slug_of_headings() {
+    assert_eq!(github_slug(" Alert: GpuMemoryHigh"), "alert-gpumemoryhigh");
     assert_eq!(
-        github_anchor(" Alert: GpuMemoryHigh"),
-        "alert-gpumemoryhigh"
+        github_slug("Real or cache? (PyTorch allocator)"),
+        "real-or-cache-pytorch-allocator"
     );
+    assert_eq!(github_slug("`top_n` and min-bytes"), "top_n-and-min-bytes");
+    assert_eq!(github_slug("a  b"), "a--b");
+    let md = "# Title\n\n```sh\n# not a heading\n```\n## Alert: GpuDown ##\n#nospace\n    # indented code\n## Title\n";
+    assert_eq!(
+        heading_anchors(md),
+        ["alert-gpudown", "title", "title-1"]
+            .map(String::from)
+            .into()
+    );
+}
+
+#[test]
+fn dashboard_variables_are_found() {
     assert_eq!(
         variables("rate(x{instance=~\"$instance\"}[$__rate_interval]) ${gpu}"),
         ["__rate_interval", "gpu", "instance"]
