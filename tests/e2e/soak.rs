@@ -1,17 +1,16 @@
 //! Process-churn soak: the fake NVML starts and ends ~100 pids a minute
 //! (each with a /proc entry that appears and disappears), for
 //! `SOAK_SECONDS` (default 120, the CI version; the documented long run is
-//! `SOAK_SECONDS=3600 cargo test --release --test soak -- --nocapture`).
+//! `SOAK_SECONDS=3600 cargo test --release --test e2e soak:: -- --nocapture`).
 //! After warm-up, RSS must stay flat within 1 MiB, open fds flat, and the
 //! number of process series must equal the live pids at every check.
-
-mod common;
 
 use std::collections::VecDeque;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::harness::cluster::write_proc;
+use crate::harness::*;
 
 const UUID: &str = "GPU-99999999-0000-0000-0000-000000000000";
 const LIVE: usize = 20;
@@ -29,21 +28,16 @@ fn scenario(pids: &VecDeque<u32>) -> String {
     y
 }
 
+/// A worker process of uid 1000 outside any pod.
 fn add_proc(root: &Path, pid: u32) {
-    let dir = root.join(pid.to_string());
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("comm"), format!("worker-{}\n", pid % 1000)).unwrap();
-    std::fs::write(
-        dir.join("stat"),
-        format!("{pid} (worker) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {pid}\n"),
-    )
-    .unwrap();
-    std::fs::write(dir.join("status"), "Uid:\t1000\t1000\t1000\t1000\n").unwrap();
-    std::fs::write(
-        dir.join("cgroup"),
-        format!("0::/system.slice/job-{pid}.service\n"),
-    )
-    .unwrap();
+    write_proc(
+        root,
+        pid,
+        &format!("worker-{}", pid % 1000),
+        1000,
+        &format!("0::/system.slice/job-{pid}.service\n"),
+        &[],
+    );
 }
 
 fn status_kib(pid: u32, key: &str) -> u64 {

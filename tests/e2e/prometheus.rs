@@ -13,7 +13,7 @@
 //!   small ones summed into pid="other" (processes.min_bytes / top_n) and
 //!   one without a memory figure. The trainer pod's process is a real
 //!   `python3` running the torch bridge (python/) with the stub `torch`
-//!   (tests/torch_stub), as in tests/e2e_torch.rs: its fake /proc entry
+//!   (tests/torch_stub), as in the `torch` tests: its fake /proc entry
 //!   links `fd` to its real /proc/<pid>/fd, so the exporter reads its
 //!   allocator figures (gpu_process_torch_*), and its allocation retries
 //!   keep rising (GpuTorchAllocRetriesRising). GPU 1 in MIG mode with a pod's process in
@@ -28,29 +28,26 @@
 //! The summary table goes to stderr unconditionally (also when the test
 //! passes).
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use common::cluster::{self, FakeApi};
-use common::prom::{
-    Prometheus, QueryResult, grafana_regex, grafana_substitute, metric_names, prometheus_binary,
-    repo_file,
+use crate::harness::cluster::{
+    FakeNode, cgroup_containerd, cgroup_crio, cgroup_v1, pods_resolved, team_pods, write_proc,
 };
-use common::*;
+use crate::harness::prom::{
+    Prometheus, QueryResult, grafana_regex, grafana_substitute, metric_names, prometheus_binary,
+};
+use crate::harness::python::{Py, StubState};
+use crate::harness::*;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-const NODE: &str = "gpu-node-1";
 const GPU0: &str = "GPU-0a0a0a0a-0000-0000-0000-000000000000";
 const GPU1: &str = "GPU-1b1b1b1b-0000-0000-0000-000000000000";
 const GPU2: &str = "GPU-2c2c2c2c-0000-0000-0000-000000000000";
@@ -89,80 +86,34 @@ const DEADLINE: Duration = Duration::from_secs(35);
 
 // ------------------------------------------------------------------ world
 
-fn cid(seed: char) -> String {
-    fake_container_id(seed)
-}
-
-fn uid(seed: char) -> String {
-    fake_pod_uid(seed)
-}
-
-fn write_proc(root: &Path, pid: u32, comm: &str, uid: u32, cgroup: &str) {
-    cluster::write_proc(root, pid, comm, uid, cgroup, &[]);
-}
-
-/// Three pods (containerd/cgroup v2, CRI-O/cgroup v2, cgroupfs/cgroup v1)
-/// and one host process outside any pod. The trainer (`trainer_pid`) is a
-/// real process: its `fd` directory is its real one, where the exporter
-/// finds the torch bridge's memfd.
+/// The three pods of [`team_pods`] (containerd/cgroup v2, CRI-O/cgroup
+/// v2, cgroupfs/cgroup v1) and one host process outside any pod. The
+/// trainer (`trainer_pid`) is a real process: its `fd` directory is its
+/// real one, where the exporter finds the torch bridge's memfd.
 fn fake_proc(root: &Path, trainer_pid: u32) {
     write_proc(
         root,
         trainer_pid,
         "python3",
         1000,
-        &format!(
-            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n",
-            uid('a').replace('-', "_"),
-            cid('a')
-        ),
+        &cgroup_containerd('a'),
+        &[],
     );
     std::os::unix::fs::symlink(
         format!("/proc/{trainer_pid}/fd"),
         root.join(trainer_pid.to_string()).join("fd"),
     )
     .unwrap();
-    write_proc(
-        root,
-        4102,
-        "tritonserver",
-        1001,
-        &format!(
-            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/crio-{}.scope\n",
-            uid('b').replace('-', "_"),
-            cid('b')
-        ),
-    );
-    write_proc(
-        root,
-        4103,
-        "jupyter",
-        1000,
-        &format!(
-            "12:memory:/kubepods/burstable/pod{u}/{c}\n1:name=systemd:/kubepods/burstable/pod{u}/{c}\n",
-            u = uid('c'),
-            c = cid('c')
-        ),
-    );
+    write_proc(root, 4102, "tritonserver", 1001, &cgroup_crio('b'), &[]);
+    write_proc(root, 4103, "jupyter", 1000, &cgroup_v1('c'), &[]);
     write_proc(
         root,
         4104,
         "nvtop",
         1001,
         "0::/user.slice/user-1001.slice\n",
+        &[],
     );
-}
-
-fn pod_json(ns: &str, name: &str, seed: char, container: &str, runtime: &str) -> Value {
-    cluster::pod_json(NODE, ns, name, seed, container, runtime)
-}
-
-fn pods() -> Vec<Value> {
-    vec![
-        pod_json("team-a", "trainer-0", 'a', "trainer", "containerd"),
-        pod_json("team-b", "infer-7f9c", 'b', "server", "cri-o"),
-        pod_json("team-a", "notebook", 'c', "jupyter", "containerd"),
-    ]
 }
 
 /// The main exporter's GPUs; `gpu2_lost` turns GPU 2's error on.
@@ -213,16 +164,14 @@ fn stale_scenario(delay_ms: u64) -> String {
 /// test rewrites; its allocation retries grow by one every RETRY_EVERY (and
 /// it had one OOM). Killed, and the rewriting stopped, on drop.
 struct Trainer {
-    child: Child,
-    pid: u32,
+    py: Py,
     stop: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
-    _state: tempfile::TempDir,
 }
 
 /// `torch.cuda.memory_stats()` of GPU 0 as the stub returns them.
-fn torch_state(retries: u64) -> String {
-    json!({"initialized": true, "devices": [{"uuid": GPU0_CUDA, "stats": {
+fn torch_stats(retries: u64) -> Value {
+    json!({
         "allocated_bytes.all.current": TORCH_ALLOCATED,
         "reserved_bytes.all.current": TORCH_RESERVED,
         "allocated_bytes.all.peak": TORCH_ALLOCATED + 4_000_000_000u64,
@@ -231,41 +180,22 @@ fn torch_state(retries: u64) -> String {
         "inactive_split_bytes.all.current": 3_000_000_000u64,
         "num_alloc_retries": retries,
         "num_ooms": 1,
-    }}]})
-    .to_string()
+    })
 }
 
 impl Trainer {
     fn start() -> Trainer {
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let state = tempfile::tempdir().expect("tempdir");
-        let path = state.path().join("torch-state.json");
-        let write = {
-            let dir = state.path().to_path_buf();
-            move |retries: u64| {
-                // Atomically: the stub re-reads the file on every call.
-                let tmp = dir.join("torch-state.tmp");
-                std::fs::write(&tmp, torch_state(retries)).expect("write stub state");
-                std::fs::rename(&tmp, dir.join("torch-state.json")).expect("rename stub state");
-            }
-        };
-        write(0);
+        let state = Arc::new(StubState::new(&[(GPU0_CUDA, torch_stats(0))]));
         // A pid the fake /proc already uses would mix two processes up: try
         // again (the other child is killed when dropped, after the loop).
         let mut discarded = Vec::new();
-        let (child, pid) = loop {
-            let (child, pid) = spawn_bridge(repo, &path);
-            if !FAKE_PIDS.contains(&pid) {
-                break (child, pid);
+        let py = loop {
+            let py = Py::bridge(&state, "");
+            if !FAKE_PIDS.contains(&py.pid) {
+                break py;
             }
             assert!(discarded.len() < 5, "python3 keeps getting the fake pids");
-            discarded.push(Trainer {
-                child,
-                pid,
-                stop: Arc::new(AtomicBool::new(true)),
-                ticker: None,
-                _state: tempfile::tempdir().expect("tempdir"),
-            });
+            discarded.push(py);
         };
         drop(discarded);
         let stop = Arc::new(AtomicBool::new(false));
@@ -275,64 +205,13 @@ impl Trainer {
             while !flag.load(Ordering::Relaxed) {
                 std::thread::sleep(RETRY_EVERY);
                 retries += 1;
-                write(retries);
+                state.write(&[(GPU0_CUDA, torch_stats(retries))]);
             }
         });
         Trainer {
-            child,
-            pid,
+            py,
             stop,
             ticker: Some(ticker),
-            _state: state,
-        }
-    }
-}
-
-/// `python3` with PYTHONPATH=python:tests/torch_stub that starts the bridge,
-/// says `ready <pid>` and waits for its stdin to close.
-fn spawn_bridge(repo: &Path, state: &Path) -> (Child, u32) {
-    let pythonpath = format!(
-        "{}:{}",
-        repo.join("python").display(),
-        repo.join("tests/torch_stub").display()
-    );
-    let mut child = Command::new("python3")
-        .args([
-            "-u",
-            "-c",
-            "import os, sys, torch, gpumem_bridge\n\
-             assert gpumem_bridge.start()\n\
-             print('ready', os.getpid(), flush=True)\n\
-             sys.stdin.read()\n",
-        ])
-        .env("PYTHONPATH", pythonpath)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("GPUMEM_BRIDGE_INTERVAL", "0.1")
-        .env("TORCH_STUB_STATE", state)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot start python3 ({e}): install it (Debian: apt-get install -y python3)")
-        });
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
-    match line
-        .strip_prefix("ready ")
-        .and_then(|p| p.trim().parse().ok())
-    {
-        Some(pid) => (child, pid),
-        None => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the torch bridge child did not get ready (said {line:?})");
         }
     }
 }
@@ -343,8 +222,6 @@ impl Drop for Trainer {
         if let Some(t) = self.ticker.take() {
             let _ = t.join();
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -446,7 +323,7 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
         }
         other => panic!(
             "rules.yml has a new alert {other}: add what the scenario shows for it to \
-             `expectation` in tests/e2e_prometheus.rs"
+             `expectation` in tests/e2e/prometheus.rs"
         ),
     }
 }
@@ -520,13 +397,6 @@ fn table(rows: &[Row]) -> String {
         }
     }
     out
-}
-
-fn now_unix() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
 }
 
 // ------------------------------------------------------------------ the test
@@ -670,7 +540,7 @@ impl Checks<'_> {
                     ("alert", name)
                 }
                 Expect::Ahead(secs, want) => {
-                    let ahead = self.query(&name, &rule.expr, Some(now_unix() + secs));
+                    let ahead = self.query(&name, &rule.expr, Some(unix_now() + secs));
                     counts.push(ahead.result.len());
                     if let Err(e) = check_series(&ahead, &want) {
                         problem.get_or_insert(format!("{secs} s ahead: {e}"));
@@ -848,79 +718,32 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
 
     // The hung exporter first: its served sample starts ageing at once.
     let stale_scn = Scenario::new(&stale_scenario(0));
-    let stale_cfg = stale_scn.file(
-        "config.yaml",
-        b"kubernetes:\n  enabled: false\nprocesses:\n  enabled: false\n",
-    );
-    let stale = Exporter::start(
+    let stale = Exporter::with_config(
         &stale_scn,
-        &[
-            "--config.file",
-            stale_cfg.to_str().unwrap(),
-            "--sample-interval",
-            "1s",
-        ],
+        "kubernetes:\n  enabled: false\nprocesses:\n  enabled: false\n",
+        &["--sample-interval", "1s"],
     );
     stale_scn.write(&stale_scenario(60_000));
 
     // The Kubernetes API and the fake /proc root of the main exporter.
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let api_addr = listener.local_addr().unwrap();
-    let app = FakeApi::with_pods(pods()).router();
-    rt.spawn(async move { axum::serve(listener, app).await });
-    let proc_root = tempfile::tempdir().unwrap();
+    let node = FakeNode::start(team_pods());
     let trainer = Trainer::start();
-    fake_proc(proc_root.path(), trainer.pid);
+    fake_proc(node.proc_root.path(), trainer.py.pid);
 
-    let scenario = Scenario::new(&main_scenario(false, trainer.pid));
-    let passwd = scenario.file(
-        "passwd",
-        b"root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\nbob:x:1001:1001::/home/bob:/bin/sh\n",
-    );
-    let cfg = scenario.file(
-        "config.yaml",
-        format!(
-            "sample_interval: 100ms
-path:
-  procfs: {}
-processes:
-  passwd_file: {}
-  min_bytes: 1000000000
-  top_n: 2
-kubernetes:
-  enabled: true
-  api_url: http://{api_addr}
-  node_name: {NODE}
-",
-            proc_root.path().display(),
-            passwd.display(),
-        )
-        .as_bytes(),
-    );
-    let main = Exporter::start(&scenario, &["--config.file", cfg.to_str().unwrap()]);
+    let scenario = Scenario::new(&main_scenario(false, trainer.py.pid));
+    let config = node.config(&scenario, "  min_bytes: 1000000000\n  top_n: 2\n");
+    let main = Exporter::with_config(&scenario, &config, &[]);
     wait_for(
         Duration::from_secs(10),
         "pod names on the main exporter",
-        || {
-            let m = main.metrics();
-            (m.find("gpu_process_memory_used_bytes", &[("pod", "trainer-0")])
-                .len()
-                == 1
-                && m.find("gpu_process_memory_used_bytes", &[("pod", "notebook")])
-                    .len()
-                    == 1)
-                .then_some(())
-        },
+        || pods_resolved(&main.metrics(), &["trainer-0", "notebook"]).then_some(()),
     );
     wait_for(
         Duration::from_secs(10),
         "the trainer's torch bridge figures on the main exporter (gpu_process_torch_*)",
         || {
             let m = main.metrics();
-            let pid = trainer.pid.to_string();
+            let pid = trainer.py.pid.to_string();
             let found = m.find(
                 "gpu_process_torch_allocated_bytes",
                 &[("pid", pid.as_str()), ("pod", "trainer-0")],
@@ -929,7 +752,7 @@ kubernetes:
         },
     );
     // GPU 2 answered at start; from now on it is lost.
-    scenario.write(&main_scenario(true, trainer.pid));
+    scenario.write(&main_scenario(true, trainer.py.pid));
 
     // The exporter's metric families, as Prometheus names their series.
     let families: Vec<String> = main
@@ -954,7 +777,7 @@ kubernetes:
         main: main.addr.to_string(),
         stale: stale.addr.to_string(),
         down: down_socket.local_addr().unwrap().to_string(),
-        trainer: trainer.pid.to_string(),
+        trainer: trainer.py.pid.to_string(),
     };
     let config = format!(
         "global:

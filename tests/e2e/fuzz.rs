@@ -5,7 +5,7 @@
 //! CI runs each target for FUZZ_SECONDS (default 3). The long run
 //! documented in RELIABILITY.md:
 //!
-//!     FUZZ_SECONDS=600 cargo test --release --test fuzz -- --nocapture --test-threads=1
+//!     FUZZ_SECONDS=600 cargo test --release --test e2e fuzz:: -- --nocapture --test-threads=5
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
@@ -23,12 +23,11 @@ fn budget() -> Duration {
     Duration::from_secs_f64(secs)
 }
 
-/// Run `check` on inputs from `strategy` until the budget is spent; on a
-/// panic, fail with the input that caused it.
-fn fuzz<S: Strategy>(name: &str, strategy: S, check: impl Fn(&S::Value))
-where
-    S::Value: std::fmt::Debug,
-{
+/// Run `check` until the budget is spent on texts that are either `seeds`
+/// with random edits or anything at all; on a panic, fail with the input
+/// that caused it.
+fn fuzz(name: &str, seeds: &'static [&'static str], check: impl Fn(&str)) {
+    let strategy = prop_oneof![mutated(seeds), any_text()];
     let mut runner = TestRunner::new(Config::default());
     let start = Instant::now();
     let budget = budget();
@@ -98,10 +97,8 @@ const CONFIGS: &[&str] = &[
 
 #[test]
 fn fuzz_config_parser() {
-    fuzz(
-        "config",
-        prop_oneof![mutated(CONFIGS), any_text()],
-        |text| match config::parse(text, "fuzz.yaml") {
+    fuzz("config", CONFIGS, |text| {
+        match config::parse(text, "fuzz.yaml") {
             Ok(c) => {
                 assert!(c.sample_interval >= Duration::from_millis(10));
                 assert!(c.memory_sample_interval <= c.sample_interval);
@@ -112,8 +109,8 @@ fn fuzz_config_parser() {
                 assert!(!e.0.contains('\n'), "errors are one line: {e:?}");
                 assert!(e.0.starts_with("config file fuzz.yaml"), "{e:?}");
             }
-        },
-    );
+        }
+    });
 }
 
 const CGROUPS: &[&str] = &[
@@ -127,19 +124,15 @@ const CGROUPS: &[&str] = &[
 
 #[test]
 fn fuzz_cgroup_parser() {
-    fuzz(
-        "cgroup",
-        prop_oneof![mutated(CGROUPS), any_text()],
-        |text| {
-            let id = procfs::parse_cgroup(text);
-            if let Some(c) = &id.container_id {
-                assert!(procfs::is_container_id(c), "{c:?}");
-            }
-            if let Some(u) = &id.pod_uid {
-                assert!(procfs::is_pod_uid(u), "{u:?}");
-            }
-        },
-    );
+    fuzz("cgroup", CGROUPS, |text| {
+        let id = procfs::parse_cgroup(text);
+        if let Some(c) = &id.container_id {
+            assert!(procfs::is_container_id(c), "{c:?}");
+        }
+        if let Some(u) = &id.pod_uid {
+            assert!(procfs::is_pod_uid(u), "{u:?}");
+        }
+    });
 }
 
 const PROC_FILES: &[&str] = &[
@@ -151,18 +144,14 @@ const PROC_FILES: &[&str] = &[
 
 #[test]
 fn fuzz_proc_parsers() {
-    fuzz(
-        "proc",
-        prop_oneof![mutated(PROC_FILES), any_text()],
-        |text| {
-            let _ = procfs::parse_stat_start_time(text);
-            let _ = procfs::parse_status_uid(text);
-            let _ = procfs::parse_passwd(text);
-            let args = procfs::parse_cmdline(text.as_bytes());
-            let red = procfs::redact_cmdline(&args, 64);
-            assert!(red.chars().count() <= 64, "{red:?}");
-        },
-    );
+    fuzz("proc", PROC_FILES, |text| {
+        let _ = procfs::parse_stat_start_time(text);
+        let _ = procfs::parse_status_uid(text);
+        let _ = procfs::parse_passwd(text);
+        let args = procfs::parse_cmdline(text.as_bytes());
+        let red = procfs::redact_cmdline(&args, 64);
+        assert!(red.chars().count() <= 64, "{red:?}");
+    });
 }
 
 const ACCEPTS: &[&str] = &[
@@ -174,14 +163,10 @@ const ACCEPTS: &[&str] = &[
 
 #[test]
 fn fuzz_accept_headers() {
-    fuzz(
-        "accept",
-        prop_oneof![mutated(ACCEPTS), any_text()],
-        |text| {
-            let _ = metrics::Format::negotiate(Some(text));
-            let _ = metrics::accepts_gzip(Some(text));
-        },
-    );
+    fuzz("accept", ACCEPTS, |text| {
+        let _ = metrics::Format::negotiate(Some(text));
+        let _ = metrics::accepts_gzip(Some(text));
+    });
 }
 
 const WEB_CONFIGS: &[&str] = &[
@@ -193,13 +178,9 @@ const WEB_CONFIGS: &[&str] = &[
 #[test]
 fn fuzz_web_config_parser() {
     let dir = tempfile::tempdir().unwrap();
-    fuzz(
-        "web-config",
-        prop_oneof![mutated(WEB_CONFIGS), any_text()],
-        |text| {
-            if let Err(e) = web::parse(text, "web.yml", dir.path()) {
-                assert!(!e.0.contains('\n'), "errors are one line: {e:?}");
-            }
-        },
-    );
+    fuzz("web-config", WEB_CONFIGS, |text| {
+        if let Err(e) = web::parse(text, "web.yml", dir.path()) {
+            assert!(!e.0.contains('\n'), "errors are one line: {e:?}");
+        }
+    });
 }

@@ -2,23 +2,21 @@
 //! connections; methods and header limits; `--web.config.file` (TLS, mTLS,
 //! basic auth, SIGHUP reload, bad files). Certificates are made here.
 
-mod common;
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use gpumem_exporter::web::{ClientAuth, Limits, WebConfig};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use common::*;
+use crate::harness::*;
 
 const SCENARIO: &str = r#"devices:
   - uuid: GPU-dddddddd-0000-0000-0000-000000000000
@@ -98,10 +96,27 @@ fn scrape_counter(
     Metrics::parse(&r.body).get(name, labels).unwrap_or(-1.0)
 }
 
-fn send_signal(ex: &Exporter, sig: i32) {
-    // SAFETY: kill(2) on the pid of our own child.
-    let rc = unsafe { libc::kill(ex.child.id() as libc::pid_t, sig) };
-    assert_eq!(rc, 0, "kill");
+/// The exporter on SCENARIO, a sample every 100 ms, with `web_yml` as its
+/// web config (`web.yml` beside the scenario, where a test may rewrite it;
+/// relative paths in it are relative to that folder).
+fn start_with_web_config(sc: &Scenario, web_yml: &str) -> Exporter {
+    let web = sc.file("web.yml", web_yml.as_bytes());
+    Exporter::start(
+        sc,
+        &[
+            "--sample-interval",
+            "100ms",
+            "--web.config.file",
+            web.to_str().unwrap(),
+        ],
+    )
+}
+
+/// Wait until a plain-HTTP /metrics answers 200.
+fn first_sample(ex: &Exporter) {
+    wait_for(Duration::from_secs(5), "first sample", || {
+        (ex.get("/metrics").status == 200).then_some(())
+    });
 }
 
 // ------------------------------------------------------------ limits
@@ -110,9 +125,7 @@ fn send_signal(ex: &Exporter, sig: i32) {
 fn only_get_and_head_and_bounded_headers() {
     let sc = Scenario::new(SCENARIO);
     let ex = Exporter::start(&sc, &["--sample-interval", "100ms"]);
-    wait_for(Duration::from_secs(5), "first sample", || {
-        (ex.get("/metrics").status == 200).then_some(())
-    });
+    first_sample(&ex);
     let host = ex.addr.to_string();
 
     for (method, path) in [
@@ -168,22 +181,8 @@ fn only_get_and_head_and_bounded_headers() {
 fn idle_and_slowloris_connections_do_not_starve_the_scraper() {
     raise_fd_limit();
     let sc = Scenario::new(SCENARIO);
-    let web = sc.file(
-        "web.yml",
-        b"http_server_config:\n  header_read_timeout: 4s\n",
-    );
-    let ex = Exporter::start(
-        &sc,
-        &[
-            "--sample-interval",
-            "100ms",
-            "--web.config.file",
-            web.to_str().unwrap(),
-        ],
-    );
-    wait_for(Duration::from_secs(5), "first sample", || {
-        (ex.get("/metrics").status == 200).then_some(())
-    });
+    let ex = start_with_web_config(&sc, "http_server_config:\n  header_read_timeout: 4s\n");
+    first_sample(&ex);
 
     let opened = Instant::now();
     let idle: Vec<TcpStream> = (0..1000)
@@ -284,22 +283,11 @@ fn idle_and_slowloris_connections_do_not_starve_the_scraper() {
 #[test]
 fn at_the_cap_the_oldest_idle_connection_makes_room() {
     let sc = Scenario::new(SCENARIO);
-    let web = sc.file(
-        "web.yml",
-        b"http_server_config:\n  max_connections: 20\n  header_read_timeout: 30s\n",
-    );
-    let ex = Exporter::start(
+    let ex = start_with_web_config(
         &sc,
-        &[
-            "--sample-interval",
-            "100ms",
-            "--web.config.file",
-            web.to_str().unwrap(),
-        ],
+        "http_server_config:\n  max_connections: 20\n  header_read_timeout: 30s\n",
     );
-    wait_for(Duration::from_secs(5), "first sample", || {
-        (ex.get("/metrics").status == 200).then_some(())
-    });
+    first_sample(&ex);
     let mut idle: Vec<TcpStream> = Vec::new();
     for _ in 0..20 {
         idle.push(TcpStream::connect(ex.addr).expect("connect"));
@@ -489,22 +477,12 @@ fn tls_with_basic_auth() {
     let pki = pki();
     pki.write(sc.dir.path());
     // Relative paths are relative to the web config file.
-    let web = sc.file(
-        "web.yml",
-        format!(
+    let ex = start_with_web_config(
+        &sc,
+        &format!(
             "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\nbasic_auth_users:\n  alice: {}\n",
             bcrypt_hash("s3cret")
-        )
-        .as_bytes(),
-    );
-    let ex = Exporter::start(
-        &sc,
-        &[
-            "--sample-interval",
-            "100ms",
-            "--web.config.file",
-            web.to_str().unwrap(),
-        ],
+        ),
     );
     let client = pki.client_config(None, BOTH);
     let alice = basic("alice", "s3cret");
@@ -557,21 +535,11 @@ fn mtls_require_and_verify_client_cert() {
     let pki = pki();
     pki.write(sc.dir.path());
     let dir = sc.dir.path().display();
-    let web = sc.file(
-        "web.yml",
-        format!(
-            "tls_server_config:\n  cert_file: {dir}/cert.pem\n  key_file: {dir}/key.pem\n  client_ca_file: {dir}/ca.pem\n  client_auth_type: RequireAndVerifyClientCert\n  min_version: TLS13\n"
-        )
-        .as_bytes(),
-    );
-    let ex = Exporter::start(
+    let ex = start_with_web_config(
         &sc,
-        &[
-            "--sample-interval",
-            "100ms",
-            "--web.config.file",
-            web.to_str().unwrap(),
-        ],
+        &format!(
+            "tls_server_config:\n  cert_file: {dir}/cert.pem\n  key_file: {dir}/key.pem\n  client_ca_file: {dir}/ca.pem\n  client_auth_type: RequireAndVerifyClientCert\n  min_version: TLS13\n"
+        ),
     );
     let with_cert = pki.client_config(Some(&pki.client), BOTH);
     let r = wait_for(Duration::from_secs(5), "an mTLS scrape", || {
@@ -621,16 +589,7 @@ fn sighup_reloads_users_and_a_bad_file_keeps_the_old_one() {
     let sc = Scenario::new(SCENARIO);
     let web_text =
         |user: &str, pw: &str| format!("basic_auth_users:\n  {user}: {}\n", bcrypt_hash(pw));
-    let web = sc.file("web.yml", web_text("alice", "a-pass").as_bytes());
-    let ex = Exporter::start(
-        &sc,
-        &[
-            "--sample-interval",
-            "100ms",
-            "--web.config.file",
-            web.to_str().unwrap(),
-        ],
-    );
+    let ex = start_with_web_config(&sc, &web_text("alice", "a-pass"));
     let alice = basic("alice", "a-pass");
     let bob = basic("bob", "b-pass");
     wait_for(Duration::from_secs(5), "alice's scrape", || {
@@ -639,7 +598,7 @@ fn sighup_reloads_users_and_a_bad_file_keeps_the_old_one() {
     assert_eq!(get_with(ex.addr, "/metrics", Some(&bob)).status, 401);
 
     sc.file("web.yml", web_text("bob", "b-pass").as_bytes());
-    send_signal(&ex, libc::SIGHUP);
+    ex.signal_only("HUP");
     wait_for(Duration::from_secs(5), "bob to get in", || {
         (get_with(ex.addr, "/metrics", Some(&bob)).status == 200).then_some(())
     });
@@ -648,7 +607,7 @@ fn sighup_reloads_users_and_a_bad_file_keeps_the_old_one() {
     assert!(r.header("www-authenticate").is_some());
 
     sc.file("web.yml", b"basic_auth_users:\n  bob: [not, a, hash\n");
-    send_signal(&ex, libc::SIGHUP);
+    ex.signal_only("HUP");
     let failures = |v: &str| {
         scrape_counter(
             ex.addr,
@@ -724,30 +683,18 @@ fn bad_web_config_files_exit_2_with_one_line_naming_the_key() {
         ),
     ];
     for (name, text, want) in cases {
-        let path = sc.file(name, text.as_bytes());
-        let out = Command::new(BIN)
-            .args(["--web.config.file", path.to_str().unwrap()])
-            .args(["--web.listen-address", "127.0.0.1:0"])
-            .output()
-            .expect("run");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
-        assert_eq!(err.lines().count(), 1, "{name}: one line: {err}");
-        assert!(err.contains(want), "{name}: got {err:?} want {want:?}");
-        assert!(
-            err.contains(path.to_str().unwrap()),
-            "{name}: names the file: {err}"
+        assert_file_refused(
+            "--web.config.file",
+            &sc.file(name, text.as_bytes()),
+            &["--web.listen-address", "127.0.0.1:0"],
+            want,
         );
     }
-    let out = Command::new(BIN)
-        .args(["--web.config.file", "/nonexistent/web.yml"])
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("/nonexistent/web.yml") && err.contains("cannot read"),
-        "{err}"
+    assert_file_refused(
+        "--web.config.file",
+        Path::new("/nonexistent/web.yml"),
+        &[],
+        "cannot read",
     );
 }
 
@@ -763,13 +710,13 @@ async fn the_example_web_config_loads() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("web-config.example.yml");
     let path = dir.path().join("web-config.yml");
     std::fs::copy(&example, &path).expect("copy example");
-    let cfg = gpumem_exporter::web::WebConfig::load(&path).expect("example loads");
+    let cfg = WebConfig::load(&path).expect("example loads");
     assert!(cfg.tls.is_some());
     assert_eq!(
         cfg.client_auth,
-        Some(gpumem_exporter::web::ClientAuth::RequireAndVerifyClientCert)
+        Some(ClientAuth::RequireAndVerifyClientCert)
     );
-    assert_eq!(cfg.limits, gpumem_exporter::web::Limits::default());
+    assert_eq!(cfg.limits, Limits::default());
     let users = cfg.users.expect("users");
     let t = Instant::now();
     let header = basic("prometheus", "example-password");

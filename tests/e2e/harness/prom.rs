@@ -6,7 +6,6 @@
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,7 +17,7 @@ use super::http_get;
 /// `prometheus`, or a loud failure naming the package to install. Never a
 /// skip: a missing server would silently turn the test into a no-op.
 pub fn prometheus_binary() -> &'static str {
-    super::require_tool("prometheus", "prometheus")
+    super::tools::require_tool("prometheus")
 }
 
 /// A port that was free a moment ago (the caller retries if it is taken).
@@ -29,11 +28,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A running Prometheus; killed on drop, its TSDB removed with `dir`.
+/// A running Prometheus; killed on drop, its TSDB removed with `_dir`.
 pub struct Prometheus {
     pub child: Child,
     pub addr: SocketAddr,
-    pub dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
     pub log: Arc<Mutex<Vec<String>>>,
 }
 
@@ -43,8 +42,6 @@ pub struct QueryResult {
     /// `success` or `error`.
     pub status: String,
     pub error: Option<String>,
-    /// `vector`, `scalar`, `matrix` or `string`.
-    pub result_type: String,
     /// The series (or the one scalar) answered.
     pub result: Vec<Value>,
 }
@@ -120,7 +117,7 @@ impl Prometheus {
                     return Prometheus {
                         child,
                         addr,
-                        dir,
+                        _dir: dir,
                         log,
                     };
                 }
@@ -175,7 +172,6 @@ impl Prometheus {
         QueryResult {
             status: v["status"].as_str().unwrap_or("").to_string(),
             error: v["error"].as_str().map(str::to_string),
-            result_type: v["data"]["resultType"].as_str().unwrap_or("").to_string(),
             result: match &v["data"]["result"] {
                 Value::Array(a) => a.clone(),
                 Value::Null => Vec::new(),
@@ -368,13 +364,4 @@ pub fn grafana_regex(values: &[&str]) -> String {
     } else {
         format!("({})", escaped.join("|"))
     }
-}
-
-/// The repository root (for deploy/ and grafana/).
-pub fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-pub fn repo_file(rel: &str) -> PathBuf {
-    repo().join(rel)
 }

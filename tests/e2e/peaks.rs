@@ -1,12 +1,10 @@
 //! End-to-end: windowed peaks from fast memory samples, and the encoding
 //! cache with gzip.
 
-mod common;
-
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::harness::*;
 
 const G0: [(&str, &str); 2] = [
     ("gpu", "0"),

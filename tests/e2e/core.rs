@@ -1,11 +1,10 @@
 //! End-to-end: the real binary on the fake NVML.
 
-mod common;
-
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use crate::harness::tools::assert_promtool_check_metrics_clean;
+use crate::harness::*;
 
 const GIB: u64 = 1 << 30;
 
@@ -150,10 +149,7 @@ fn values_equal_the_scenario_to_the_byte() {
     let ts = m
         .get("gpumem_exporter_last_sample_timestamp_seconds", &[])
         .unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64();
+    let now = unix_now();
     assert!((now - ts).abs() < 5.0, "timestamp {ts} vs now {now}");
     assert_eq!(
         ex.get("/metrics").header("content-type"),
@@ -284,31 +280,7 @@ fn promtool_check_metrics_is_clean() {
             .contains("gpumem_exporter_nvml_errors_total{")
             .then_some(())
     });
-    let body = ex.get("/metrics").body;
-    let mut child = Command::new(promtool())
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(body.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && report.trim().is_empty(),
-        "promtool: {report}\n{body}"
-    );
+    assert_promtool_check_metrics_clean(&ex.get("/metrics").body);
 }
 
 #[test]
@@ -325,31 +297,14 @@ fn sigterm_exits_zero_within_a_second() {
     assert!(took < Duration::from_secs(1), "took {took:?}");
 }
 
-/// Run the binary to completion and return (exit code, stderr).
-fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
-
 #[test]
 fn missing_library_is_a_clear_error_with_exit_1() {
-    let (code, err) = run_to_exit(
-        &[
-            "--nvml.library",
-            "/nonexistent/libnvidia-ml.so.1",
-            "--web.listen-address",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
+    let (code, err) = run_to_exit(&[
+        "--nvml.library",
+        "/nonexistent/libnvidia-ml.so.1",
+        "--web.listen-address",
+        "127.0.0.1:0",
+    ]);
     assert_eq!(code, Some(1), "{err}");
     let line = err
         .lines()
@@ -393,23 +348,15 @@ fn bad_config_files_are_rejected_with_key_and_line() {
         ("binary.yaml", b"\x00\x01\xff\xfe", "config file"),
     ];
     for (name, content, want) in cases {
-        let path = sc.file(name, content);
-        let (code, err) = run_to_exit(&["--config.file", path.to_str().unwrap()], &[]);
-        assert_eq!(code, Some(2), "{name}: {err}");
-        assert_eq!(err.lines().count(), 1, "{name}: one line: {err}");
-        assert!(err.contains(want), "{name}: got {err:?} want {want:?}");
-        assert!(
-            err.contains(path.to_str().unwrap()),
-            "{name}: names the file: {err}"
-        );
+        assert_file_refused("--config.file", &sc.file(name, content), &[], want);
     }
-    let (code, err) = run_to_exit(&["--config.file", "/nonexistent/c.yaml"], &[]);
-    assert_eq!(code, Some(2));
-    assert!(
-        err.contains("/nonexistent/c.yaml") && err.contains("cannot read"),
-        "{err}"
+    assert_file_refused(
+        "--config.file",
+        Path::new("/nonexistent/c.yaml"),
+        &[],
+        "cannot read",
     );
-    let (code, err) = run_to_exit(&["--sample-interval=-1s"], &[]);
+    let (code, err) = run_to_exit(&["--sample-interval=-1s"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--sample-interval"), "{err}");
 }
@@ -417,18 +364,10 @@ fn bad_config_files_are_rejected_with_key_and_line() {
 #[test]
 fn config_file_values_apply_and_flags_override() {
     let sc = Scenario::new(&scenario(std::process::id(), false, "null"));
-    let cfg = sc.file(
-        "c.yaml",
-        b"web:\n  telemetry_path: /m\nsample_interval: 2s\nlog:\n  format: logfmt\n",
-    );
-    let ex = Exporter::start(
+    let ex = Exporter::with_config(
         &sc,
-        &[
-            "--config.file",
-            cfg.to_str().unwrap(),
-            "--web.telemetry-path",
-            "/override",
-        ],
+        "web:\n  telemetry_path: /m\nsample_interval: 2s\nlog:\n  format: logfmt\n",
+        &["--web.telemetry-path", "/override"],
     );
     assert_eq!(ex.get("/override").status, 200);
     assert_eq!(ex.get("/m").status, 404);
@@ -462,12 +401,8 @@ fn sigterm_mid_scrape_finishes_the_scrape() {
         .unwrap();
     let mut first = [0u8; 1024];
     s.read_exact(&mut first).unwrap();
-    let pid = ex.child.id().to_string();
     let t = std::time::Instant::now();
-    Command::new("kill")
-        .args(["-s", "TERM", &pid])
-        .status()
-        .unwrap();
+    ex.signal_only("TERM");
     let mut rest = Vec::new();
     s.read_to_end(&mut rest).unwrap();
     let status = ex.child.wait().unwrap();

@@ -1,6 +1,5 @@
 //! Helpers for end-to-end tests: build the fake NVML, write scenarios, run
 //! the real `gpumem-exporter` binary, scrape it over plain HTTP.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -13,11 +12,21 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gpumem-exporter");
 
+/// The repository root.
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A file of the repository, by its path from the root.
+pub fn repo_file(rel: &str) -> PathBuf {
+    repo().join(rel)
+}
+
 /// Path of the fake `libnvidia-ml` (built once per test binary).
 pub fn fake_nvml() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let manifest = repo();
         let status = Command::new(env!("CARGO"))
             .args(["build", "-q", "-p", "fake-nvml", "--lib"])
             .current_dir(manifest)
@@ -72,27 +81,28 @@ pub struct Exporter {
 impl Exporter {
     /// Start on the fake NVML with `scenario`, listening on a free port.
     pub fn start(scenario: &Scenario, extra: &[&str]) -> Exporter {
-        let lib = fake_nvml().to_str().expect("utf-8 path").to_string();
-        let mut args = vec![
-            "--nvml.library".to_string(),
-            lib,
-            "--web.listen-address".to_string(),
-            "127.0.0.1:0".to_string(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        Self::start_with(
-            &args,
-            &[("FAKE_NVML_CONFIG", scenario.path.to_str().unwrap_or(""))],
-        )
+        Self::spawn(Self::command(Command::new(BIN), scenario, extra))
     }
 
-    pub fn start_with(args: &[String], env: &[(&str, &str)]) -> Exporter {
-        let mut cmd = Command::new(BIN);
-        cmd.args(args);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        Self::spawn(cmd)
+    /// Start with `yaml` as its config file (`config.yaml` beside the
+    /// scenario, where a test may rewrite it) and `extra` flags.
+    pub fn with_config(scenario: &Scenario, yaml: &str, extra: &[&str]) -> Exporter {
+        let cfg = scenario.file("config.yaml", yaml.as_bytes());
+        let mut args = vec!["--config.file", cfg.to_str().expect("utf-8 path")];
+        args.extend(extra);
+        Self::start(scenario, &args)
+    }
+
+    /// `cmd` (the exporter, or a wrapper whose last argument is the
+    /// exporter) with what runs the exporter on the fake NVML with
+    /// `scenario`, listening on a free port, then `extra`.
+    pub fn command(mut cmd: Command, scenario: &Scenario, extra: &[&str]) -> Command {
+        cmd.arg("--nvml.library")
+            .arg(fake_nvml())
+            .args(["--web.listen-address", "127.0.0.1:0"])
+            .args(extra)
+            .env("FAKE_NVML_CONFIG", &scenario.path);
+        cmd
     }
 
     /// Run `cmd` (the exporter, possibly behind a wrapper such as setpriv)
@@ -146,6 +156,17 @@ impl Exporter {
 
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().join("\n")
+    }
+
+    /// `needle` is in the log exactly once (a condition logged once, not
+    /// once per sample).
+    pub fn assert_logged_once(&self, needle: &str) {
+        let log = self.stderr();
+        assert_eq!(
+            log.matches(needle).count(),
+            1,
+            "{needle:?} logged once:\n{log}"
+        );
     }
 
     /// Send a signal and wait for the exit status.
@@ -357,6 +378,39 @@ fn split_series(series: &str) -> (&str, BTreeMap<String, String>) {
     (name, labels)
 }
 
+/// Run the binary to completion: (exit code, stderr).
+pub fn run_to_exit(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("run gpumem-exporter");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// The binary, given `flag` with `path` and `extra`, refuses that file:
+/// exit code 2 and one line on stderr that says `want` and names the file.
+pub fn assert_file_refused(flag: &str, path: &Path, extra: &[&str], want: &str) {
+    let file = path.to_str().expect("utf-8 path");
+    let mut args = vec![flag, file];
+    args.extend(extra);
+    let (code, err) = run_to_exit(&args);
+    assert_eq!(code, Some(2), "{file}: {err}");
+    assert_eq!(err.lines().count(), 1, "{file}: one line: {err}");
+    assert!(err.contains(want), "{file}: got {err:?} want {want:?}");
+    assert!(err.contains(file), "{file}: names the file: {err}");
+}
+
+/// Now, in Unix seconds.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64()
+}
+
 /// Poll `f` until it returns Some, or panic after `timeout`.
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
@@ -370,47 +424,6 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// `tool` if it runs (`tool --version`), else a loud failure naming the
-/// Debian package to install. Never a skip: a missing tool would silently
-/// turn a test into a no-op.
-pub fn require_tool(tool: &'static str, package: &str) -> &'static str {
-    let ok = Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "{tool} not found: install it (Debian: apt-get install -y {package})"
-    );
-    tool
-}
-
-/// `promtool`, or a loud failure naming the package to install.
-pub fn promtool() -> &'static str {
-    require_tool("promtool", "prometheus")
-}
-
-/// A container id (64 hex) made of one repeated hex digit, for tests.
-pub fn fake_container_id(seed: char) -> String {
-    std::iter::repeat_n(seed, 64).collect()
-}
-
-/// A pod UID (8-4-4-4-12 hex) made of one repeated hex digit, for tests.
-pub fn fake_pod_uid(seed: char) -> String {
-    let s: String = std::iter::repeat_n(seed, 32).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &s[..8],
-        &s[8..12],
-        &s[12..16],
-        &s[16..20],
-        &s[20..]
-    )
 }
 
 /// GET returning (Content-Encoding, raw body bytes), for compressed bodies.
@@ -446,3 +459,5 @@ impl Exporter {
 }
 pub mod cluster;
 pub mod prom;
+pub mod python;
+pub mod tools;

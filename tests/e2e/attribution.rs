@@ -2,26 +2,16 @@
 //! root (`--path.procfs`) laid out like the kernel's, and a local HTTP
 //! server speaking the Kubernetes list/watch wire format.
 
-mod common;
-
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
-use common::cluster::{self, FakeApi};
-use common::*;
-use serde_json::Value;
+use crate::harness::cluster::{
+    self, FakeNode, cgroup_containerd, cgroup_crio, cgroup_v1, container_id as cid, pod_uid as uid,
+    pods_resolved, team_pods,
+};
+use crate::harness::*;
 
-const NODE: &str = "gpu-node-1";
 const GPU: &str = "GPU-dddddddd-0000-0000-0000-000000000000";
-
-fn cid(seed: char) -> String {
-    fake_container_id(seed)
-}
-
-fn uid(seed: char) -> String {
-    fake_pod_uid(seed)
-}
 
 /// A process in the fake /proc root.
 struct FakeProc {
@@ -32,70 +22,36 @@ struct FakeProc {
     cmdline: &'static [&'static str],
 }
 
-fn write_proc(root: &Path, p: &FakeProc) {
-    cluster::write_proc(root, p.pid, p.comm, p.uid, &p.cgroup, p.cmdline);
-}
-
-/// Three pods time-sharing one GPU, each with a different runtime and
-/// cgroup layout, and their owners.
+/// The processes of the three pods of [`team_pods`] time-sharing one GPU,
+/// each pod with a different runtime and cgroup layout, and their owners.
 fn three_pods() -> Vec<FakeProc> {
     vec![
         FakeProc {
             pid: 4101,
             comm: "python3",
             uid: 1000,
-            // containerd, systemd cgroup driver, cgroup v2.
-            cgroup: format!(
-                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n",
-                uid('a').replace('-', "_"),
-                cid('a')
-            ),
+            cgroup: cgroup_containerd('a'),
             cmdline: &["python3", "train.py", "--token", "s3cr3t", "--lr", "0.1"],
         },
         FakeProc {
             pid: 4102,
             comm: "tritonserver",
             uid: 1001,
-            // CRI-O, systemd driver, cgroup v2.
-            cgroup: format!(
-                "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/crio-{}.scope\n",
-                uid('b').replace('-', "_"),
-                cid('b')
-            ),
+            cgroup: cgroup_crio('b'),
             cmdline: &["tritonserver", "--model-repository=/models"],
         },
         FakeProc {
             pid: 4103,
             comm: "jupyter",
             uid: 4242,
-            // cgroupfs driver, cgroup v1.
-            cgroup: format!(
-                "12:memory:/kubepods/burstable/pod{u}/{c}\n11:cpu,cpuacct:/kubepods/burstable/pod{u}/{c}\n1:name=systemd:/kubepods/burstable/pod{u}/{c}\n",
-                u = uid('c'),
-                c = cid('c')
-            ),
+            cgroup: cgroup_v1('c'),
             cmdline: &["jupyter", "lab", "API_KEY=abc"],
         },
     ]
 }
 
-fn pod_json(ns: &str, name: &str, seed: char, container: &str, runtime: &str) -> Value {
-    cluster::pod_json(NODE, ns, name, seed, container, runtime)
-}
-
-fn pods() -> Vec<Value> {
-    vec![
-        pod_json("team-a", "trainer-0", 'a', "trainer", "containerd"),
-        pod_json("team-b", "infer-7f9c", 'b', "server", "cri-o"),
-        pod_json("team-a", "notebook", 'c', "jupyter", "containerd"),
-    ]
-}
-
 struct World {
-    rt: tokio::runtime::Runtime,
-    api: FakeApi,
-    api_url: String,
-    proc_root: tempfile::TempDir,
+    node: FakeNode,
     scenario: Scenario,
 }
 
@@ -113,17 +69,16 @@ fn scenario_yaml(procs: &[(u32, u64)]) -> String {
 }
 
 fn world(procs: &[FakeProc]) -> World {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let api = FakeApi::with_pods(pods());
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = api.router();
-    rt.spawn(async move { axum::serve(listener, app).await });
-    let proc_root = tempfile::tempdir().unwrap();
+    let node = FakeNode::start(team_pods());
     for p in procs {
-        write_proc(proc_root.path(), p);
+        cluster::write_proc(
+            node.proc_root.path(),
+            p.pid,
+            p.comm,
+            p.uid,
+            &p.cgroup,
+            p.cmdline,
+        );
     }
     let scenario = Scenario::new(&scenario_yaml(
         &procs
@@ -131,32 +86,15 @@ fn world(procs: &[FakeProc]) -> World {
             .map(|p| (p.pid, 1_000_000_000 * u64::from(p.pid - 4100)))
             .collect::<Vec<_>>(),
     ));
-    World {
-        rt,
-        api,
-        api_url: format!("http://{addr}"),
-        proc_root,
-        scenario,
-    }
+    World { node, scenario }
 }
 
 impl World {
-    fn start(&self, extra_yaml: &str) -> Exporter {
-        let passwd = self.scenario.file(
-            "passwd",
-            b"root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\nbob:x:1001:1001::/home/bob:/bin/sh\n",
-        );
-        let cfg = self.scenario.file(
-            "config.yaml",
-            format!(
-                "sample_interval: 100ms\npath:\n  procfs: {}\nprocesses:\n  passwd_file: {}\n{extra_yaml}kubernetes:\n  enabled: true\n  api_url: {}\n  node_name: {NODE}\n",
-                self.proc_root.path().display(),
-                passwd.display(),
-                self.api_url
-            )
-            .as_bytes(),
-        );
-        Exporter::start(&self.scenario, &["--config.file", cfg.to_str().unwrap()])
+    /// The exporter on this node; `processes`: more lines under
+    /// `processes:`.
+    fn start(&self, processes: &str) -> Exporter {
+        let config = self.node.config(&self.scenario, processes);
+        Exporter::with_config(&self.scenario, &config, &[])
     }
 }
 
@@ -174,16 +112,7 @@ fn three_pods_sharing_a_gpu_get_their_own_series() {
     // The watcher lists asynchronously: wait until names are resolved.
     let m = wait_for(Duration::from_secs(10), "pod names", || {
         let m = ex.metrics();
-        (m.find("gpu_process_memory_used_bytes", &[("pod", "notebook")])
-            .len()
-            == 1
-            && m.find("gpu_process_memory_used_bytes", &[("pod", "trainer-0")])
-                .len()
-                == 1
-            && m.find("gpu_process_memory_used_bytes", &[("pod", "infer-7f9c")])
-                .len()
-                == 1)
-            .then_some(m)
+        pods_resolved(&m, &["notebook", "trainer-0", "infer-7f9c"]).then_some(m)
     });
     let want = [
         (
@@ -242,8 +171,14 @@ fn three_pods_sharing_a_gpu_get_their_own_series() {
         );
     }
     // The watcher asked only for this node's pods.
-    let lists = w.api.lists.lock().unwrap().clone();
-    assert!(lists.iter().all(|q| q.get("fieldSelector").map(String::as_str) == Some("spec.nodeName=gpu-node-1")), "{lists:?}");
+    let lists = w.node.api.state.lock().unwrap().lists.clone();
+    assert!(
+        lists
+            .iter()
+            .all(|r| r.query.get("fieldSelector").map(String::as_str)
+                == Some("spec.nodeName=gpu-node-1")),
+        "{lists:?}"
+    );
     assert_eq!(m.get("gpumem_exporter_kubernetes_synced", &[]), Some(1.0));
     assert_eq!(m.get("gpumem_exporter_kubernetes_pods", &[]), Some(3.0));
 }
@@ -251,22 +186,18 @@ fn three_pods_sharing_a_gpu_get_their_own_series() {
 #[test]
 fn deleted_pod_and_exited_process_leave_no_series() {
     let procs = three_pods();
-    let w = world(&procs);
+    let mut w = world(&procs);
     let ex = w.start("");
     wait_for(Duration::from_secs(10), "infer pod resolved", || {
-        (ex.metrics()
-            .find("gpu_process_memory_used_bytes", &[("pod", "infer-7f9c")])
-            .len()
-            == 1)
-            .then_some(())
+        pods_resolved(&ex.metrics(), &["infer-7f9c"]).then_some(())
     });
     // The pod is deleted from the API, its process leaves the GPU and /proc.
-    w.rt.block_on(w.api.delete("infer-7f9c"));
+    w.node.delete("infer-7f9c");
     w.scenario.write(&scenario_yaml(&[
         (4101, 1_000_000_000),
         (4103, 3_000_000_000),
     ]));
-    std::fs::remove_dir_all(w.proc_root.path().join("4102")).unwrap();
+    std::fs::remove_dir_all(w.node.proc_root.path().join("4102")).unwrap();
     let m = wait_for(Duration::from_secs(5), "pid 4102 gone", || {
         let m = ex.metrics();
         (m.find("gpu_process_memory_used_bytes", &[("pid", "4102")])
@@ -328,12 +259,7 @@ fn hidden_pids_are_exported_by_pid_and_counted() {
             .unwrap()
             >= 1.0
     );
-    let log = ex.stderr();
-    assert_eq!(
-        log.matches("not visible in /proc").count(),
-        1,
-        "logged once: {log}"
-    );
+    ex.assert_logged_once("not visible in /proc");
 }
 
 #[test]
@@ -420,13 +346,7 @@ fn mps_clients_appear_with_their_own_pid_and_pod() {
     let ex = w.start("");
     let m = wait_for(Duration::from_secs(10), "MPS clients with pods", || {
         let m = ex.metrics();
-        (m.find("gpu_process_memory_used_bytes", &[("pod", "infer-7f9c")])
-            .len()
-            == 1
-            && m.find("gpu_process_memory_used_bytes", &[("pod", "trainer-0")])
-                .len()
-                == 1)
-            .then_some(m)
+        pods_resolved(&m, &["infer-7f9c", "trainer-0"]).then_some(m)
     });
     assert_eq!(
         labels_of(&m, "gpu_process_memory_used_bytes", "4101")["namespace"],

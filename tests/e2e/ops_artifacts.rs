@@ -9,18 +9,24 @@
 //! - `systemd-analyze` (Debian/Ubuntu: `apt-get install -y systemd`),
 //! - `sh` and `sed`.
 //!
-//! std only: kustomize output is turned into JSON by
-//! `kubectl annotate --local -o json` and read by the small JSON parser at
-//! the end of this file.
+//! kustomize output is turned into JSON by `kubectl annotate --local -o
+//! json` and read with serde_json.
 
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use gpumem_exporter::config::{self, Config, Overrides};
+use serde_json::Value;
+
+use crate::harness::tools::{output_text, run_tool, run_tool_ok};
+use crate::harness::{BIN, repo_file};
 
 const IMAGE: &str = "ghcr.io/gpumem-exporter/gpumem-exporter:0.1.0";
 const NAMESPACE: &str = "gpumem-exporter";
-const RUNBOOK_BASE: &str = "https://github.com/gpumem-exporter/gpumem-exporter/blob/main/README.md";
+/// Where links into this repository's files start; the rest of such a
+/// link is the file's path and maybe `#anchor`.
+const REPO_BLOB: &str = "https://github.com/gpumem-exporter/gpumem-exporter/blob/main/";
 const ALERTS: [&str; 8] = [
     "GpuMemoryHigh",
     "GpuMemoryExhaustionPredicted",
@@ -37,106 +43,24 @@ const TORCH_CAPABILITIES: [&str; 2] = ["SYS_PTRACE", "DAC_READ_SEARCH"];
 
 // ------------------------------------------------------------------ helpers
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn read(rel: &str) -> String {
-    let path = repo().join(rel);
+    let path = repo_file(rel);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
-fn install_hint(program: &str) -> &'static str {
-    match program {
-        "promtool" => {
-            "install promtool: `apt-get install -y prometheus` (Debian/Ubuntu) or the \
-             prometheus release tarball from https://prometheus.io/download/"
-        }
-        "kubectl" => {
-            "install kubectl (it includes kustomize): https://kubernetes.io/docs/tasks/tools/ \
-             or `apt-get install -y kubectl` from pkgs.k8s.io"
-        }
-        "systemd-analyze" => "install systemd-analyze: `apt-get install -y systemd`",
-        _ => "install it and put it on PATH",
-    }
-}
-
-/// Runs `program args...` in the repository root, feeding `stdin`. Panics
-/// loudly when the program is not installed: these checks must never be
-/// skipped silently.
-fn run(program: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .current_dir(repo())
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = match cmd.spawn() {
-        Ok(child) => child,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-            "`{program}` is not installed, so this check cannot run; {}",
-            install_hint(program)
-        ),
-        Err(e) => panic!("cannot start `{program}`: {e}"),
-    };
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin was piped");
-        pipe.write_all(input)
-            .unwrap_or_else(|e| panic!("writing to `{program}`: {e}"));
-    }
-    child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("waiting for `{program}`: {e}"))
-}
-
-/// Like [`run`], and panics with the tool's output unless it succeeded.
-fn run_ok(program: &str, args: &[&str], stdin: Option<&[u8]>) -> String {
-    let out = run(program, args, stdin);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "`{program} {}` failed ({}):\n{stdout}\n{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
-/// A scratch directory, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("gpumem-ops-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create scratch dir");
-        Scratch(dir)
-    }
-
-    fn write(&self, name: &str, content: &str) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::write(&path, content).expect("write scratch file");
-        path
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// Write `content` to `name` in `dir`.
+fn write_in(dir: &tempfile::TempDir, name: &str, content: &str) -> PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, content).expect("write scratch file");
+    path
 }
 
 /// `kubectl kustomize <dir>`, as a list of objects. kustomize prints YAML
 /// only; `kubectl annotate --local` reads it offline (no cluster, any kind)
 /// and prints JSON. Removing an annotation nobody sets changes nothing.
-fn render(dir: &str) -> Vec<Json> {
-    let yaml = run_ok("kubectl", &["kustomize", dir], None);
-    let json = run_ok(
+fn render(dir: &str) -> Vec<Value> {
+    let yaml = run_tool_ok("kubectl", &["kustomize", dir], None);
+    let json = run_tool_ok(
         "kubectl",
         &[
             "annotate",
@@ -150,9 +74,10 @@ fn render(dir: &str) -> Vec<Json> {
         Some(yaml.as_bytes()),
     );
     let mut objects = Vec::new();
-    for value in parse_json_stream(&json) {
-        if value.s("kind") == Some("List") {
-            objects.extend(value.a("items").iter().cloned());
+    for value in serde_json::Deserializer::from_str(&json).into_iter::<Value>() {
+        let value = value.unwrap_or_else(|e| panic!("kubectl printed bad JSON ({e}):\n{json}"));
+        if value["kind"].as_str() == Some("List") {
+            objects.extend(list(&value["items"]).iter().cloned());
         } else {
             objects.push(value);
         }
@@ -161,18 +86,18 @@ fn render(dir: &str) -> Vec<Json> {
     objects
 }
 
-fn kinds(objects: &[Json]) -> BTreeSet<String> {
+fn kinds(objects: &[Value]) -> BTreeSet<String> {
     objects
         .iter()
-        .filter_map(|o| o.s("kind"))
+        .filter_map(|o| o["kind"].as_str())
         .map(str::to_string)
         .collect()
 }
 
-fn only<'a>(objects: &'a [Json], kind: &str) -> &'a Json {
-    let found: Vec<&Json> = objects
+fn only<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<&Value> = objects
         .iter()
-        .filter(|o| o.s("kind") == Some(kind))
+        .filter(|o| o["kind"].as_str() == Some(kind))
         .collect();
     assert_eq!(
         found.len(),
@@ -183,21 +108,24 @@ fn only<'a>(objects: &'a [Json], kind: &str) -> &'a Json {
     found[0]
 }
 
-fn strings(value: Option<&Json>) -> Vec<String> {
-    value
-        .map(|v| {
-            v.items()
-                .iter()
-                .filter_map(|s| s.str())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
+/// The items of an array; none when `value` is not one.
+fn list(value: &Value) -> &[Value] {
+    value.as_array().map_or(&[], Vec::as_slice)
 }
 
-/// GitHub's anchor for a Markdown heading: lower case, punctuation other
-/// than `-` and `_` removed, spaces turned into `-`.
-fn github_anchor(heading: &str) -> String {
+/// The strings of an array; none when there is no array.
+fn strings(value: Option<&Value>) -> Vec<String> {
+    value
+        .map_or(&[][..], list)
+        .iter()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect()
+}
+
+/// GitHub's anchor (slug) for the text of a Markdown heading: lower case,
+/// punctuation other than `-` and `_` removed, each space turned into `-`.
+fn github_slug(heading: &str) -> String {
     heading
         .trim()
         .to_lowercase()
@@ -207,43 +135,125 @@ fn github_anchor(heading: &str) -> String {
         .collect()
 }
 
+/// The anchors GitHub gives the headings of a Markdown file: ATX headings
+/// (`#` to `######` and a space) outside fenced code blocks, a repeated
+/// slug numbered `-1`, `-2`, … as GitHub does.
 fn heading_anchors(markdown: &str) -> BTreeSet<String> {
-    markdown
-        .lines()
-        .filter(|l| l.starts_with('#'))
-        .map(|l| github_anchor(l.trim_start_matches('#')))
-        .collect()
-}
-
-/// (dotted key, value) of each setting of a shipped config file: two
-/// levels of block mappings, which is all the shipped files use.
-fn config_settings(text: &str) -> Vec<(String, String)> {
-    let mut parent = String::new();
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let trimmed = line.trim();
-        if trimmed.is_empty() || trimmed.starts_with('#') {
+    let mut anchors = BTreeSet::new();
+    let mut fence: Option<&str> = None;
+    for line in markdown.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if let Some(f) = fence {
+            if trimmed.starts_with(f) {
+                fence = None;
+            }
             continue;
         }
-        let (key, value) = trimmed.split_once(':').unwrap_or((trimmed, ""));
-        let key = key.trim();
-        let path = if line.starts_with(' ') {
-            format!("{parent}.{key}")
-        } else {
-            parent = key.to_string();
-            key.to_string()
+        if indent < 4
+            && let Some(f) = ["```", "~~~"].into_iter().find(|f| trimmed.starts_with(f))
+        {
+            fence = Some(f);
+            continue;
+        }
+        let level = trimmed.chars().take_while(|c| *c == '#').count();
+        let text = &trimmed[level..];
+        if indent >= 4 || !(1..=6).contains(&level) || !(text.is_empty() || text.starts_with(' ')) {
+            continue;
+        }
+        // An optional closing sequence of #s.
+        let text = text.trim_end();
+        let text = match text.trim_end_matches('#') {
+            t if t.is_empty() || t.ends_with(' ') => t,
+            _ => text,
         };
-        out.push((path, value.trim().to_string()));
+        let slug = github_slug(text);
+        let mut anchor = slug.clone();
+        let mut n = 0;
+        while anchors.contains(&anchor) {
+            n += 1;
+            anchor = format!("{slug}-{n}");
+        }
+        anchors.insert(anchor);
     }
-    out
+    anchors
 }
 
-/// The value of one dotted key of a shipped config file.
-fn config_value(text: &str, key: &str) -> Option<String> {
-    config_settings(text)
-        .into_iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v)
+/// The file and the anchor that a link into this repository names
+/// (`REPO_BLOB` + path + `#anchor`), checked: the file exists in this
+/// checkout and has a heading with that anchor.
+fn resolve_repo_link(url: &str) -> (String, String) {
+    let rest = url
+        .strip_prefix(REPO_BLOB)
+        .unwrap_or_else(|| panic!("{url} does not start with {REPO_BLOB}"));
+    let (path, anchor) = rest
+        .split_once('#')
+        .unwrap_or_else(|| panic!("{url} names no #anchor"));
+    assert!(
+        !path.is_empty()
+            && !path
+                .split('/')
+                .any(|p| p.is_empty() || p == "." || p == ".."),
+        "{url}: {path:?} is not a plain path of a file"
+    );
+    let text = std::fs::read_to_string(repo_file(path))
+        .unwrap_or_else(|e| panic!("{url}: {path} is not a file of this repository: {e}"));
+    let anchors = heading_anchors(&text);
+    assert!(
+        anchors.contains(anchor),
+        "{url}: {path} has no heading whose anchor is #{anchor}; its anchors: {anchors:?}"
+    );
+    (path.to_string(), anchor.to_string())
+}
+
+/// The environment a shipped config file runs in: the DaemonSet's for
+/// the Kubernetes ones (in-cluster API variables, NODE_NAME from the
+/// downward API), a plain host's (none of those) for the others.
+fn shipped_env(file: &str) -> &'static [(&'static str, &'static str)] {
+    if file.starts_with("deploy/kubernetes/") {
+        &IN_CLUSTER
+    } else {
+        &[]
+    }
+}
+
+const IN_CLUSTER: [(&str, &str); 3] = [
+    ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+    ("KUBERNETES_SERVICE_PORT", "443"),
+    ("NODE_NAME", "gpu-node-1"),
+];
+
+/// The shipped config files, and whether each turns the torch bridge on:
+/// off where the exporter lacks the capabilities it needs, on where they
+/// are granted.
+const SHIPPED_CONFIGS: [(&str, bool); 3] = [
+    ("deploy/kubernetes/base/config.yaml", false),
+    ("deploy/kubernetes/overlays/torch-bridge/config.yaml", true),
+    ("deploy/systemd/config.yaml", false),
+];
+
+/// A config file as the exporter reads it, in the environment it is
+/// shipped for (see [`shipped_env`]); its error when the exporter would
+/// refuse it (an unknown key, a bad value).
+fn load_config(path: &Path, env: &[(&str, &str)]) -> Result<Config, String> {
+    let lookup = |key: &str| {
+        env.iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.to_string())
+    };
+    config::load(Some(path), &Overrides::default(), &lookup).map_err(|e| e.to_string())
+}
+
+/// A shipped config file as the exporter reads it; panics with the
+/// exporter's error when it would refuse the file.
+fn shipped_config(file: &str) -> Config {
+    load_config(&repo_file(file), shipped_env(file))
+        .unwrap_or_else(|e| panic!("the exporter refuses {file}: {e}"))
+}
+
+/// A YAML file's tree, every key and value as written.
+fn yaml_tree(file: &str) -> Value {
+    serde_saphyr::from_str(&read(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
 }
 
 fn alert_names_in_rules_yml() -> Vec<String> {
@@ -258,7 +268,7 @@ fn alert_names_in_rules_yml() -> Vec<String> {
 
 #[test]
 fn promtool_accepts_the_rule_file() {
-    let out = run_ok(
+    let out = run_tool_ok(
         "promtool",
         &["check", "rules", "deploy/prometheus/rules.yml"],
         None,
@@ -268,16 +278,12 @@ fn promtool_accepts_the_rule_file() {
 
 #[test]
 fn rule_unit_tests_pass() {
-    let out = run(
+    let out = run_tool(
         "promtool",
         &["test", "rules", "deploy/prometheus/rules_test.yml"],
         None,
     );
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert!(
         out.status.success() && text.contains("SUCCESS"),
         "promtool test rules failed:\n{text}"
@@ -325,7 +331,7 @@ fn every_alert_is_tested_firing_and_silent() {
 
 #[test]
 fn prometheusrule_is_generated_from_rules_yml() {
-    let generated = run_ok("sh", &["scripts/gen-prometheusrule.sh"], None);
+    let generated = run_tool_ok("sh", &["scripts/gen-prometheusrule.sh"], None);
     let committed = read("deploy/kubernetes/base/prometheusrule.yaml");
     assert!(
         generated == committed,
@@ -352,55 +358,55 @@ fn prometheusrule_is_generated_from_rules_yml() {
     );
 }
 
-/// Severity, summary, description and a runbook_url whose anchor is a
-/// heading in docs/OPERATIONS.md (or README.md, where the runbooks move).
+/// Severity, summary, description and a runbook_url: a link to a heading
+/// `Alert: <name>` of a Markdown file of this repository, which must exist
+/// in this checkout with that heading.
 #[test]
 fn every_alert_has_severity_annotations_and_a_runbook() {
     let rule = render("deploy/kubernetes/base")
         .into_iter()
-        .find(|o| o.s("kind") == Some("PrometheusRule"))
+        .find(|o| o["kind"].as_str() == Some("PrometheusRule"))
         .expect("the base renders a PrometheusRule");
-    let mut anchors = heading_anchors(&read("docs/OPERATIONS.md"));
-    if let Ok(readme) = std::fs::read_to_string(repo().join("README.md")) {
-        anchors.extend(heading_anchors(&readme));
-    }
-    let groups = rule.at("spec.groups").expect("spec.groups").items();
+    let groups = list(rule.pointer("/spec/groups").expect("spec.groups"));
     assert_eq!(groups.len(), 1, "one rule group");
-    assert_eq!(groups[0].s("name"), Some("gpumem-exporter"));
+    assert_eq!(groups[0]["name"].as_str(), Some("gpumem-exporter"));
     let mut seen = Vec::new();
-    for r in groups[0].a("rules") {
-        let Some(alert) = r.s("alert") else {
+    for r in list(&groups[0]["rules"]) {
+        let Some(alert) = r["alert"].as_str() else {
             assert!(
-                r.s("record").is_some(),
+                r["record"].as_str().is_some(),
                 "a rule that is neither alert nor record"
             );
             continue;
         };
         seen.push(alert.to_string());
-        let severity = r.at("labels.severity").and_then(Json::str);
+        let severity = r["labels"]["severity"].as_str();
         assert!(
             matches!(severity, Some("warning" | "critical")),
             "{alert}: severity {severity:?}"
         );
         for key in ["summary", "description"] {
-            let text = r.at(&format!("annotations.{key}")).and_then(Json::str);
+            let text = r["annotations"][key].as_str();
             assert!(
                 text.is_some_and(|t| !t.trim().is_empty()),
                 "{alert}: no {key}"
             );
         }
-        let anchor = format!("alert-{}", alert.to_lowercase());
+        let url = r["annotations"]["runbook_url"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{alert}: no runbook_url"));
+        assert!(
+            url.starts_with(REPO_BLOB),
+            "{alert}: runbook_url {url} is not a link into this repository ({REPO_BLOB}...)"
+        );
+        let (file, anchor) = resolve_repo_link(url);
         assert_eq!(
-            r.at("annotations.runbook_url").and_then(Json::str),
-            Some(format!("{RUNBOOK_BASE}#{anchor}").as_str()),
-            "{alert}: runbook_url"
+            anchor,
+            github_slug(&format!("Alert: {alert}")),
+            "{alert}: runbook_url {url} must link to the heading `Alert: {alert}` (in {file})"
         );
         assert!(
-            anchors.contains(&anchor),
-            "{alert}: no heading `### Alert: {alert}` (anchor #{anchor}) in docs/OPERATIONS.md or README.md"
-        );
-        assert!(
-            r.s("expr").is_some() && r.s("for").is_some(),
+            r["expr"].as_str().is_some() && r["for"].as_str().is_some(),
             "{alert}: expr and for"
         );
     }
@@ -421,98 +427,85 @@ enum Variant {
 }
 
 /// The DaemonSet checks shared by the base and the overlays.
-fn check_daemonset(objects: &[Json], variant: Variant) {
+fn check_daemonset(objects: &[Value], variant: Variant) {
     let ds = only(objects, "DaemonSet");
     let ctx = "DaemonSet";
+    assert_eq!(ds["metadata"]["namespace"].as_str(), Some(NAMESPACE));
     assert_eq!(
-        ds.at("metadata.namespace").and_then(Json::str),
-        Some(NAMESPACE)
-    );
-    assert_eq!(
-        ds.at("spec.updateStrategy.type").and_then(Json::str),
+        ds["spec"]["updateStrategy"]["type"].as_str(),
         Some("RollingUpdate")
     );
     assert_eq!(
-        ds.at("spec.updateStrategy.rollingUpdate.maxUnavailable")
-            .and_then(Json::num),
-        Some(1.0),
+        ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"].as_u64(),
+        Some(1),
         "{ctx}: maxUnavailable"
     );
-    let pod = ds.at("spec.template.spec").expect("pod spec");
+    let pod = ds.pointer("/spec/template/spec").expect("pod spec");
+    assert_eq!(pod["hostPID"].as_bool(), Some(true), "hostPID");
     assert_eq!(
-        pod.at("hostPID").and_then(Json::bool),
-        Some(true),
-        "hostPID"
+        pod["priorityClassName"].as_str(),
+        Some("system-node-critical")
     );
-    assert_eq!(pod.s("priorityClassName"), Some("system-node-critical"));
-    assert_eq!(pod.s("runtimeClassName"), Some("nvidia"));
+    assert_eq!(pod["runtimeClassName"].as_str(), Some("nvidia"));
 
     // GPU nodes only.
     let terms = pod
-        .at("affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms")
+        .pointer("/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
         .expect("required node affinity");
     assert!(
-        terms
-            .items()
+        list(terms)
             .iter()
-            .all(|t| t.a("matchExpressions").iter().any(|e| {
-                e.s("key") == Some("nvidia.com/gpu.present")
-                    && e.s("operator") == Some("In")
+            .all(|t| list(&t["matchExpressions"]).iter().any(|e| {
+                e["key"].as_str() == Some("nvidia.com/gpu.present")
+                    && e["operator"].as_str() == Some("In")
                     && strings(e.get("values")) == ["true"]
             })),
         "every node selector term requires nvidia.com/gpu.present=true"
     );
     assert!(
-        pod.a("tolerations")
+        list(&pod["tolerations"])
             .iter()
-            .any(|t| t.s("key") == Some("nvidia.com/gpu")
-                && t.s("operator") == Some("Exists")
+            .any(|t| t["key"].as_str() == Some("nvidia.com/gpu")
+                && t["operator"].as_str() == Some("Exists")
                 && t.get("effect").is_none()),
         "toleration for the nvidia.com/gpu taint (Exists, any effect)"
     );
 
     // Non-root, locked down.
-    assert_eq!(
-        pod.at("securityContext.runAsNonRoot").and_then(Json::bool),
-        Some(true)
-    );
-    let uid = pod.at("securityContext.runAsUser").and_then(Json::num);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    let uid = pod["securityContext"]["runAsUser"].as_u64();
     assert!(
-        uid.is_some_and(|u| u > 0.0),
+        uid.is_some_and(|u| u > 0),
         "fixed non-zero runAsUser, got {uid:?}"
     );
     assert_eq!(
-        pod.at("securityContext.seccompProfile.type")
-            .and_then(Json::str),
+        pod["securityContext"]["seccompProfile"]["type"].as_str(),
         Some("RuntimeDefault")
     );
-    let containers = pod.a("containers");
+    let containers = list(&pod["containers"]);
     assert_eq!(containers.len(), 1, "one container");
     let c = &containers[0];
-    assert_eq!(c.s("image"), Some(IMAGE));
+    assert_eq!(c["image"].as_str(), Some(IMAGE));
     let sc = c.get("securityContext").expect("container securityContext");
-    assert_eq!(
-        sc.at("allowPrivilegeEscalation").and_then(Json::bool),
-        Some(false)
-    );
-    assert_eq!(
-        sc.at("readOnlyRootFilesystem").and_then(Json::bool),
-        Some(true)
-    );
-    assert_eq!(strings(sc.at("capabilities.drop")), ["ALL"]);
-    assert_ne!(sc.at("privileged").and_then(Json::bool), Some(true));
+    assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
+    assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true));
+    assert_eq!(strings(sc.pointer("/capabilities/drop")), ["ALL"]);
+    assert_ne!(sc["privileged"].as_bool(), Some(true));
     match variant {
         Variant::Plain => {
-            assert_eq!(sc.at("runAsNonRoot").and_then(Json::bool), Some(true));
+            assert_eq!(sc["runAsNonRoot"].as_bool(), Some(true));
             assert!(sc.get("runAsUser").is_none(), "the pod's uid (non-root)");
-            assert!(sc.at("capabilities.add").is_none(), "no added capabilities");
+            assert!(
+                sc.pointer("/capabilities/add").is_none(),
+                "no added capabilities"
+            );
         }
         Variant::TorchBridge => {
             // Kubernetes sets no ambient capabilities: only uid 0 can use
             // added ones.
-            assert_eq!(sc.at("runAsUser").and_then(Json::num), Some(0.0));
-            assert_eq!(sc.at("runAsNonRoot").and_then(Json::bool), Some(false));
-            let mut added = strings(sc.at("capabilities.add"));
+            assert_eq!(sc["runAsUser"].as_u64(), Some(0));
+            assert_eq!(sc["runAsNonRoot"].as_bool(), Some(false));
+            let mut added = strings(sc.pointer("/capabilities/add"));
             added.sort();
             let mut want = TORCH_CAPABILITIES.map(String::from).to_vec();
             want.sort();
@@ -521,19 +514,18 @@ fn check_daemonset(objects: &[Json], variant: Variant) {
     }
 
     // The port named metrics is the exporter's default, and the probes use it.
-    let ports = c.a("ports");
+    let ports = list(&c["ports"]);
     assert!(
-        ports.iter().any(|p| p.s("name") == Some("metrics")
-            && p.get("containerPort").and_then(Json::num) == Some(9877.0)),
+        ports
+            .iter()
+            .any(|p| p["name"].as_str() == Some("metrics")
+                && p["containerPort"].as_u64() == Some(9877)),
         "containerPort 9877 named metrics"
     );
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        assert_eq!(c[probe]["httpGet"]["path"].as_str(), Some(path));
         assert_eq!(
-            c.at(&format!("{probe}.httpGet.path")).and_then(Json::str),
-            Some(path)
-        );
-        assert_eq!(
-            c.at(&format!("{probe}.httpGet.port")).and_then(Json::str),
+            c[probe]["httpGet"]["port"].as_str(),
             Some("metrics"),
             "{probe} uses the port by name"
         );
@@ -541,38 +533,42 @@ fn check_daemonset(objects: &[Json], variant: Variant) {
 
     // Environment.
     let env = |name: &str| {
-        c.a("env")
+        list(&c["env"])
             .iter()
-            .find(|e| e.s("name") == Some(name))
+            .find(|e| e["name"].as_str() == Some(name))
             .cloned()
     };
     let node = env("NODE_NAME").expect("NODE_NAME env");
     assert_eq!(
-        node.at("valueFrom.fieldRef.fieldPath").and_then(Json::str),
+        node["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
         Some("spec.nodeName"),
         "NODE_NAME from the downward API"
     );
     assert_eq!(
         env("NVIDIA_VISIBLE_DEVICES")
-            .and_then(|e| e.s("value").map(String::from))
+            .and_then(|e| e["value"].as_str().map(String::from))
             .as_deref(),
         Some("all")
     );
     assert_eq!(
         env("NVIDIA_DRIVER_CAPABILITIES")
-            .and_then(|e| e.s("value").map(String::from))
+            .and_then(|e| e["value"].as_str().map(String::from))
             .as_deref(),
         Some("utility")
     );
 
     // Resources, as sized from the benchmark.
     for (path, want) in [
-        ("resources.requests.cpu", "10m"),
-        ("resources.requests.memory", "32Mi"),
-        ("resources.limits.cpu", "100m"),
-        ("resources.limits.memory", "96Mi"),
+        ("/resources/requests/cpu", "10m"),
+        ("/resources/requests/memory", "32Mi"),
+        ("/resources/limits/cpu", "100m"),
+        ("/resources/limits/memory", "96Mi"),
     ] {
-        assert_eq!(c.at(path).and_then(Json::str), Some(want), "{path}");
+        assert_eq!(
+            c.pointer(path).and_then(Value::as_str),
+            Some(want),
+            "{path}"
+        );
     }
 
     // Config from the generated ConfigMap, passed with --config.file.
@@ -582,102 +578,98 @@ fn check_daemonset(objects: &[Json], variant: Variant) {
         "--config.file in args"
     );
     let mount = |path: &str| {
-        c.a("volumeMounts")
+        list(&c["volumeMounts"])
             .iter()
-            .find(|m| m.s("mountPath") == Some(path))
+            .find(|m| m["mountPath"].as_str() == Some(path))
             .cloned()
             .unwrap_or_else(|| panic!("no volumeMount at {path}"))
     };
     let volume = |name: &str| {
-        pod.a("volumes")
+        list(&pod["volumes"])
             .iter()
-            .find(|v| v.s("name") == Some(name))
+            .find(|v| v["name"].as_str() == Some(name))
             .cloned()
             .unwrap_or_else(|| panic!("no volume {name}"))
     };
     let config_mount = mount("/etc/gpumem-exporter");
-    let config_volume = volume(config_mount.s("name").unwrap());
-    let cm_name = config_volume
-        .at("configMap.name")
-        .and_then(Json::str)
+    let config_volume = volume(config_mount["name"].as_str().unwrap());
+    let cm_name = config_volume["configMap"]["name"]
+        .as_str()
         .expect("configMap volume");
     let cm = objects
         .iter()
         .find(|o| {
-            o.s("kind") == Some("ConfigMap")
-                && o.at("metadata.name").and_then(Json::str) == Some(cm_name)
+            o["kind"].as_str() == Some("ConfigMap")
+                && o["metadata"]["name"].as_str() == Some(cm_name)
         })
         .unwrap_or_else(|| panic!("ConfigMap {cm_name} is not rendered"));
     assert!(
         cm_name.starts_with("gpumem-exporter-config-"),
         "generated (hashed) name: {cm_name}"
     );
-    let config = cm
-        .at("data.config.yaml")
-        .and_then(Json::str)
-        .expect("config.yaml key");
+    let config = cm["data"]["config.yaml"].as_str().expect("config.yaml key");
     let (file, torch_bridge) = match variant {
-        Variant::Plain => ("deploy/kubernetes/base/config.yaml", "false"),
-        Variant::TorchBridge => (
-            "deploy/kubernetes/overlays/torch-bridge/config.yaml",
-            "true",
-        ),
+        Variant::Plain => ("deploy/kubernetes/base/config.yaml", false),
+        Variant::TorchBridge => ("deploy/kubernetes/overlays/torch-bridge/config.yaml", true),
     };
     assert_eq!(config, read(file));
     assert_eq!(
-        config_value(config, "processes.torch_bridge").as_deref(),
-        Some(torch_bridge),
+        shipped_config(file).processes.torch_bridge,
+        torch_bridge,
         "processes.torch_bridge in the rendered config"
     );
 
     let passwd = mount("/host/etc/passwd");
-    assert_eq!(passwd.get("readOnly").and_then(Json::bool), Some(true));
+    assert_eq!(passwd["readOnly"].as_bool(), Some(true));
     assert_eq!(
-        volume(passwd.s("name").unwrap())
-            .at("hostPath.path")
-            .and_then(Json::str),
+        volume(passwd["name"].as_str().unwrap())["hostPath"]["path"].as_str(),
         Some("/etc/passwd")
     );
 
     // Identity.
-    let sa = pod.s("serviceAccountName").expect("serviceAccountName");
+    let sa = pod["serviceAccountName"]
+        .as_str()
+        .expect("serviceAccountName");
     let account = only(objects, "ServiceAccount");
-    assert_eq!(account.at("metadata.name").and_then(Json::str), Some(sa));
-    assert_eq!(
-        account.at("metadata.namespace").and_then(Json::str),
-        Some(NAMESPACE)
-    );
+    assert_eq!(account["metadata"]["name"].as_str(), Some(sa));
+    assert_eq!(account["metadata"]["namespace"].as_str(), Some(NAMESPACE));
 
     // RBAC: get/list/watch on pods, nothing else.
     assert!(!kinds(objects).contains("Role") && !kinds(objects).contains("RoleBinding"));
     let role = only(objects, "ClusterRole");
-    let rules = role.a("rules");
+    let rules = list(&role["rules"]);
     assert_eq!(rules.len(), 1, "one RBAC rule");
     assert_eq!(strings(rules[0].get("apiGroups")), [""]);
     assert_eq!(strings(rules[0].get("resources")), ["pods"]);
     assert_eq!(strings(rules[0].get("verbs")), ["get", "list", "watch"]);
     assert!(rules[0].get("resourceNames").is_none() && rules[0].get("nonResourceURLs").is_none());
     let binding = only(objects, "ClusterRoleBinding");
+    assert_eq!(binding["roleRef"]["kind"].as_str(), Some("ClusterRole"));
     assert_eq!(
-        binding.at("roleRef.kind").and_then(Json::str),
-        Some("ClusterRole")
+        binding.pointer("/roleRef/name"),
+        role.pointer("/metadata/name")
     );
-    assert_eq!(binding.at("roleRef.name"), role.at("metadata.name"));
-    let subjects = binding.a("subjects");
+    let subjects = list(&binding["subjects"]);
     assert_eq!(subjects.len(), 1);
-    assert_eq!(subjects[0].s("kind"), Some("ServiceAccount"));
-    assert_eq!(subjects[0].s("name"), Some(sa));
-    assert_eq!(subjects[0].s("namespace"), Some(NAMESPACE));
+    assert_eq!(subjects[0]["kind"].as_str(), Some("ServiceAccount"));
+    assert_eq!(subjects[0]["name"].as_str(), Some(sa));
+    assert_eq!(subjects[0]["namespace"].as_str(), Some(NAMESPACE));
 
     // Headless Service with the named port.
     let svc = only(objects, "Service");
-    assert_eq!(svc.at("spec.clusterIP").and_then(Json::str), Some("None"));
-    let port = &svc.a("spec.ports")[0];
-    assert_eq!(port.s("name"), Some("metrics"));
-    assert_eq!(port.get("port").and_then(Json::num), Some(9877.0));
-    assert_eq!(port.s("targetPort"), Some("metrics"));
-    let labels = ds.at("spec.template.metadata.labels").expect("pod labels");
-    for (k, v) in svc.at("spec.selector").expect("selector").entries() {
+    assert_eq!(svc["spec"]["clusterIP"].as_str(), Some("None"));
+    let port = &list(&svc["spec"]["ports"])[0];
+    assert_eq!(port["name"].as_str(), Some("metrics"));
+    assert_eq!(port["port"].as_u64(), Some(9877));
+    assert_eq!(port["targetPort"].as_str(), Some("metrics"));
+    let labels = ds
+        .pointer("/spec/template/metadata/labels")
+        .expect("pod labels");
+    for (k, v) in svc
+        .pointer("/spec/selector")
+        .and_then(Value::as_object)
+        .expect("selector")
+    {
         assert_eq!(
             labels.get(k),
             Some(v),
@@ -687,10 +679,10 @@ fn check_daemonset(objects: &[Json], variant: Variant) {
 
     // Everything namespaced lives in the gpumem-exporter namespace.
     for o in objects {
-        let kind = o.s("kind").unwrap_or("?");
+        let kind = o["kind"].as_str().unwrap_or("?");
         if !matches!(kind, "Namespace" | "ClusterRole" | "ClusterRoleBinding") {
             assert_eq!(
-                o.at("metadata.namespace").and_then(Json::str),
+                o["metadata"]["namespace"].as_str(),
                 Some(NAMESPACE),
                 "{kind}"
             );
@@ -718,21 +710,21 @@ fn kustomize_base_renders_a_locked_down_daemonset() {
     check_daemonset(&objects, Variant::Plain);
 
     let sm = only(&objects, "ServiceMonitor");
-    let endpoints = sm.a("spec.endpoints");
+    let endpoints = list(&sm["spec"]["endpoints"]);
     assert_eq!(endpoints.len(), 1);
-    assert_eq!(endpoints[0].s("port"), Some("metrics"));
-    assert_eq!(endpoints[0].s("path"), Some("/metrics"));
-    let relabel = endpoints[0].a("relabelings");
+    assert_eq!(endpoints[0]["port"].as_str(), Some("metrics"));
+    assert_eq!(endpoints[0]["path"].as_str(), Some("/metrics"));
+    let relabel = list(&endpoints[0]["relabelings"]);
     assert!(
         relabel.iter().any(|r| strings(r.get("sourceLabels"))
             == ["__meta_kubernetes_pod_node_name"]
-            && r.s("targetLabel") == Some("node")),
+            && r["targetLabel"].as_str() == Some("node")),
         "ServiceMonitor relabels the pod's node name to `node`"
     );
     let dropped = relabel
         .iter()
-        .find(|r| r.s("action") == Some("labeldrop"))
-        .and_then(|r| r.s("regex"))
+        .find(|r| r["action"].as_str() == Some("labeldrop"))
+        .and_then(|r| r["regex"].as_str())
         .expect("labeldrop of the operator's target labels");
     for label in ["namespace", "pod", "container"] {
         assert!(
@@ -742,12 +734,12 @@ fn kustomize_base_renders_a_locked_down_daemonset() {
     }
     let svc = only(&objects, "Service");
     for (k, v) in sm
-        .at("spec.selector.matchLabels")
+        .pointer("/spec/selector/matchLabels")
+        .and_then(Value::as_object)
         .expect("matchLabels")
-        .entries()
     {
         assert_eq!(
-            svc.at("metadata.labels").and_then(|l| l.get(k)),
+            svc.pointer("/metadata/labels").and_then(|l| l.get(k)),
             Some(v),
             "ServiceMonitor selects the Service"
         );
@@ -765,11 +757,11 @@ fn plain_annotations_overlay_swaps_operator_objects_for_annotations() {
     check_daemonset(&objects, Variant::Plain);
     let ds = only(&objects, "DaemonSet");
     let ann = ds
-        .at("spec.template.metadata.annotations")
+        .pointer("/spec/template/metadata/annotations")
         .expect("pod annotations");
-    assert_eq!(ann.s("prometheus.io/scrape"), Some("true"));
-    assert_eq!(ann.s("prometheus.io/port"), Some("9877"));
-    assert_eq!(ann.s("prometheus.io/path"), Some("/metrics"));
+    assert_eq!(ann["prometheus.io/scrape"].as_str(), Some("true"));
+    assert_eq!(ann["prometheus.io/port"].as_str(), Some("9877"));
+    assert_eq!(ann["prometheus.io/path"].as_str(), Some("/metrics"));
 }
 
 /// overlays/torch-bridge: the base, with the container as uid 0 holding
@@ -785,7 +777,7 @@ fn torch_bridge_overlay_grants_exactly_the_two_capabilities() {
     assert_eq!(
         objects
             .iter()
-            .filter(|o| o.s("kind") == Some("ConfigMap"))
+            .filter(|o| o["kind"].as_str() == Some("ConfigMap"))
             .count(),
         1,
         "the overlay's config replaces the base's (behavior: replace)"
@@ -793,26 +785,39 @@ fn torch_bridge_overlay_grants_exactly_the_two_capabilities() {
     // Nothing else changes: every other object is the base's.
     for o in base
         .iter()
-        .filter(|o| !matches!(o.s("kind"), Some("DaemonSet" | "ConfigMap")))
+        .filter(|o| !matches!(o["kind"].as_str(), Some("DaemonSet" | "ConfigMap")))
     {
         assert!(
             objects.contains(o),
             "{} {:?} differs from the base's",
-            o.s("kind").unwrap_or("?"),
-            o.s("metadata.name")
+            o["kind"].as_str().unwrap_or("?"),
+            o["metadata"]["name"].as_str()
         );
     }
-    // The two config files stay in step: same settings but one.
-    let settings = |file: &str| -> Vec<(String, String)> {
-        config_settings(&read(file))
-            .into_iter()
-            .filter(|(k, _)| k != "processes.torch_bridge")
-            .collect()
+    // The two config files stay in step: the same keys and values but one,
+    // as written and as the exporter reads them.
+    let base = "deploy/kubernetes/base/config.yaml";
+    let overlay = "deploy/kubernetes/overlays/torch-bridge/config.yaml";
+    let without_torch_bridge = |file: &str| {
+        let mut tree = yaml_tree(file);
+        let processes = tree["processes"].as_object_mut().expect("processes:");
+        assert!(
+            processes.remove("torch_bridge").is_some(),
+            "{file}: processes.torch_bridge is set"
+        );
+        tree
     };
     assert_eq!(
-        settings("deploy/kubernetes/overlays/torch-bridge/config.yaml"),
-        settings("deploy/kubernetes/base/config.yaml"),
+        without_torch_bridge(overlay),
+        without_torch_bridge(base),
         "overlays/torch-bridge/config.yaml must equal base/config.yaml except processes.torch_bridge"
+    );
+    let mut read_as = shipped_config(overlay);
+    read_as.processes.torch_bridge = false;
+    assert_eq!(
+        read_as,
+        shipped_config(base),
+        "the exporter reads the overlay's config as the base's, torch_bridge aside"
     );
 }
 
@@ -838,24 +843,20 @@ fn variables(expr: &str) -> BTreeSet<String> {
 #[test]
 fn grafana_dashboard_is_valid_and_complete() {
     let text = read("grafana/gpumem-exporter.json");
-    let values = parse_json_stream(&text);
-    assert_eq!(values.len(), 1, "one JSON document");
-    let dash = &values[0];
+    let dash: Value = serde_json::from_str(&text).expect("one JSON document");
     assert!(
-        dash.get("schemaVersion")
-            .and_then(Json::num)
-            .is_some_and(|v| v >= 39.0),
+        dash["schemaVersion"].as_u64().is_some_and(|v| v >= 39),
         "schemaVersion >= 39"
     );
 
-    let vars = dash.a("templating.list");
+    let vars = list(&dash["templating"]["list"]);
     let var = |name: &str| {
         vars.iter()
-            .find(|v| v.s("name") == Some(name))
+            .find(|v| v["name"].as_str() == Some(name))
             .unwrap_or_else(|| panic!("no template variable {name}"))
     };
-    assert_eq!(var("datasource").s("type"), Some("datasource"));
-    assert_eq!(var("datasource").s("query"), Some("prometheus"));
+    assert_eq!(var("datasource")["type"].as_str(), Some("datasource"));
+    assert_eq!(var("datasource")["query"].as_str(), Some("prometheus"));
     for (name, query) in [
         ("instance", "label_values(gpu_info, instance)"),
         (
@@ -863,26 +864,18 @@ fn grafana_dashboard_is_valid_and_complete() {
             "label_values(gpu_info{instance=~\"$instance\"}, gpu)",
         ),
     ] {
-        assert_eq!(var(name).s("definition"), Some(query), "${name}");
+        assert_eq!(var(name)["definition"].as_str(), Some(query), "${name}");
     }
     for name in ["instance", "gpu", "namespace", "pod"] {
         let v = var(name);
-        assert_eq!(v.s("type"), Some("query"));
-        assert_eq!(
-            v.get("multi").and_then(Json::bool),
-            Some(true),
-            "${name} multi"
-        );
-        assert_eq!(
-            v.get("includeAll").and_then(Json::bool),
-            Some(true),
-            "${name} all"
-        );
+        assert_eq!(v["type"].as_str(), Some("query"));
+        assert_eq!(v["multi"].as_bool(), Some(true), "${name} multi");
+        assert_eq!(v["includeAll"].as_bool(), Some(true), "${name} all");
     }
     for name in ["namespace", "pod"] {
         assert!(
-            var(name)
-                .s("definition")
+            var(name)["definition"]
+                .as_str()
                 .is_some_and(|d| d.contains("gpu_process_memory_used_bytes")),
             "${name} from gpu_process_memory_used_bytes"
         );
@@ -893,12 +886,12 @@ fn grafana_dashboard_is_valid_and_complete() {
         .into();
     let mut ids = BTreeSet::new();
     let mut exprs = Vec::new();
-    for panel in dash.a("panels") {
-        let title = panel.s("title").unwrap_or("?").to_string();
-        let id = panel.get("id").and_then(Json::num).expect("panel id");
-        assert!(ids.insert(id as i64), "duplicate panel id {id}");
+    for panel in list(&dash["panels"]) {
+        let title = panel["title"].as_str().unwrap_or("?").to_string();
+        let id = panel["id"].as_u64().expect("panel id");
+        assert!(ids.insert(id), "duplicate panel id {id}");
         assert!(panel.get("gridPos").is_some(), "{title}: gridPos");
-        let kind = panel.s("type").unwrap_or("?");
+        let kind = panel["type"].as_str().unwrap_or("?");
         if kind == "row" {
             continue;
         }
@@ -906,18 +899,18 @@ fn grafana_dashboard_is_valid_and_complete() {
             matches!(kind, "timeseries" | "table" | "stat"),
             "{title}: panel type {kind}"
         );
-        let unit = panel.at("fieldConfig.defaults.unit").and_then(Json::str);
+        let unit = panel["fieldConfig"]["defaults"]["unit"].as_str();
         assert!(unit.is_some_and(|u| !u.is_empty()), "{title}: no unit");
         assert_eq!(
-            panel.at("datasource.uid").and_then(Json::str),
+            panel["datasource"]["uid"].as_str(),
             Some("${datasource}"),
             "{title}"
         );
-        let targets = panel.a("targets");
+        let targets = list(&panel["targets"]);
         assert!(!targets.is_empty(), "{title}: no query");
         for t in targets {
-            let expr = t
-                .s("expr")
+            let expr = t["expr"]
+                .as_str()
                 .unwrap_or_else(|| panic!("{title}: target without expr"));
             let used = variables(expr);
             assert!(
@@ -972,21 +965,20 @@ fn grafana_dashboard_is_valid_and_complete() {
         rules.push_str(&format!(
             "      # {}\n      - record: dashboard:expr_{i}\n        expr: {}\n",
             title.replace('\n', " "),
-            json_quote(&substituted)
+            serde_json::to_string(&substituted).unwrap()
         ));
     }
-    let scratch = Scratch::new("dashboard");
-    let file = scratch.write("dashboard-exprs.yml", &rules);
-    let out = run(
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let file = write_in(&scratch, "dashboard-exprs.yml", &rules);
+    let out = run_tool(
         "promtool",
         &["check", "rules", file.to_str().unwrap()],
         None,
     );
     assert!(
         out.status.success(),
-        "dashboard expressions are not valid PromQL:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        "dashboard expressions are not valid PromQL:\n{}",
+        output_text(&out)
     );
 }
 
@@ -1077,14 +1069,10 @@ fn systemd_unit_is_sandboxed_and_verifies() {
         "ExecStart=/usr/local/bin/gpumem-exporter ",
         "ExecStart=/bin/true ",
     );
-    let scratch = Scratch::new("systemd");
-    let path = scratch.write("gpumem-exporter.service", &copy);
-    let out = run("systemd-analyze", &["verify", path.to_str().unwrap()], None);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let path = write_in(&scratch, "gpumem-exporter.service", &copy);
+    let out = run_tool("systemd-analyze", &["verify", path.to_str().unwrap()], None);
+    let text = output_text(&out);
     assert!(
         out.status.success() && text.trim().is_empty(),
         "systemd-analyze verify complains about the unit:\n{text}"
@@ -1104,7 +1092,7 @@ fn unit_for_analysis() -> String {
 /// The capability lines `systemd-analyze security --offline=yes` marks as
 /// exposed (`✗ CapabilityBoundingSet=~CAP_…`, `✗ AmbientCapabilities=`).
 fn exposed_capabilities(unit: &std::path::Path) -> Vec<String> {
-    let out = run_ok(
+    let out = run_tool_ok(
         "systemd-analyze",
         &["security", "--offline=yes", unit.to_str().unwrap()],
         None,
@@ -1145,24 +1133,20 @@ fn systemd_torch_bridge_drop_in_adds_exactly_two_capabilities() {
         "torch-bridge.conf settings"
     );
 
-    let scratch = Scratch::new("systemd-torch");
-    let unit = scratch.write("gpumem-exporter.service", &unit_for_analysis());
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let unit = write_in(&scratch, "gpumem-exporter.service", &unit_for_analysis());
     assert_eq!(
         exposed_capabilities(&unit),
         Vec::<String>::new(),
         "the unit alone exposes no capability"
     );
 
-    let dropins = scratch.0.join("gpumem-exporter.service.d");
+    let dropins = scratch.path().join("gpumem-exporter.service.d");
     std::fs::create_dir_all(&dropins).expect("create the drop-in folder");
     let verify = |conf: &str| -> String {
         std::fs::write(dropins.join("torch-bridge.conf"), conf).expect("write the drop-in");
-        let out = run("systemd-analyze", &["verify", unit.to_str().unwrap()], None);
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = run_tool("systemd-analyze", &["verify", unit.to_str().unwrap()], None);
+        let text = output_text(&out);
         assert!(
             out.status.success(),
             "systemd-analyze verify failed:\n{text}"
@@ -1219,52 +1203,30 @@ fn dockerfile_builds_a_nonroot_glibc_image() {
     }
 }
 
-/// The config files shipped for Kubernetes and systemd use only the keys of
-/// the exporter's documented config schema (the exporter rejects unknown
-/// keys).
+/// The config files shipped for Kubernetes and systemd use only keys the
+/// exporter knows: its own config loader reads them (it rejects unknown
+/// keys, as the control case shows), each in the environment it is shipped
+/// for.
 #[test]
 fn shipped_config_files_use_known_keys() {
-    let known = [
-        "web",
-        "web.listen_address",
-        "web.telemetry_path",
-        "sample_interval",
-        "memory_sample_interval",
-        "peak_window",
-        "nvml",
-        "nvml.library",
-        "log",
-        "log.level",
-        "log.format",
-        "kubernetes",
-        "kubernetes.enabled",
-        "kubernetes.node_name",
-        "processes",
-        "processes.enabled",
-        "processes.min_bytes",
-        "processes.top_n",
-        "processes.cmdline",
-        "processes.passwd_file",
-        "processes.torch_bridge",
-    ];
-    // The torch bridge is off where the exporter lacks the capabilities it
-    // needs, and on where they are granted.
-    for (file, torch_bridge) in [
-        ("deploy/kubernetes/base/config.yaml", "false"),
-        (
-            "deploy/kubernetes/overlays/torch-bridge/config.yaml",
-            "true",
-        ),
-        ("deploy/systemd/config.yaml", "false"),
-    ] {
-        let text = read(file);
-        for (path, _) in config_settings(&text) {
-            assert!(known.contains(&path.as_str()), "{file}: unknown key {path}");
-        }
+    for (file, torch_bridge) in SHIPPED_CONFIGS {
+        let config = shipped_config(file);
         assert_eq!(
-            config_value(&text, "processes.torch_bridge").as_deref(),
-            Some(torch_bridge),
+            config.processes.torch_bridge, torch_bridge,
             "{file}: processes.torch_bridge"
+        );
+        // Control: the same file with one key the exporter does not know.
+        let scratch = tempfile::tempdir().expect("tempdir");
+        let typo = write_in(
+            &scratch,
+            "config.yaml",
+            &format!("{}gpumem_test_unknown_key: 1\n", read(file)),
+        );
+        let err = load_config(&typo, shipped_env(file))
+            .expect_err("a config file with an unknown key is refused");
+        assert!(
+            err.contains("unknown field `gpumem_test_unknown_key`"),
+            "{file} plus an unknown key: {err}"
         );
     }
 }
@@ -1276,26 +1238,14 @@ fn shipped_config_files_use_known_keys() {
 /// downward API) or a plain host's (none of those).
 #[test]
 fn exporter_accepts_the_shipped_config_files() {
-    let in_cluster = [
-        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
-        ("KUBERNETES_SERVICE_PORT", "443"),
-        ("NODE_NAME", "gpu-node-1"),
-    ];
-    for (file, cluster) in [
-        ("deploy/kubernetes/base/config.yaml", true),
-        ("deploy/kubernetes/overlays/torch-bridge/config.yaml", true),
-        ("deploy/systemd/config.yaml", false),
-    ] {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpumem-exporter"));
-        for (key, value) in in_cluster {
-            if cluster {
-                cmd.env(key, value);
-            } else {
-                cmd.env_remove(key);
-            }
+    for (file, _) in SHIPPED_CONFIGS {
+        let mut cmd = Command::new(BIN);
+        for (key, _) in IN_CLUSTER {
+            cmd.env_remove(key);
         }
+        cmd.envs(shipped_env(file).iter().copied());
         let mut child = cmd
-            .arg(format!("--config.file={}", repo().join(file).display()))
+            .arg(format!("--config.file={}", repo_file(file).display()))
             .args([
                 "--nvml.library=/nonexistent/libnvidia-ml.so.1",
                 "--web.listen-address=127.0.0.1:0",
@@ -1324,314 +1274,26 @@ fn exporter_accepts_the_shipped_config_files() {
     }
 }
 
-// ------------------------------------------------------------------ JSON
-
-/// Just enough JSON for kubectl's and Grafana's output: a value tree with
-/// object keys in document order.
-#[derive(Debug, Clone, PartialEq)]
-enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
-}
-
-impl Json {
-    fn get(&self, key: &str) -> Option<&Json> {
-        match self {
-            Json::Obj(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, v)| v),
-            _ => None,
-        }
-    }
-
-    /// A dotted path of object keys, e.g. `spec.template.spec`. Keys may
-    /// themselves contain dots (`data.config.yaml`, `prometheus.io/port`):
-    /// the longest matching key is tried first at each level.
-    fn at(&self, path: &str) -> Option<&Json> {
-        if path.is_empty() {
-            return Some(self);
-        }
-        if let Some(v) = self.get(path) {
-            return Some(v);
-        }
-        let mut split = path.len();
-        while let Some(i) = path[..split].rfind('.') {
-            if let Some(found) = self.get(&path[..i]).and_then(|v| v.at(&path[i + 1..])) {
-                return Some(found);
-            }
-            split = i;
-        }
-        None
-    }
-
-    fn str(&self) -> Option<&str> {
-        match self {
-            Json::Str(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    fn num(&self) -> Option<f64> {
-        match self {
-            Json::Num(n) => Some(*n),
-            _ => None,
-        }
-    }
-
-    fn bool(&self) -> Option<bool> {
-        match self {
-            Json::Bool(b) => Some(*b),
-            _ => None,
-        }
-    }
-
-    fn items(&self) -> &[Json] {
-        match self {
-            Json::Arr(items) => items,
-            _ => &[],
-        }
-    }
-
-    fn entries(&self) -> impl Iterator<Item = (&str, &Json)> {
-        let entries: &[(String, Json)] = match self {
-            Json::Obj(entries) => entries,
-            _ => &[],
-        };
-        entries.iter().map(|(k, v)| (k.as_str(), v))
-    }
-
-    /// The string at `path`.
-    fn s(&self, path: &str) -> Option<&str> {
-        self.at(path).and_then(Json::str)
-    }
-
-    /// The array at `path`, or an empty slice.
-    fn a(&self, path: &str) -> &[Json] {
-        self.at(path).map(Json::items).unwrap_or(&[])
-    }
-}
-
-/// Parses one or more concatenated JSON values (kubectl prints one object
-/// per resource). Panics with the byte offset on malformed input.
-fn parse_json_stream(text: &str) -> Vec<Json> {
-    let mut p = JsonParser {
-        s: text.as_bytes(),
-        i: 0,
-    };
-    let mut values = Vec::new();
-    loop {
-        p.ws();
-        if p.i >= p.s.len() {
-            return values;
-        }
-        values.push(p.value());
-    }
-}
-
-struct JsonParser<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl JsonParser<'_> {
-    fn fail(&self, what: &str) -> ! {
-        let end = (self.i + 40).min(self.s.len());
-        panic!(
-            "JSON: {what} at byte {}: {:?}",
-            self.i,
-            String::from_utf8_lossy(&self.s[self.i.min(end)..end])
-        )
-    }
-
-    fn ws(&mut self) {
-        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, c: u8) {
-        self.ws();
-        if self.s.get(self.i) != Some(&c) {
-            self.fail(&format!("expected {:?}", c as char));
-        }
-        self.i += 1;
-    }
-
-    fn literal(&mut self, word: &str, value: Json) -> Json {
-        if self.s[self.i..].starts_with(word.as_bytes()) {
-            self.i += word.len();
-            value
-        } else {
-            self.fail("unknown literal")
-        }
-    }
-
-    fn value(&mut self) -> Json {
-        self.ws();
-        match self.s.get(self.i) {
-            Some(b'{') => {
-                self.i += 1;
-                let mut entries = Vec::new();
-                self.ws();
-                if self.s.get(self.i) == Some(&b'}') {
-                    self.i += 1;
-                    return Json::Obj(entries);
-                }
-                loop {
-                    self.ws();
-                    let key = self.string();
-                    self.eat(b':');
-                    entries.push((key, self.value()));
-                    self.ws();
-                    match self.s.get(self.i) {
-                        Some(b',') => self.i += 1,
-                        Some(b'}') => {
-                            self.i += 1;
-                            return Json::Obj(entries);
-                        }
-                        _ => self.fail("expected , or }"),
-                    }
-                }
-            }
-            Some(b'[') => {
-                self.i += 1;
-                let mut items = Vec::new();
-                self.ws();
-                if self.s.get(self.i) == Some(&b']') {
-                    self.i += 1;
-                    return Json::Arr(items);
-                }
-                loop {
-                    items.push(self.value());
-                    self.ws();
-                    match self.s.get(self.i) {
-                        Some(b',') => self.i += 1,
-                        Some(b']') => {
-                            self.i += 1;
-                            return Json::Arr(items);
-                        }
-                        _ => self.fail("expected , or ]"),
-                    }
-                }
-            }
-            Some(b'"') => Json::Str(self.string()),
-            Some(b't') => self.literal("true", Json::Bool(true)),
-            Some(b'f') => self.literal("false", Json::Bool(false)),
-            Some(b'n') => self.literal("null", Json::Null),
-            Some(c) if *c == b'-' || c.is_ascii_digit() => {
-                let start = self.i;
-                while self
-                    .s
-                    .get(self.i)
-                    .is_some_and(|c| c.is_ascii_digit() || b"+-.eE".contains(c))
-                {
-                    self.i += 1;
-                }
-                let text = std::str::from_utf8(&self.s[start..self.i]).unwrap();
-                Json::Num(text.parse().unwrap_or_else(|_| self.fail("bad number")))
-            }
-            _ => self.fail("expected a value"),
-        }
-    }
-
-    fn hex4(&mut self) -> u32 {
-        let digits = self
-            .s
-            .get(self.i..self.i + 4)
-            .unwrap_or_else(|| self.fail("short \\u escape"));
-        let text = std::str::from_utf8(digits).unwrap_or_else(|_| self.fail("bad \\u escape"));
-        let v = u32::from_str_radix(text, 16).unwrap_or_else(|_| self.fail("bad \\u escape"));
-        self.i += 4;
-        v
-    }
-
-    fn string(&mut self) -> String {
-        if self.s.get(self.i) != Some(&b'"') {
-            self.fail("expected a string");
-        }
-        self.i += 1;
-        let mut out: Vec<u8> = Vec::new();
-        loop {
-            let Some(&c) = self.s.get(self.i) else {
-                self.fail("unterminated string")
-            };
-            self.i += 1;
-            match c {
-                b'"' => break,
-                b'\\' => {
-                    let Some(&e) = self.s.get(self.i) else {
-                        self.fail("unterminated escape")
-                    };
-                    self.i += 1;
-                    let ch = match e {
-                        b'"' => '"',
-                        b'\\' => '\\',
-                        b'/' => '/',
-                        b'b' => '\u{8}',
-                        b'f' => '\u{c}',
-                        b'n' => '\n',
-                        b'r' => '\r',
-                        b't' => '\t',
-                        b'u' => {
-                            let hi = self.hex4();
-                            let code = if (0xD800..0xDC00).contains(&hi)
-                                && self.s[self.i..].starts_with(b"\\u")
-                            {
-                                self.i += 2;
-                                let lo = self.hex4();
-                                0x10000 + ((hi - 0xD800) << 10) + (lo.wrapping_sub(0xDC00) & 0x3FF)
-                            } else {
-                                hi
-                            };
-                            char::from_u32(code).unwrap_or('\u{FFFD}')
-                        }
-                        _ => self.fail("unknown escape"),
-                    };
-                    let mut buf = [0u8; 4];
-                    out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
-                }
-                _ => out.push(c),
-            }
-        }
-        String::from_utf8(out).unwrap_or_else(|_| self.fail("invalid UTF-8 in string"))
-    }
-}
-
-/// A JSON string literal, which YAML also reads as a double-quoted scalar.
-fn json_quote(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+#[test]
+fn github_slug_of_headings() {
+    assert_eq!(github_slug(" Alert: GpuMemoryHigh"), "alert-gpumemoryhigh");
+    assert_eq!(
+        github_slug("Real or cache? (PyTorch allocator)"),
+        "real-or-cache-pytorch-allocator"
+    );
+    assert_eq!(github_slug("`top_n` and min-bytes"), "top_n-and-min-bytes");
+    assert_eq!(github_slug("a  b"), "a--b");
+    let md = "# Title\n\n```sh\n# not a heading\n```\n## Alert: GpuDown ##\n#nospace\n    # indented code\n## Title\n";
+    assert_eq!(
+        heading_anchors(md),
+        ["alert-gpudown", "title", "title-1"]
+            .map(String::from)
+            .into()
+    );
 }
 
 #[test]
-fn json_parser_reads_what_kubectl_and_grafana_write() {
-    let values = parse_json_stream(
-        "{\"a\": {\"b.c\": [1, -2.5e3, true, null]}, \"s\": \"q\\\"\\u00e9\\ud83d\\ude00\\n\"}\n{\"kind\": \"X\"}",
-    );
-    assert_eq!(values.len(), 2);
-    assert_eq!(values[0].a("a.b.c").len(), 4);
-    assert_eq!(values[0].a("a.b.c")[1], Json::Num(-2500.0));
-    assert_eq!(values[0].a("a.b.c")[3], Json::Null);
-    assert_eq!(values[0].s("s"), Some("q\"é😀\n"));
-    assert_eq!(values[1].s("kind"), Some("X"));
-    assert_eq!(json_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
-    assert_eq!(
-        github_anchor(" Alert: GpuMemoryHigh"),
-        "alert-gpumemoryhigh"
-    );
+fn dashboard_variables_are_found() {
     assert_eq!(
         variables("rate(x{instance=~\"$instance\"}[$__rate_interval]) ${gpu}"),
         ["__rate_interval", "gpu", "instance"]

@@ -3,12 +3,10 @@
 //! matching .err file (`{file}` stands for the path), exit code 2, and no
 //! panic or backtrace. To add a case, add NN-name.yaml and NN-name.err.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::BIN;
+use crate::harness::BIN;
 
 fn run(config: &Path) -> (Option<i32>, String) {
     let out = Command::new(BIN)

@@ -2,24 +2,17 @@
 //! list/watch wire format: paged PodList JSON, then a chunked stream of
 //! newline-delimited watch events that the test scripts line by line.
 
-use std::collections::HashMap;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::{Query, RawQuery, State};
-use axum::http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::body::Bytes;
+use axum::http::StatusCode;
 use gpumem_exporter::kube::{KubeConfig, PodIndex, PodRef, run_watcher};
-use http_body_util::channel::{Channel, Sender};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
-const NODE: &str = "gpu-node-1";
+use crate::harness::cluster::{FakeApi, NODE, Request, WatchStream, event, gone, pod};
+
 const UID_A: &str = "6f1c2a4e-3b5d-4c7e-9f10-2a3b4c5d6e7f";
 const UID_B: &str = "0b9e8d7c-6a5b-4c3d-8e2f-1a0b9c8d7e6f";
 const UID_C: &str = "a1b2c3d4-e5f6-4a7b-8c9d-0e1f2a3b4c5d";
@@ -32,71 +25,6 @@ const UID_H: &str = "b8b8b8b8-1111-4222-8333-444455556666";
 /// A 64-hex container id, distinct per seed.
 fn cid(seed: u8) -> String {
     format!("{seed:02x}").repeat(32)
-}
-
-/// A pod as the API server serialises it (trimmed, but with the noise real
-/// objects carry: labels, owner references, managed fields, image ids).
-/// `containers`: (name, containerID with runtime prefix, or None while pending).
-fn pod(
-    ns: &str,
-    name: &str,
-    uid: &str,
-    node: &str,
-    rv: &str,
-    containers: &[(&str, Option<String>)],
-) -> Value {
-    let statuses: Vec<Value> = containers
-        .iter()
-        .map(|(c, id)| {
-            let mut s = json!({
-                "name": c,
-                "image": "nvcr.io/nvidia/pytorch:24.01-py3",
-                "imageID": "nvcr.io/nvidia/pytorch@sha256:4f2e",
-                "ready": id.is_some(),
-                "restartCount": 0,
-                "started": id.is_some(),
-            });
-            match id {
-                Some(id) => {
-                    s["containerID"] = json!(id);
-                    s["state"] = json!({"running": {"startedAt": "2025-06-01T10:00:00Z"}});
-                }
-                None => s["state"] = json!({"waiting": {"reason": "ContainerCreating"}}),
-            }
-            s
-        })
-        .collect();
-    json!({
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            "uid": uid,
-            "resourceVersion": rv,
-            "creationTimestamp": "2025-06-01T09:59:58Z",
-            "labels": {"app.kubernetes.io/name": name},
-            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": "0000", "controller": true}],
-            "managedFields": [{"manager": "kubelet", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}]
-        },
-        "spec": {
-            "nodeName": node,
-            "containers": containers.iter().map(|(c, _)| json!({
-                "name": c,
-                "image": "nvcr.io/nvidia/pytorch:24.01-py3",
-                "resources": {"limits": {"nvidia.com/gpu": "1"}}
-            })).collect::<Vec<_>>(),
-            "restartPolicy": "Never",
-            "schedulerName": "default-scheduler"
-        },
-        "status": {
-            "phase": "Running",
-            "hostIP": "10.0.0.5",
-            "podIP": "10.244.1.17",
-            "qosClass": "Burstable",
-            "containerStatuses": statuses
-        }
-    })
 }
 
 fn pod_a() -> Value {
@@ -155,19 +83,6 @@ fn pod_d() -> Value {
     )
 }
 
-fn pod_list(items: &[Value], rv: &str, continue_token: &str) -> Value {
-    json!({
-        "kind": "PodList",
-        "apiVersion": "v1",
-        "metadata": {"resourceVersion": rv, "continue": continue_token},
-        "items": items
-    })
-}
-
-fn event(kind: &str, object: Value) -> String {
-    format!("{}\n", json!({"type": kind, "object": object}))
-}
-
 fn bookmark(rv: &str) -> String {
     event(
         "BOOKMARK",
@@ -175,91 +90,8 @@ fn bookmark(rv: &str) -> String {
     )
 }
 
-fn gone() -> Value {
-    json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": "too old resource version: 1011 (1500)", "reason": "Expired", "code": 410
-    })
-}
-
-#[derive(Debug, Clone)]
-struct Seen {
-    query: HashMap<String, String>,
-    raw_query: String,
-    auth: Option<String>,
-    accept: Option<String>,
-}
-
-#[derive(Default)]
-struct ApiState {
-    items: Vec<Value>,
-    rv: String,
-    /// Pods per LIST page, so pagination is exercised.
-    page_size: usize,
-    lists: Vec<Seen>,
-    watches: Vec<Seen>,
-    /// Answer the next watch request with this status instead of a stream.
-    next_watch_status: Option<StatusCode>,
-}
-
-type WatchStream = Sender<Bytes, std::io::Error>;
-
-#[derive(Clone)]
-struct Api {
-    state: Arc<Mutex<ApiState>>,
-    watch_tx: mpsc::UnboundedSender<(Seen, WatchStream)>,
-}
-
-async fn pods_handler(
-    State(api): State<Api>,
-    RawQuery(raw): RawQuery,
-    Query(query): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-) -> Response {
-    let header = |h| {
-        headers
-            .get(h)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
-    let seen = Seen {
-        query: query.clone(),
-        raw_query: raw.unwrap_or_default(),
-        auth: header(AUTHORIZATION),
-        accept: header(ACCEPT),
-    };
-    let mut state = api.state.lock().unwrap();
-    if query.get("watch").map(String::as_str) == Some("1") {
-        state.watches.push(seen.clone());
-        if let Some(status) = state.next_watch_status.take() {
-            return (status, axum::Json(gone())).into_response();
-        }
-        let (tx, body) = Channel::<Bytes, std::io::Error>::new(64);
-        api.watch_tx.send((seen, tx)).unwrap();
-        return Response::builder()
-            .header(CONTENT_TYPE, "application/json")
-            .body(Body::new(body))
-            .unwrap();
-    }
-    state.lists.push(seen);
-    // Continue tokens are opaque; this one needs percent-encoding.
-    let offset: usize = query
-        .get("continue")
-        .and_then(|c| c.strip_prefix("c+/"))
-        .and_then(|c| c.strip_suffix('='))
-        .map_or(0, |n| n.parse().unwrap());
-    let end = (offset + state.page_size).min(state.items.len());
-    let token = if end < state.items.len() {
-        format!("c+/{end}=")
-    } else {
-        String::new()
-    };
-    axum::Json(pod_list(&state.items[offset..end], &state.rv, &token)).into_response()
-}
-
 struct Harness {
-    state: Arc<Mutex<ApiState>>,
-    watches: mpsc::UnboundedReceiver<(Seen, WatchStream)>,
+    api: FakeApi,
     index: Arc<PodIndex>,
     token_file: tempfile::NamedTempFile,
     watcher: tokio::task::JoinHandle<()>,
@@ -272,28 +104,12 @@ impl Drop for Harness {
 }
 
 async fn start(items: Vec<Value>, rv: &str, page_size: usize) -> Harness {
-    let state = Arc::new(Mutex::new(ApiState {
-        items,
-        rv: rv.into(),
-        page_size,
-        ..Default::default()
-    }));
-    let (watch_tx, watches) = mpsc::unbounded_channel();
-    let app = Router::new()
-        .route("/api/v1/pods", get(pods_handler))
-        .with_state(Api {
-            state: state.clone(),
-            watch_tx,
-        });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-
+    let api = FakeApi::start(items, rv, page_size).await;
     let mut token_file = tempfile::NamedTempFile::new().unwrap();
     writeln!(token_file, "test-token").unwrap();
     let index = Arc::new(PodIndex::new());
     let cfg = KubeConfig {
-        api_url: format!("http://{addr}"),
+        api_url: api.url(),
         node_name: NODE.into(),
         token: None,
         token_file: Some(token_file.path().to_owned()),
@@ -301,8 +117,7 @@ async fn start(items: Vec<Value>, rv: &str, page_size: usize) -> Harness {
     };
     let watcher = tokio::spawn(run_watcher(cfg, index.clone()));
     Harness {
-        state,
-        watches,
+        api,
         index,
         token_file,
         watcher,
@@ -310,11 +125,8 @@ async fn start(items: Vec<Value>, rv: &str, page_size: usize) -> Harness {
 }
 
 impl Harness {
-    async fn next_watch(&mut self) -> (Seen, WatchStream) {
-        tokio::time::timeout(Duration::from_secs(5), self.watches.recv())
-            .await
-            .expect("no watch request within 5 s")
-            .unwrap()
+    async fn next_watch(&mut self) -> (Request, WatchStream) {
+        self.api.next_watch().await
     }
 
     fn lookup(&self, uid: Option<&str>, container: Option<&str>) -> Option<PodRef> {
@@ -346,7 +158,7 @@ fn r(ns: &str, pod: &str, container: &str) -> Option<PodRef> {
     })
 }
 
-fn check_common(seen: &Seen, token: &str) {
+fn check_common(seen: &Request, token: &str) {
     assert_eq!(
         seen.auth.as_deref(),
         Some(format!("Bearer {token}").as_str())
@@ -364,7 +176,7 @@ fn check_common(seen: &Seen, token: &str) {
     );
 }
 
-fn check_watch(seen: &Seen, rv: &str, token: &str) {
+fn check_watch(seen: &Request, rv: &str, token: &str) {
     check_common(seen, token);
     let q = |k: &str| seen.query.get(k).map(String::as_str);
     assert_eq!(q("watch"), Some("1"), "{}", seen.raw_query);
@@ -407,7 +219,7 @@ async fn list_watch_reconnect_and_relist() {
     );
     assert_eq!(h.lookup(Some(UID_D), Some(&cid(0xd1))), None);
     {
-        let s = h.state.lock().unwrap();
+        let s = h.api.state.lock().unwrap();
         assert_eq!(s.lists.len(), 2, "two pages");
         for seen in &s.lists {
             check_common(seen, "test-token");
@@ -530,7 +342,7 @@ async fn list_watch_reconnect_and_relist() {
 
     // 410 Gone as an ERROR event: relist and replace the index wholesale.
     {
-        let mut s = h.state.lock().unwrap();
+        let mut s = h.api.state.lock().unwrap();
         let h_pod = pod(
             "team-b",
             "batch-9",
@@ -565,13 +377,13 @@ async fn list_watch_reconnect_and_relist() {
 #[tokio::test]
 async fn watch_410_status_relists_and_oversize_line_reconnects() {
     let mut h = start(vec![pod_a(), pod_d()], "500", 500).await;
-    h.state.lock().unwrap().next_watch_status = Some(StatusCode::GONE);
+    h.api.state.lock().unwrap().next_watch_status = Some(StatusCode::GONE);
 
     // HTTP 410 on the watch request → relist, then watch again.
     eventually("relist after HTTP 410", || h.index.stats().lists_total == 2).await;
     let (seen, mut stream) = h.next_watch().await;
     check_watch(&seen, "500", "test-token");
-    assert_eq!(h.state.lock().unwrap().watches.len(), 2);
+    assert_eq!(h.api.state.lock().unwrap().watches.len(), 2);
     assert_eq!(h.index.stats().watch_restarts_total, 0);
     assert_eq!(h.index.pods(), 1);
 

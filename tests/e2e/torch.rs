@@ -3,16 +3,13 @@
 //! their pids, and the real exporter reads their documents from /proc.
 //! Also runs the Python package's own unit tests.
 
-mod common;
-
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::harness::python::{Py, StubState, python3};
+use crate::harness::tools::{assert_promtool_check_metrics_clean, output_text};
+use crate::harness::*;
 use serde_json::json;
 
 /// CUDA's (bare) UUIDs of the stub's devices; NVML spells them `GPU-…`.
@@ -33,14 +30,6 @@ const FAMILIES: [&str; 8] = [
 
 fn gpu(bare: &str) -> String {
     format!("GPU-{bare}")
-}
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn python3() -> &'static str {
-    require_tool("python3", "python3")
 }
 
 /// Allocator figures derived from one number, all distinct and above 2^32
@@ -91,137 +80,6 @@ impl Figures {
     }
 }
 
-/// The stub torch's state file, rewritten atomically.
-struct StubState {
-    dir: tempfile::TempDir,
-}
-
-impl StubState {
-    fn new(devices: &[(&str, Figures)]) -> StubState {
-        let s = StubState {
-            dir: tempfile::tempdir().expect("tempdir"),
-        };
-        s.write(devices);
-        s
-    }
-
-    fn path(&self) -> PathBuf {
-        self.dir.path().join("torch-state.json")
-    }
-
-    /// Devices in CUDA order (`CUDA_VISIBLE_DEVICES` may differ from NVML's).
-    fn write(&self, devices: &[(&str, Figures)]) {
-        let devs: Vec<_> = devices
-            .iter()
-            .map(|(u, f)| json!({"uuid": u, "stats": f.stats()}))
-            .collect();
-        let tmp = self.dir.path().join("torch-state.tmp");
-        std::fs::write(
-            &tmp,
-            json!({"initialized": true, "devices": devs}).to_string(),
-        )
-        .expect("write stub state");
-        std::fs::rename(&tmp, self.path()).expect("rename stub state");
-    }
-}
-
-/// A Python child; killed on drop. It prints `ready <pid>` once set up and
-/// then waits for its stdin to close.
-struct Py {
-    child: Child,
-    pid: u32,
-}
-
-impl Py {
-    fn spawn(code: &str, env: &[(&str, &str)]) -> Py {
-        let pythonpath = format!(
-            "{}:{}",
-            repo().join("python").display(),
-            repo().join("tests/torch_stub").display()
-        );
-        let mut cmd = Command::new(python3());
-        cmd.args(["-u", "-c", code])
-            .env("PYTHONPATH", pythonpath)
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .env("GPUMEM_BRIDGE_INTERVAL", "0.1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn python3");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(WAIT).unwrap_or_default();
-        let pid = line
-            .strip_prefix("ready ")
-            .and_then(|p| p.trim().parse().ok());
-        let Some(pid) = pid else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("python child did not get ready (said {line:?})");
-        };
-        Py { child, pid }
-    }
-
-    /// A process running the bridge, figures from the stub's state file.
-    fn bridge(state: &StubState, extra: &str) -> Py {
-        let code = format!(
-            "import os, sys, torch, gpumem_bridge\nassert gpumem_bridge.start()\n{extra}\nprint('ready', os.getpid(), flush=True)\nsys.stdin.read()\n"
-        );
-        Py::spawn(
-            &code,
-            &[("TORCH_STUB_STATE", state.path().to_str().unwrap())],
-        )
-    }
-
-    /// A process that publishes `payload` itself, as a hostile or broken
-    /// client would: a memfd with the bridge's name, sealed unless asked.
-    fn raw(payload: &[u8], seal: bool) -> (Py, tempfile::TempDir) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("payload");
-        std::fs::write(&file, payload).expect("payload");
-        let code = format!(
-            "import fcntl, os, sys\n\
-             data = open({file:?}, 'rb').read()\n\
-             fd = os.memfd_create('gpumem-bridge', os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)\n\
-             view = memoryview(data)\n\
-             while view:\n    view = view[os.write(fd, view):]\n\
-             if {seal}:\n    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)\n\
-             print('ready', os.getpid(), flush=True)\n\
-             sys.stdin.read()\n",
-            file = file.to_str().unwrap(),
-            seal = if seal { "True" } else { "False" },
-        );
-        (Py::spawn(&code, &[]), dir)
-    }
-
-    /// A GPU process without the bridge.
-    fn plain() -> Py {
-        Py::spawn(
-            "import os, sys\nprint('ready', os.getpid(), flush=True)\nsys.stdin.read()\n",
-            &[],
-        )
-    }
-
-    fn pid_str(&self) -> String {
-        self.pid.to_string()
-    }
-}
-
-impl Drop for Py {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A fake-NVML scenario: per GPU (bare UUID), the pids on it and bytes.
 fn scenario_yaml(gpus: &[(&str, &[(u32, u64)])]) -> String {
     let mut y = String::from("devices:\n");
@@ -243,16 +101,13 @@ fn scenario_yaml(gpus: &[(&str, &[(u32, u64)])]) -> String {
     y
 }
 
-fn config(scenario: &Scenario, extra: &str) -> PathBuf {
-    scenario.file(
-        "config.yaml",
-        format!("sample_interval: 100ms\nmemory_sample_interval: 100ms\n{extra}").as_bytes(),
-    )
+/// Samples every 100 ms; `extra`: more config lines.
+fn config(extra: &str) -> String {
+    format!("sample_interval: 100ms\nmemory_sample_interval: 100ms\n{extra}")
 }
 
 fn start(scenario: &Scenario, extra: &str) -> Exporter {
-    let cfg = config(scenario, extra);
-    Exporter::start(scenario, &["--config.file", cfg.to_str().unwrap()])
+    Exporter::with_config(scenario, &config(extra), &[])
 }
 
 /// Labels of a series as owned pairs.
@@ -297,7 +152,7 @@ fn dropped(m: &Metrics, reason: &str) -> u64 {
 fn series_match_the_stub_follow_it_and_vanish_with_the_process() {
     let (a0, a1) = (Figures(5_000_000_007), Figures(9_000_000_011));
     // CUDA order is the reverse of NVML's: only the UUID joins them.
-    let state = StubState::new(&[(U1, a1), (U0, a0)]);
+    let state = StubState::new(&[(U1, a1.stats()), (U0, a0.stats())]);
     let py = Py::bridge(&state, "");
     let pid = py.pid_str();
     let scenario = Scenario::new(&scenario_yaml(&[
@@ -327,25 +182,11 @@ fn series_match_the_stub_follow_it_and_vanish_with_the_process() {
         assert_eq!(dropped(&m, reason), 0, "{reason}:\n{}", m.text);
     }
     // The exposition is valid, counters included.
-    let mut check = Command::new(promtool())
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool");
-    std::io::Write::write_all(&mut check.stdin.take().unwrap(), m.text.as_bytes()).unwrap();
-    let out = check.wait_with_output().unwrap();
-    assert!(
-        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_promtool_check_metrics_clean(&m.text);
 
     // The process's figures change: the series follow.
     let (b0, b1) = (Figures(6_000_000_013), Figures(7_000_000_017));
-    state.write(&[(U1, b1), (U0, b0)]);
+    state.write(&[(U1, b1.stats()), (U0, b0.stats())]);
     wait_for(WAIT, "series following the stub", || {
         let m = ex.metrics();
         (exported(&m, "0", &pid) == Some(b0.values())
@@ -407,7 +248,7 @@ fn a_process_reports_only_about_itself() {
 #[test]
 fn malformed_and_oversized_documents_are_dropped_and_counted() {
     let good = Figures(8_000_000_009);
-    let state = StubState::new(&[(U0, good)]);
+    let state = StubState::new(&[(U0, good.stats())]);
     let ok = Py::bridge(&state, "");
     let (garbage, _d1) = Py::raw(b"this is not json", true);
     let wrong_types = json!({"v": 1, "devices": [{"uuid": gpu(U0), "allocated": "lots"}]});
@@ -463,32 +304,26 @@ fn malformed_and_oversized_documents_are_dropped_and_counted() {
 /// Start the exporter without any capability (root keeps its uid but loses
 /// CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH), as a DaemonSet without them.
 fn start_without_caps(scenario: &Scenario) -> Exporter {
-    let cfg = config(scenario, "");
-    let lib = fake_nvml().to_str().unwrap().to_string();
+    let cfg = scenario.file("config.yaml", config("").as_bytes());
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let mut cmd = if root {
+    let cmd = if root {
         let mut c = Command::new("setpriv");
         c.args(["--inh-caps=-all", "--bounding-set=-all", "--", BIN]);
         c
     } else {
         Command::new(BIN)
     };
-    cmd.args([
-        "--nvml.library",
-        &lib,
-        "--web.listen-address",
-        "127.0.0.1:0",
-        "--config.file",
-        cfg.to_str().unwrap(),
-    ])
-    .env("FAKE_NVML_CONFIG", &scenario.path);
-    Exporter::spawn(cmd)
+    Exporter::spawn(Exporter::command(
+        cmd,
+        scenario,
+        &["--config.file", cfg.to_str().unwrap()],
+    ))
 }
 
 #[test]
 fn permission_denied_is_counted_once_per_process_and_logged_once() {
-    let state = StubState::new(&[(U0, Figures(4_000_000_001))]);
+    let state = StubState::new(&[(U0, Figures(4_000_000_001).stats())]);
     // Non-dumpable: its /proc/<pid>/fd links need CAP_SYS_PTRACE to follow,
     // even for the same uid.
     let (a, b) = (
@@ -520,18 +355,13 @@ fn permission_denied_is_counted_once_per_process_and_logged_once() {
     let used = m.find("gpu_process_memory_used_bytes", &[("pid", &a.pid_str())]);
     assert_eq!(used.len(), 1);
     assert!(!used[0].0["process"].is_empty(), "{}", m.text);
-    let log = ex.stderr();
-    assert_eq!(
-        log.matches("CAP_SYS_PTRACE").count(),
-        1,
-        "logged once:\n{log}"
-    );
+    ex.assert_logged_once("CAP_SYS_PTRACE");
 }
 
 #[test]
 fn mig_instance_is_joined_by_its_own_uuid() {
     let f = Figures(3_000_000_019);
-    let state = StubState::new(&[(U1, f)]);
+    let state = StubState::new(&[(U1, f.stats())]);
     let py = Py::bridge(&state, "");
     // The parent GPU has another UUID; CUDA's is the MIG instance's.
     let scenario = Scenario::new(&format!(
@@ -554,7 +384,7 @@ fn mig_instance_is_joined_by_its_own_uuid() {
 
 #[test]
 fn torch_bridge_false_reads_nothing() {
-    let state = StubState::new(&[(U0, Figures(2_000_000_003))]);
+    let state = StubState::new(&[(U0, Figures(2_000_000_003).stats())]);
     let py = Py::bridge(&state, "");
     let scenario = Scenario::new(&scenario_yaml(&[(U0, &[(py.pid, 1 << 30)])]));
     let ex = start(&scenario, "processes:\n  torch_bridge: false\n");
@@ -578,11 +408,7 @@ fn python_unit_tests() {
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .expect("run python3 -m unittest");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert!(out.status.success(), "python unit tests failed:\n{text}");
     assert!(text.contains("OK"), "{text}");
 }

@@ -1,11 +1,9 @@
 //! End-to-end faults: NVML not ready at start, every GPU lost, a hung NVML
 //! call, config reload on SIGHUP. The fake NVML has a knob for each.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::harness::*;
 
 const UUID0: &str = "GPU-eeeeeeee-0000-0000-0000-000000000000";
 const UUID1: &str = "GPU-ffffffff-0000-0000-0000-000000000000";
@@ -68,11 +66,7 @@ fn nvml_not_ready_at_start_then_recovers() {
         });
         let m = ex.metrics();
         assert_eq!(m.get("gpu_up", &[("gpu", "0"), ("uuid", UUID0)]), Some(1.0));
-        assert_eq!(
-            ex.stderr().matches("retries with backoff").count(),
-            1,
-            "logged once"
-        );
+        ex.assert_logged_once("retries with backoff");
         eprintln!("{init_error}: ready {:?} after NVML answered", t.elapsed());
     }
 }
@@ -148,10 +142,7 @@ fn hung_nvml_call_keeps_serving_and_fails_liveness() {
     let ts = m
         .get("gpumem_exporter_last_sample_timestamp_seconds", &[])
         .unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64();
+    let now = unix_now();
     assert!(now - ts >= 0.3, "sample age {} s", now - ts);
     assert_eq!(m.get("gpu_up", &[("gpu", "0"), ("uuid", UUID0)]), Some(1.0));
     sc.write(&scenario("null", "null", 0, 1));
@@ -163,8 +154,7 @@ fn hung_nvml_call_keeps_serving_and_fails_liveness() {
 #[test]
 fn sighup_reloads_config_and_keeps_the_old_one_when_bad() {
     let sc = Scenario::new(&scenario("null", "null", 0, 5));
-    let cfg = sc.file("c.yaml", b"sample_interval: 100ms\n");
-    let ex = Exporter::start(&sc, &["--config.file", cfg.to_str().unwrap()]);
+    let ex = Exporter::with_config(&sc, "sample_interval: 100ms\n", &[]);
     let count = |ex: &Exporter| {
         ex.metrics()
             .find("gpu_process_memory_used_bytes", &[("gpu", "0")])
@@ -172,7 +162,7 @@ fn sighup_reloads_config_and_keeps_the_old_one_when_bad() {
     };
     assert_eq!(count(&ex), 5);
     sc.file(
-        "c.yaml",
+        "config.yaml",
         b"sample_interval: 100ms\nprocesses:\n  top_n: 2\n",
     );
     ex.signal_only("HUP");
@@ -189,7 +179,7 @@ fn sighup_reloads_config_and_keeps_the_old_one_when_bad() {
     };
     assert_eq!(ok(&ex, "success"), 1.0);
     sc.file(
-        "c.yaml",
+        "config.yaml",
         b"sample_interval: 100ms\nprocesses:\n  top_n: lots\n",
     );
     ex.signal_only("HUP");

@@ -1,0 +1,443 @@
+//! A fake node: a /proc root laid out like the kernel's, pods as the API
+//! server serialises them, and a local HTTP server speaking the Kubernetes
+//! list/watch wire format (paged PodList JSON, then watch streams of
+//! newline-delimited events that the test writes to).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, RawQuery, State};
+use axum::http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use http_body_util::channel::{Channel, Sender};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::{Metrics, Scenario};
+
+/// The node the exporter and the pod watcher run on.
+pub const NODE: &str = "gpu-node-1";
+
+/// The node's /etc/passwd: alice is uid 1000, bob 1001.
+pub const PASSWD: &[u8] = b"root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\nbob:x:1001:1001::/home/bob:/bin/sh\n";
+
+/// A container id (64 hex) made of one repeated hex digit.
+pub fn container_id(seed: char) -> String {
+    std::iter::repeat_n(seed, 64).collect()
+}
+
+/// A pod UID (8-4-4-4-12 hex) made of one repeated hex digit.
+pub fn pod_uid(seed: char) -> String {
+    let s: String = std::iter::repeat_n(seed, 32).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &s[..8],
+        &s[8..12],
+        &s[12..16],
+        &s[16..20],
+        &s[20..]
+    )
+}
+
+// ------------------------------------------------------------------ /proc
+
+/// One process in a fake /proc root: comm, stat (start time = 1000 + pid),
+/// status (uid), cgroup and cmdline (`comm` when `cmdline` is empty).
+pub fn write_proc(root: &Path, pid: u32, comm: &str, uid: u32, cgroup: &str, cmdline: &[&str]) {
+    let dir = root.join(pid.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("comm"), format!("{comm}\n")).unwrap();
+    // Field 22 (start time) is the last one here.
+    std::fs::write(
+        dir.join("stat"),
+        format!(
+            "{pid} ({comm}) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {}\n",
+            1000 + pid
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("status"),
+        format!("Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+    let mut cmd = if cmdline.is_empty() {
+        comm.to_string()
+    } else {
+        cmdline.join("\0")
+    };
+    cmd.push('\0');
+    std::fs::write(dir.join("cmdline"), cmd).unwrap();
+}
+
+/// The cgroup file of a container of pod `pod_uid(seed)` under containerd,
+/// systemd cgroup driver, cgroup v2.
+pub fn cgroup_containerd(seed: char) -> String {
+    format!(
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n",
+        pod_uid(seed).replace('-', "_"),
+        container_id(seed)
+    )
+}
+
+/// The same under CRI-O, systemd driver, cgroup v2.
+pub fn cgroup_crio(seed: char) -> String {
+    format!(
+        "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/crio-{}.scope\n",
+        pod_uid(seed).replace('-', "_"),
+        container_id(seed)
+    )
+}
+
+/// The same under the cgroupfs driver, cgroup v1.
+pub fn cgroup_v1(seed: char) -> String {
+    format!(
+        "12:memory:/kubepods/burstable/pod{u}/{c}\n11:cpu,cpuacct:/kubepods/burstable/pod{u}/{c}\n1:name=systemd:/kubepods/burstable/pod{u}/{c}\n",
+        u = pod_uid(seed),
+        c = container_id(seed)
+    )
+}
+
+// ------------------------------------------------------------------ pods
+
+/// A pod as the API server serialises it (trimmed, but with the noise real
+/// objects carry: labels, owner references, managed fields, image ids).
+/// `containers`: (name, containerID with runtime prefix, or None while
+/// pending).
+pub fn pod(
+    ns: &str,
+    name: &str,
+    uid: &str,
+    node: &str,
+    rv: &str,
+    containers: &[(&str, Option<String>)],
+) -> Value {
+    let statuses: Vec<Value> = containers
+        .iter()
+        .map(|(c, id)| {
+            let mut s = json!({
+                "name": c,
+                "image": "nvcr.io/nvidia/pytorch:24.01-py3",
+                "imageID": "nvcr.io/nvidia/pytorch@sha256:4f2e",
+                "ready": id.is_some(),
+                "restartCount": 0,
+                "started": id.is_some(),
+            });
+            match id {
+                Some(id) => {
+                    s["containerID"] = json!(id);
+                    s["state"] = json!({"running": {"startedAt": "2025-06-01T10:00:00Z"}});
+                }
+                None => s["state"] = json!({"waiting": {"reason": "ContainerCreating"}}),
+            }
+            s
+        })
+        .collect();
+    json!({
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": uid,
+            "resourceVersion": rv,
+            "creationTimestamp": "2025-06-01T09:59:58Z",
+            "labels": {"app.kubernetes.io/name": name},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": "0000", "controller": true}],
+            "managedFields": [{"manager": "kubelet", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}]
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": containers.iter().map(|(c, _)| json!({
+                "name": c,
+                "image": "nvcr.io/nvidia/pytorch:24.01-py3",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}
+            })).collect::<Vec<_>>(),
+            "restartPolicy": "Never",
+            "schedulerName": "default-scheduler"
+        },
+        "status": {
+            "phase": "Running",
+            "hostIP": "10.0.0.5",
+            "podIP": "10.244.1.17",
+            "qosClass": "Burstable",
+            "containerStatuses": statuses
+        }
+    })
+}
+
+/// A running pod on [`NODE`] with one container, its UID and container id
+/// made from `seed` (see [`pod_uid`], [`container_id`]).
+pub fn seeded_pod(ns: &str, name: &str, seed: char, container: &str, runtime: &str) -> Value {
+    pod(
+        ns,
+        name,
+        &pod_uid(seed),
+        NODE,
+        "10",
+        &[(
+            container,
+            Some(format!("{runtime}://{}", container_id(seed))),
+        )],
+    )
+}
+
+/// Three pods of two teams, each with another runtime: their processes'
+/// cgroups are [`cgroup_containerd`]`('a')`, [`cgroup_crio`]`('b')` and
+/// [`cgroup_v1`]`('c')`.
+pub fn team_pods() -> Vec<Value> {
+    vec![
+        seeded_pod("team-a", "trainer-0", 'a', "trainer", "containerd"),
+        seeded_pod("team-b", "infer-7f9c", 'b', "server", "cri-o"),
+        seeded_pod("team-a", "notebook", 'c', "jupyter", "containerd"),
+    ]
+}
+
+/// Each of `pods` names exactly one process series: the watcher has
+/// resolved them.
+pub fn pods_resolved(m: &Metrics, pods: &[&str]) -> bool {
+    assert!(!pods.is_empty(), "which pods?");
+    pods.iter().all(|pod| {
+        m.find("gpu_process_memory_used_bytes", &[("pod", pod)])
+            .len()
+            == 1
+    })
+}
+
+/// One line of a watch stream.
+pub fn event(kind: &str, object: Value) -> String {
+    format!("{}\n", json!({"type": kind, "object": object}))
+}
+
+// ------------------------------------------------------------------ API server
+
+/// What the API server saw of one request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub query: BTreeMap<String, String>,
+    pub raw_query: String,
+    pub auth: Option<String>,
+    pub accept: Option<String>,
+}
+
+/// The API server's pods and what it was asked.
+#[derive(Default)]
+pub struct ApiState {
+    pub items: Vec<Value>,
+    pub rv: String,
+    /// Pods per LIST page, so pagination is exercised; 0: all in one.
+    pub page_size: usize,
+    pub lists: Vec<Request>,
+    pub watches: Vec<Request>,
+    /// Answer the next watch request with this status instead of a stream.
+    pub next_watch_status: Option<StatusCode>,
+}
+
+/// The body of one watch response: what the test sends is what the
+/// watcher reads.
+pub type WatchStream = Sender<Bytes, std::io::Error>;
+
+#[derive(Clone)]
+struct Shared {
+    state: Arc<Mutex<ApiState>>,
+    new_watches: mpsc::UnboundedSender<(Request, WatchStream)>,
+}
+
+/// 410 Gone, as the API server says it for a resourceVersion too old.
+pub fn gone() -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "too old resource version: 1011 (1500)", "reason": "Expired", "code": 410
+    })
+}
+
+async fn pods_handler(
+    State(api): State<Shared>,
+    RawQuery(raw): RawQuery,
+    Query(query): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let header = |h| {
+        headers
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let seen = Request {
+        query: query.clone(),
+        raw_query: raw.unwrap_or_default(),
+        auth: header(AUTHORIZATION),
+        accept: header(ACCEPT),
+    };
+    let mut state = api.state.lock().unwrap();
+    if query.get("watch").map(String::as_str) == Some("1") {
+        state.watches.push(seen.clone());
+        if let Some(status) = state.next_watch_status.take() {
+            return (status, axum::Json(gone())).into_response();
+        }
+        let (tx, body) = Channel::<Bytes, std::io::Error>::new(64);
+        // The test may be gone already; the stream then just stays silent.
+        let _ = api.new_watches.send((seen, tx));
+        return Response::builder()
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::new(body))
+            .unwrap();
+    }
+    state.lists.push(seen);
+    // Continue tokens are opaque; this one needs percent-encoding.
+    let offset: usize = query
+        .get("continue")
+        .and_then(|c| c.strip_prefix("c+/"))
+        .and_then(|c| c.strip_suffix('='))
+        .map_or(0, |n| n.parse().unwrap());
+    let page = if state.page_size == 0 {
+        state.items.len()
+    } else {
+        state.page_size
+    };
+    let end = (offset + page).min(state.items.len());
+    let token = if end < state.items.len() {
+        format!("c+/{end}=")
+    } else {
+        String::new()
+    };
+    let items = &state.items[offset..end];
+    axum::Json(json!({
+        "kind": "PodList",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": state.rv, "continue": token},
+        "items": items
+    }))
+    .into_response()
+}
+
+/// The local Kubernetes API, serving `/api/v1/pods` on a loopback port of
+/// the tokio runtime it was started on. LIST answers pages of
+/// [`ApiState::items`]; each WATCH opens a stream the test takes with
+/// [`FakeApi::next_watch`] (or [`FakeApi::delete`] writes to).
+pub struct FakeApi {
+    pub state: Arc<Mutex<ApiState>>,
+    pub addr: SocketAddr,
+    new_watches: mpsc::UnboundedReceiver<(Request, WatchStream)>,
+    /// Watch streams taken by `delete`, still open.
+    open: Vec<WatchStream>,
+}
+
+impl FakeApi {
+    /// Serve `items` at resourceVersion `rv`, `page_size` pods per LIST
+    /// page (0: all in one).
+    pub async fn start(items: Vec<Value>, rv: &str, page_size: usize) -> FakeApi {
+        let state = Arc::new(Mutex::new(ApiState {
+            items,
+            rv: rv.into(),
+            page_size,
+            ..Default::default()
+        }));
+        let (tx, new_watches) = mpsc::unbounded_channel();
+        let app = Router::new()
+            .route("/api/v1/pods", get(pods_handler))
+            .with_state(Shared {
+                state: Arc::clone(&state),
+                new_watches: tx,
+            });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        FakeApi {
+            state,
+            addr,
+            new_watches,
+            open: Vec::new(),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The next watch request and its stream (they queue up in order).
+    pub async fn next_watch(&mut self) -> (Request, WatchStream) {
+        tokio::time::timeout(Duration::from_secs(5), self.new_watches.recv())
+            .await
+            .expect("no watch request within 5 s")
+            .unwrap()
+    }
+
+    /// Remove a pod and tell every open watch, as the API server does.
+    pub async fn delete(&mut self, name: &str) {
+        let gone = {
+            let mut state = self.state.lock().unwrap();
+            let i = state
+                .items
+                .iter()
+                .position(|p| p["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("no pod {name}"));
+            state.items.remove(i)
+        };
+        while let Ok((_, stream)) = self.new_watches.try_recv() {
+            self.open.push(stream);
+        }
+        if self.open.is_empty() {
+            // The watcher lists first, then watches: let it get there.
+            let (_, stream) = self.next_watch().await;
+            self.open.push(stream);
+        }
+        let line = event("DELETED", gone);
+        let mut still_open = Vec::new();
+        for mut stream in self.open.drain(..) {
+            if stream.send_data(Bytes::from(line.clone())).await.is_ok() {
+                still_open.push(stream);
+            }
+        }
+        self.open = still_open;
+    }
+}
+
+// ------------------------------------------------------------------ node
+
+/// A node for the real exporter: the fake API, on a runtime of its own,
+/// serving `pods`, and an empty /proc root to fill with [`write_proc`].
+pub struct FakeNode {
+    pub rt: tokio::runtime::Runtime,
+    pub api: FakeApi,
+    pub proc_root: tempfile::TempDir,
+}
+
+impl FakeNode {
+    pub fn start(pods: Vec<Value>) -> FakeNode {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let api = rt.block_on(FakeApi::start(pods, "10", 0));
+        FakeNode {
+            rt,
+            api,
+            proc_root: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// The config of an exporter on this node: a sample every 100 ms,
+    /// this /proc root and [`PASSWD`] (written beside `scenario`),
+    /// `processes` (lines under `processes:`, each indented two spaces),
+    /// the pod watcher on this API and [`NODE`].
+    pub fn config(&self, scenario: &Scenario, processes: &str) -> String {
+        let passwd = scenario.file("passwd", PASSWD);
+        format!(
+            "sample_interval: 100ms\npath:\n  procfs: {}\nprocesses:\n  passwd_file: {}\n{processes}kubernetes:\n  enabled: true\n  api_url: {}\n  node_name: {NODE}\n",
+            self.proc_root.path().display(),
+            passwd.display(),
+            self.api.url()
+        )
+    }
+
+    /// Delete a pod from the API (see [`FakeApi::delete`]).
+    pub fn delete(&mut self, name: &str) {
+        self.rt.block_on(self.api.delete(name));
+    }
+}

@@ -1,0 +1,160 @@
+//! Python children for the torch bridge tests: `python3` with the bridge
+//! (python/) and the stub `torch` (tests/torch_stub) on its path, and the
+//! stub's state file, which says what `torch.cuda` reports.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::repo;
+use super::tools::require_tool;
+
+/// How long a child may take to say it is ready.
+const READY: Duration = Duration::from_secs(20);
+
+pub fn python3() -> &'static str {
+    require_tool("python3")
+}
+
+/// The stub torch's state file, rewritten atomically (the stub re-reads it
+/// on every call).
+pub struct StubState {
+    dir: tempfile::TempDir,
+}
+
+impl StubState {
+    pub fn new(devices: &[(&str, Value)]) -> StubState {
+        let s = StubState {
+            dir: tempfile::tempdir().expect("tempdir"),
+        };
+        s.write(devices);
+        s
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join("torch-state.json")
+    }
+
+    /// Devices in CUDA order (`CUDA_VISIBLE_DEVICES` may differ from
+    /// NVML's): each CUDA UUID (bare, without `GPU-`) with what
+    /// `torch.cuda.memory_stats()` returns for it.
+    pub fn write(&self, devices: &[(&str, Value)]) {
+        let devs: Vec<Value> = devices
+            .iter()
+            .map(|(uuid, stats)| json!({"uuid": uuid, "stats": stats}))
+            .collect();
+        let tmp = self.dir.path().join("torch-state.tmp");
+        std::fs::write(
+            &tmp,
+            json!({"initialized": true, "devices": devs}).to_string(),
+        )
+        .expect("write stub state");
+        std::fs::rename(&tmp, self.path()).expect("rename stub state");
+    }
+}
+
+/// A Python child; killed on drop. It prints `ready <pid>` once set up and
+/// then waits for its stdin to close.
+pub struct Py {
+    child: Child,
+    pub pid: u32,
+}
+
+impl Py {
+    /// `python3 -c code` with PYTHONPATH=python:tests/torch_stub, the
+    /// bridge publishing every 0.1 s, and `env`. `code` must print
+    /// `ready <pid>`.
+    pub fn spawn(code: &str, env: &[(&str, &str)]) -> Py {
+        let pythonpath = format!(
+            "{}:{}",
+            repo().join("python").display(),
+            repo().join("tests/torch_stub").display()
+        );
+        let mut cmd = Command::new(python3());
+        cmd.args(["-u", "-c", code])
+            .env("PYTHONPATH", pythonpath)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("GPUMEM_BRIDGE_INTERVAL", "0.1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn python3");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(READY).unwrap_or_default();
+        let pid = line
+            .strip_prefix("ready ")
+            .and_then(|p| p.trim().parse().ok());
+        let Some(pid) = pid else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("python child did not get ready (said {line:?})");
+        };
+        Py { child, pid }
+    }
+
+    /// A process running the bridge (`extra`: more Python run after it
+    /// started), its figures from the stub's state file.
+    pub fn bridge(state: &StubState, extra: &str) -> Py {
+        let code = format!(
+            "import os, sys, torch, gpumem_bridge\nassert gpumem_bridge.start()\n{extra}\nprint('ready', os.getpid(), flush=True)\nsys.stdin.read()\n"
+        );
+        Py::spawn(
+            &code,
+            &[("TORCH_STUB_STATE", state.path().to_str().unwrap())],
+        )
+    }
+
+    /// A process that publishes `payload` itself, as a hostile or broken
+    /// client would: a memfd with the bridge's name, sealed unless asked.
+    /// The payload's file lives in the returned directory.
+    pub fn raw(payload: &[u8], seal: bool) -> (Py, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("payload");
+        std::fs::write(&file, payload).expect("payload");
+        let code = format!(
+            "import fcntl, os, sys\n\
+             data = open({file:?}, 'rb').read()\n\
+             fd = os.memfd_create('gpumem-bridge', os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)\n\
+             view = memoryview(data)\n\
+             while view:\n    view = view[os.write(fd, view):]\n\
+             if {seal}:\n    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)\n\
+             print('ready', os.getpid(), flush=True)\n\
+             sys.stdin.read()\n",
+            file = file.to_str().unwrap(),
+            seal = if seal { "True" } else { "False" },
+        );
+        (Py::spawn(&code, &[]), dir)
+    }
+
+    /// A GPU process without the bridge.
+    pub fn plain() -> Py {
+        Py::spawn(
+            "import os, sys\nprint('ready', os.getpid(), flush=True)\nsys.stdin.read()\n",
+            &[],
+        )
+    }
+
+    pub fn pid_str(&self) -> String {
+        self.pid.to_string()
+    }
+}
+
+impl Drop for Py {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

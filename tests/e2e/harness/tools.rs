@@ -1,0 +1,106 @@
+//! The external programs the tests run (promtool, prometheus, python3,
+//! kubectl, systemd-analyze, sh). A missing one is a loud failure with an
+//! install hint, never a skip: a skipped check would silently turn a test
+//! into a no-op.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use super::repo;
+
+fn install_hint(program: &str) -> &'static str {
+    match program {
+        "promtool" | "prometheus" => {
+            "install it: `apt-get install -y prometheus` (Debian/Ubuntu) or the \
+             prometheus release tarball from https://prometheus.io/download/"
+        }
+        "python3" => "install it: `apt-get install -y python3` (Debian/Ubuntu)",
+        "kubectl" => {
+            "install kubectl (it includes kustomize): https://kubernetes.io/docs/tasks/tools/ \
+             or `apt-get install -y kubectl` from pkgs.k8s.io"
+        }
+        "systemd-analyze" => "install it: `apt-get install -y systemd` (Debian/Ubuntu)",
+        _ => "install it and put it on PATH",
+    }
+}
+
+/// `tool` if it runs (`tool --version`), else a loud failure saying how
+/// to install it.
+pub fn require_tool(tool: &'static str) -> &'static str {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "`{tool}` does not run; {}", install_hint(tool));
+    tool
+}
+
+/// Runs `program args...` in the repository root, feeding `stdin`.
+pub fn run_tool(program: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .current_dir(repo())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+            "`{program}` is not installed, so this check cannot run; {}",
+            install_hint(program)
+        ),
+        Err(e) => panic!("cannot start `{program}`: {e}"),
+    };
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin was piped");
+        pipe.write_all(input)
+            .unwrap_or_else(|e| panic!("writing to `{program}`: {e}"));
+    }
+    child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("waiting for `{program}`: {e}"))
+}
+
+/// Like [`run_tool`], and panics with the tool's output unless it
+/// succeeded; its stdout.
+pub fn run_tool_ok(program: &str, args: &[&str], stdin: Option<&[u8]>) -> String {
+    let out = run_tool(program, args, stdin);
+    assert!(
+        out.status.success(),
+        "`{program} {}` failed ({}):\n{}",
+        args.join(" "),
+        out.status,
+        output_text(&out)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// stdout then stderr of a finished program, as text.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `promtool check metrics` finds nothing to say about this exposition.
+pub fn assert_promtool_check_metrics_clean(exposition: &str) {
+    let out = run_tool(
+        "promtool",
+        &["check", "metrics"],
+        Some(exposition.as_bytes()),
+    );
+    let report = output_text(&out);
+    assert!(
+        out.status.success() && report.is_empty(),
+        "promtool check metrics: {report}\n{exposition}"
+    );
+}

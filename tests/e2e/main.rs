@@ -1,0 +1,47 @@
+//! The end-to-end tests: one test binary, one harness, a module per area.
+//!
+//! - `harness`: build the fake NVML (tests/fake-nvml), write its scenarios,
+//!   run the real `gpumem-exporter` and scrape it; a fake node (/proc root,
+//!   Kubernetes list/watch API), Python children running the torch bridge,
+//!   a real Prometheus server, the external tools (promtool, kubectl, …).
+//! - `core`: values to the byte, endpoints, formats, signals, bad configs.
+//! - `peaks`: windowed peaks from fast memory samples; gzip.
+//! - `faults`: NVML not ready, every GPU lost, a hung call, SIGHUP reload.
+//! - `attribution`: pods, users, command lines, MIG and MPS on a fake node.
+//! - `torch`: the torch bridge with real Python processes and a stub torch.
+//! - `web`: connection limits, TLS, mTLS, basic auth, web config reload.
+//! - `prometheus`: every dashboard query and rule in a real Prometheus.
+//! - `kube_watch`: the pod watcher against the list/watch wire format.
+//! - `config_corpus`: every malformed config in tests/config-corpus.
+//! - `fuzz`: the parsers under generated input, for a time budget.
+//! - `soak`: process churn; RSS, fds and series stay flat.
+//! - `ops_artifacts`: rules, manifests, systemd unit, Dockerfile, dashboard,
+//!   checked with the tools that consume them.
+//! - `golden`: golden exposition files (tests/fixtures).
+//!
+//! Run everything with `cargo test --test e2e`, one area with its module
+//! path as the filter:
+//!
+//!     cargo test --test e2e web::
+//!
+//! The long runs:
+//!
+//!     SOAK_SECONDS=3600 cargo test --release --test e2e soak:: -- --nocapture
+//!     FUZZ_SECONDS=600 cargo test --release --test e2e fuzz:: -- --nocapture --test-threads=5
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod harness;
+
+mod attribution;
+mod config_corpus;
+mod core;
+mod faults;
+mod fuzz;
+// mod golden; (tests/e2e/golden.rs, added with tests/fixtures)
+mod kube_watch;
+mod ops_artifacts;
+mod peaks;
+mod prometheus;
+mod soak;
+mod torch;
+mod web;
