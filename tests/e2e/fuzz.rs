@@ -10,7 +10,9 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
-use gpumem_exporter::{config, metrics, procfs, web};
+use gpumem_exporter::attribute::{cgroup, passwd, procfs, redact};
+use gpumem_exporter::config;
+use gpumem_exporter::http::{negotiate, web_config};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
@@ -100,14 +102,14 @@ fn fuzz_config_parser() {
     fuzz("config", CONFIGS, |text| {
         match config::parse(text, "fuzz.yaml") {
             Ok(c) => {
-                assert!(c.sample_interval >= Duration::from_millis(10));
-                assert!(c.memory_sample_interval <= c.sample_interval);
-                assert!(c.peak_window >= c.sample_interval);
-                assert!(c.telemetry_path.starts_with('/'));
+                assert!(c.timing.sample_interval >= Duration::from_millis(10));
+                assert!(c.timing.memory_sample_interval <= c.timing.sample_interval);
+                assert!(c.timing.peak_window >= c.timing.sample_interval);
+                assert!(c.http.telemetry_path.starts_with('/'));
             }
             Err(e) => {
-                assert!(!e.0.contains('\n'), "errors are one line: {e:?}");
-                assert!(e.0.starts_with("config file fuzz.yaml"), "{e:?}");
+                assert!(!e.to_string().contains('\n'), "errors are one line: {e:?}");
+                assert!(e.to_string().starts_with("config file fuzz.yaml"), "{e:?}");
             }
         }
     });
@@ -125,12 +127,12 @@ const CGROUPS: &[&str] = &[
 #[test]
 fn fuzz_cgroup_parser() {
     fuzz("cgroup", CGROUPS, |text| {
-        let id = procfs::parse_cgroup(text);
+        let id = cgroup::parse_cgroup(text);
         if let Some(c) = &id.container_id {
-            assert!(procfs::is_container_id(c), "{c:?}");
+            assert!(cgroup::is_container_id(c), "{c:?}");
         }
         if let Some(u) = &id.pod_uid {
-            assert!(procfs::is_pod_uid(u), "{u:?}");
+            assert!(cgroup::is_pod_uid(u), "{u:?}");
         }
     });
 }
@@ -147,9 +149,9 @@ fn fuzz_proc_parsers() {
     fuzz("proc", PROC_FILES, |text| {
         let _ = procfs::parse_stat_start_time(text);
         let _ = procfs::parse_status_uid(text);
-        let _ = procfs::parse_passwd(text);
+        let _ = passwd::parse_passwd(text);
         let args = procfs::parse_cmdline(text.as_bytes());
-        let red = procfs::redact_cmdline(&args, 64);
+        let red = redact::redact_cmdline(&args, 64);
         assert!(red.chars().count() <= 64, "{red:?}");
     });
 }
@@ -164,8 +166,8 @@ const ACCEPTS: &[&str] = &[
 #[test]
 fn fuzz_accept_headers() {
     fuzz("accept", ACCEPTS, |text| {
-        let _ = metrics::Format::negotiate(Some(text));
-        let _ = metrics::accepts_gzip(Some(text));
+        let _ = negotiate::format(Some(text));
+        let _ = negotiate::accepts_gzip(Some(text));
     });
 }
 
@@ -179,8 +181,8 @@ const WEB_CONFIGS: &[&str] = &[
 fn fuzz_web_config_parser() {
     let dir = tempfile::tempdir().unwrap();
     fuzz("web-config", WEB_CONFIGS, |text| {
-        if let Err(e) = web::parse(text, "web.yml", dir.path()) {
-            assert!(!e.0.contains('\n'), "errors are one line: {e:?}");
+        if let Err(e) = web_config::parse(text, "web.yml", dir.path()) {
+            assert!(!e.to_string().contains('\n'), "errors are one line: {e:?}");
         }
     });
 }

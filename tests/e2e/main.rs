@@ -37,7 +37,7 @@ mod config_corpus;
 mod core;
 mod faults;
 mod fuzz;
-// mod golden; (tests/e2e/golden.rs, added with tests/fixtures)
+mod golden;
 mod kube_watch;
 mod ops_artifacts;
 mod peaks;

@@ -614,7 +614,7 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
     };
     assert_eq!(config, read(file));
     assert_eq!(
-        shipped_config(file).processes.torch_bridge,
+        shipped_config(file).attribution.torch_bridge,
         torch_bridge,
         "processes.torch_bridge in the rendered config"
     );
@@ -813,7 +813,7 @@ fn torch_bridge_overlay_grants_exactly_the_two_capabilities() {
         "overlays/torch-bridge/config.yaml must equal base/config.yaml except processes.torch_bridge"
     );
     let mut read_as = shipped_config(overlay);
-    read_as.processes.torch_bridge = false;
+    read_as.attribution.torch_bridge = false;
     assert_eq!(
         read_as,
         shipped_config(base),
@@ -1212,7 +1212,7 @@ fn shipped_config_files_use_known_keys() {
     for (file, torch_bridge) in SHIPPED_CONFIGS {
         let config = shipped_config(file);
         assert_eq!(
-            config.processes.torch_bridge, torch_bridge,
+            config.attribution.torch_bridge, torch_bridge,
             "{file}: processes.torch_bridge"
         );
         // Control: the same file with one key the exporter does not know.

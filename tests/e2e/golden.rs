@@ -11,7 +11,6 @@
 //! The build's version and git revision (labels of
 //! `gpumem_exporter_build_info`) are written as `VERSION` and `REVISION` in
 //! the fixtures, so a new commit does not change the contract.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a bench/test: a panic is the failure report
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -62,7 +61,7 @@ fn histogram(observations: &[f64]) -> Arc<DurationHistogram> {
 /// process without a memory figure and a `pid="other"` rollup; 1 in MIG
 /// mode with two instances (one whose memory query failed); 2 not
 /// answering.
-pub fn fixed_snapshot() -> Snapshot {
+fn fixed_snapshot() -> Snapshot {
     let h200 = |gpu: &str, uuid: &str, bus: &str| {
         Arc::new(DeviceInfo {
             gpu: gpu.into(),
