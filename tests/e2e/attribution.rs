@@ -172,6 +172,7 @@ fn three_pods_sharing_a_gpu_get_their_own_series() {
     }
     // The watcher asked only for this node's pods.
     let lists = w.node.api.state.lock().unwrap().lists.clone();
+    assert!(!lists.is_empty(), "the watcher listed the pods");
     assert!(
         lists
             .iter()

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::harness::BIN;
+use crate::harness::{BIN, repo_file};
 
 fn run(config: &Path) -> (Option<i32>, String) {
     let out = Command::new(BIN)
@@ -30,7 +30,7 @@ fn run(config: &Path) -> (Option<i32>, String) {
 
 #[test]
 fn every_malformed_config_gets_its_exact_error() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/config-corpus");
+    let dir = repo_file("tests/config-corpus");
     let mut cases: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -44,6 +44,7 @@ fn fuzz(name: &str, seeds: &'static [&'static str], check: impl Fn(&str)) {
         }
         runs += 1;
     }
+    assert!(runs > 0, "{name}: no input ran within {budget:?}");
     eprintln!(
         "fuzz {name}: {runs} executions in {:.1} s, no crash",
         start.elapsed().as_secs_f64()

@@ -452,6 +452,7 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
     let terms = pod
         .pointer("/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
         .expect("required node affinity");
+    assert!(!list(terms).is_empty(), "node selector terms");
     assert!(
         list(terms)
             .iter()
@@ -645,10 +646,8 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
     assert!(rules[0].get("resourceNames").is_none() && rules[0].get("nonResourceURLs").is_none());
     let binding = only(objects, "ClusterRoleBinding");
     assert_eq!(binding["roleRef"]["kind"].as_str(), Some("ClusterRole"));
-    assert_eq!(
-        binding.pointer("/roleRef/name"),
-        role.pointer("/metadata/name")
-    );
+    let role_name = role["metadata"]["name"].as_str().expect("ClusterRole name");
+    assert_eq!(binding["roleRef"]["name"].as_str(), Some(role_name));
     let subjects = list(&binding["subjects"]);
     assert_eq!(subjects.len(), 1);
     assert_eq!(subjects[0]["kind"].as_str(), Some("ServiceAccount"));
@@ -665,11 +664,12 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
     let labels = ds
         .pointer("/spec/template/metadata/labels")
         .expect("pod labels");
-    for (k, v) in svc
+    let selector = svc
         .pointer("/spec/selector")
         .and_then(Value::as_object)
-        .expect("selector")
-    {
+        .expect("selector");
+    assert!(!selector.is_empty(), "the Service selects pods by label");
+    for (k, v) in selector {
         assert_eq!(
             labels.get(k),
             Some(v),
@@ -733,11 +733,15 @@ fn kustomize_base_renders_a_locked_down_daemonset() {
         );
     }
     let svc = only(&objects, "Service");
-    for (k, v) in sm
+    let match_labels = sm
         .pointer("/spec/selector/matchLabels")
         .and_then(Value::as_object)
-        .expect("matchLabels")
-    {
+        .expect("matchLabels");
+    assert!(
+        !match_labels.is_empty(),
+        "the ServiceMonitor selects by label"
+    );
+    for (k, v) in match_labels {
         assert_eq!(
             svc.pointer("/metadata/labels").and_then(|l| l.get(k)),
             Some(v),
@@ -783,10 +787,15 @@ fn torch_bridge_overlay_grants_exactly_the_two_capabilities() {
         "the overlay's config replaces the base's (behavior: replace)"
     );
     // Nothing else changes: every other object is the base's.
-    for o in base
+    let others: Vec<&Value> = base
         .iter()
         .filter(|o| !matches!(o["kind"].as_str(), Some("DaemonSet" | "ConfigMap")))
-    {
+        .collect();
+    assert!(
+        !others.is_empty(),
+        "the base renders more than the DaemonSet"
+    );
+    for o in others {
         assert!(
             objects.contains(o),
             "{} {:?} differs from the base's",
@@ -886,7 +895,9 @@ fn grafana_dashboard_is_valid_and_complete() {
         .into();
     let mut ids = BTreeSet::new();
     let mut exprs = Vec::new();
-    for panel in list(&dash["panels"]) {
+    let panels = list(&dash["panels"]);
+    assert!(!panels.is_empty(), "the dashboard has panels");
+    for panel in panels {
         let title = panel["title"].as_str().unwrap_or("?").to_string();
         let id = panel["id"].as_u64().expect("panel id");
         assert!(ids.insert(id), "duplicate panel id {id}");
@@ -954,6 +965,7 @@ fn grafana_dashboard_is_valid_and_complete() {
 
     // Every expression is valid PromQL once Grafana substituted the
     // variables: promtool parses them as recording rules.
+    assert!(!exprs.is_empty(), "the dashboard has queries");
     let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
     for (i, (title, expr)) in exprs.iter().enumerate() {
         let substituted = expr
@@ -1054,11 +1066,16 @@ fn systemd_unit_is_sandboxed_and_verifies() {
         !all("PrivateDevices").contains(&"yes"),
         "PrivateDevices=yes hides /dev/nvidia*"
     );
+    // Unset, ProtectProc= is "default".
+    let protect_proc = match all("ProtectProc") {
+        set if set.is_empty() => vec!["default"],
+        set => set,
+    };
     assert!(
-        all("ProtectProc")
+        protect_proc
             .iter()
             .all(|v| *v == "default" || *v == "ptraceable"),
-        "ProtectProc must not hide other users' /proc/<pid>"
+        "ProtectProc must not hide other users' /proc/<pid>: {protect_proc:?}"
     );
     assert!(!all("ProcSubset").contains(&"pid"), "ProcSubset=pid");
 

@@ -248,7 +248,9 @@ fn rules() -> Vec<Rule> {
     let path = repo_file("deploy/prometheus/rules.yml");
     let text = std::fs::read_to_string(&path).expect("read rules.yml");
     let file: RuleFile = serde_saphyr::from_str(&text).expect("parse rules.yml");
-    file.groups.into_iter().flat_map(|g| g.rules).collect()
+    let rules: Vec<Rule> = file.groups.into_iter().flat_map(|g| g.rules).collect();
+    assert!(!rules.is_empty(), "rules.yml has no rules");
+    rules
 }
 
 /// (panel title, refId, expr) of every query of every panel, rows' nested
@@ -274,6 +276,7 @@ fn dashboard_queries() -> Vec<(String, String, String)> {
         .expect("dashboard JSON");
     let mut out = Vec::new();
     walk(dash["panels"].as_array().expect("panels"), &mut out);
+    assert!(!out.is_empty(), "the dashboard has no queries");
     out
 }
 
@@ -334,8 +337,13 @@ fn matches(labels: &serde_json::Map<String, Value>, want: &[(&str, String)]) -> 
 }
 
 /// Every answered series matches one label set, and every label set one
-/// series; the mismatch otherwise.
+/// series; the mismatch otherwise. At least one label set, none empty: an
+/// empty one would match any series.
 fn check_series(q: &QueryResult, want: &[Vec<(&str, String)>]) -> Result<(), String> {
+    assert!(
+        !want.is_empty() && want.iter().all(|w| !w.is_empty()),
+        "expected series without labels: {want:?}"
+    );
     let got = q.labels();
     if let Some(extra) = got.iter().find(|l| !want.iter().any(|w| matches(l, w))) {
         return Err(format!(
@@ -552,6 +560,9 @@ impl Checks<'_> {
                         .into_iter()
                         .map(|n| format!("{n}={}", self.count_of(&n)))
                         .collect();
+                    if names.is_empty() {
+                        problem.get_or_insert("selects no metric to check".into());
+                    }
                     counts.push(names.len());
                     let shown = format!("{name} ({why}; series per selector: {})", names.join(" "));
                     ("alert-", shown)
@@ -608,6 +619,7 @@ impl Checks<'_> {
             .filter_map(|r| r.alert.clone())
             .filter(|a| matches!(expectation(a, t), Expect::Now(_)))
             .collect();
+        assert!(!want.is_empty(), "no alert is expected to be active");
         let not_active: Vec<&String> = want.difference(&active).collect();
         rows.push(Row {
             kind: "api",
@@ -770,6 +782,10 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
             }
         })
         .collect();
+    assert!(
+        !families.is_empty(),
+        "the exporter declares no metric family"
+    );
 
     // A target that accepts connections and never answers: up 0.
     let down_socket = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -807,6 +823,7 @@ scrape_configs:
     };
     let rows = loop {
         let rows = checks.round();
+        assert!(!rows.is_empty(), "no checks");
         if rows.iter().all(|r| r.problem.is_none()) {
             break rows;
         }

@@ -384,10 +384,19 @@ fn mig_instance_is_joined_by_its_own_uuid() {
 
 #[test]
 fn torch_bridge_false_reads_nothing() {
-    let state = StubState::new(&[(U0, Figures(2_000_000_003).stats())]);
+    let f = Figures(2_000_000_003);
+    let state = StubState::new(&[(U0, f.stats())]);
     let py = Py::bridge(&state, "");
-    let scenario = Scenario::new(&scenario_yaml(&[(U0, &[(py.pid, 1 << 30)])]));
+    let yaml = scenario_yaml(&[(U0, &[(py.pid, 1 << 30)])]);
+    let scenario = Scenario::new(&yaml);
     let ex = start(&scenario, "processes:\n  torch_bridge: false\n");
+    // Control: with the bridge on (the default), another exporter reads
+    // this process's figures, so there is something the first one skips.
+    let control_scenario = Scenario::new(&yaml);
+    let control = start(&control_scenario, "");
+    wait_for(WAIT, "the control exporter reading the bridge", || {
+        (exported(&control.metrics(), "0", &py.pid_str()) == Some(f.values())).then_some(())
+    });
     std::thread::sleep(Duration::from_millis(400));
     let m = ex.metrics();
     assert_eq!(
@@ -411,4 +420,10 @@ fn python_unit_tests() {
     let text = output_text(&out);
     assert!(out.status.success(), "python unit tests failed:\n{text}");
     assert!(text.contains("OK"), "{text}");
+    // unittest says OK, exit 0, when it finds no test at all (Python < 3.12).
+    let ran: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Ran ")?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no 'Ran N tests' line:\n{text}"));
+    assert!(ran > 0, "no Python unit test ran:\n{text}");
 }

@@ -707,7 +707,7 @@ async fn the_example_web_config_loads() {
     std::fs::write(dir.path().join("server.crt"), &pki.server_cert).expect("write");
     std::fs::write(dir.path().join("server.key"), &pki.server_key).expect("write");
     std::fs::write(dir.path().join("client-ca.crt"), &pki.ca_pem).expect("write");
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("web-config.example.yml");
+    let example = repo_file("web-config.example.yml");
     let path = dir.path().join("web-config.yml");
     std::fs::copy(&example, &path).expect("copy example");
     let cfg = WebConfig::load(&path).expect("example loads");
