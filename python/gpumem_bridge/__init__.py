@@ -17,7 +17,7 @@ GPU, so the kernel, not the document, says which process the figures belong
 to. Nothing is listened on, no file is written to disk, no volume is needed:
 a pod under the Kubernetes "baseline" Pod Security Standard can use it.
 
-Protocol, version 1 (the exporter's side is ``src/torch_bridge.rs``):
+Protocol, version 1 (the exporter's side is ``src/attribute/torch.rs``):
 
 * The memfd is named ``gpumem-bridge``, so ``/proc/<pid>/fd/<n>`` reads
   ``/memfd:gpumem-bridge (deleted)``. It holds one UTF-8 JSON document of at

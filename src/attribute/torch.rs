@@ -20,7 +20,7 @@
 //! privilege (fine under the Kubernetes "baseline" policy), and the
 //! document carries no pid: the kernel says which process holds the fd, so
 //! a process can only ever report about itself. The exporter pays for it
-//! with ptrace-read access to the processes (see README, "Real or cache?").
+//! with ptrace-read access to the processes (see docs/torch-bridge.md).
 //!
 //! Bounds: a document is read at most once per process per full sample,
 //! only for processes NVML lists on a GPU (and `processes.top_n` keeps), at
