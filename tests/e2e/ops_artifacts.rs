@@ -113,6 +113,11 @@ fn list(value: &Value) -> &[Value] {
     value.as_array().map_or(&[], Vec::as_slice)
 }
 
+/// The item of an array whose `key` is `value`.
+fn find_by<'a>(items: &'a Value, key: &str, value: &str) -> Option<&'a Value> {
+    list(items).iter().find(|i| i[key].as_str() == Some(value))
+}
+
 /// The strings of an array; none when there is no array.
 fn strings(value: Option<&Value>) -> Vec<String> {
     value
@@ -533,30 +538,23 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
     }
 
     // Environment.
-    let env = |name: &str| {
-        list(&c["env"])
-            .iter()
-            .find(|e| e["name"].as_str() == Some(name))
-            .cloned()
-    };
+    let env = |name: &str| find_by(&c["env"], "name", name);
     let node = env("NODE_NAME").expect("NODE_NAME env");
     assert_eq!(
         node["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
         Some("spec.nodeName"),
         "NODE_NAME from the downward API"
     );
-    assert_eq!(
-        env("NVIDIA_VISIBLE_DEVICES")
-            .and_then(|e| e["value"].as_str().map(String::from))
-            .as_deref(),
-        Some("all")
-    );
-    assert_eq!(
-        env("NVIDIA_DRIVER_CAPABILITIES")
-            .and_then(|e| e["value"].as_str().map(String::from))
-            .as_deref(),
-        Some("utility")
-    );
+    for (name, want) in [
+        ("NVIDIA_VISIBLE_DEVICES", "all"),
+        ("NVIDIA_DRIVER_CAPABILITIES", "utility"),
+    ] {
+        assert_eq!(
+            env(name).and_then(|e| e["value"].as_str()),
+            Some(want),
+            "{name}"
+        );
+    }
 
     // Resources, as sized from the benchmark.
     for (path, want) in [
@@ -579,18 +577,11 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
         "--config.file in args"
     );
     let mount = |path: &str| {
-        list(&c["volumeMounts"])
-            .iter()
-            .find(|m| m["mountPath"].as_str() == Some(path))
-            .cloned()
+        find_by(&c["volumeMounts"], "mountPath", path)
             .unwrap_or_else(|| panic!("no volumeMount at {path}"))
     };
     let volume = |name: &str| {
-        list(&pod["volumes"])
-            .iter()
-            .find(|v| v["name"].as_str() == Some(name))
-            .cloned()
-            .unwrap_or_else(|| panic!("no volume {name}"))
+        find_by(&pod["volumes"], "name", name).unwrap_or_else(|| panic!("no volume {name}"))
     };
     let config_mount = mount("/etc/gpumem-exporter");
     let config_volume = volume(config_mount["name"].as_str().unwrap());
@@ -858,10 +849,8 @@ fn grafana_dashboard_is_valid_and_complete() {
         "schemaVersion >= 39"
     );
 
-    let vars = list(&dash["templating"]["list"]);
     let var = |name: &str| {
-        vars.iter()
-            .find(|v| v["name"].as_str() == Some(name))
+        find_by(&dash["templating"]["list"], "name", name)
             .unwrap_or_else(|| panic!("no template variable {name}"))
     };
     assert_eq!(var("datasource")["type"].as_str(), Some("datasource"));

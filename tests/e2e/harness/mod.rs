@@ -1,5 +1,15 @@
-//! Helpers for end-to-end tests: build the fake NVML, write scenarios, run
-//! the real `gpumem-exporter` binary, scrape it over plain HTTP.
+//! The harness of the end-to-end tests: build the fake NVML, write its
+//! scenarios, run the real `gpumem-exporter` binary, scrape it over plain
+//! HTTP. Beside it:
+//! - `cluster`: a fake node (/proc root, pods, Kubernetes list/watch API),
+//! - `prom`: a real Prometheus server, PromQL and Grafana helpers,
+//! - `python`: Python children running the torch bridge, the stub torch,
+//! - `tools`: the external programs the tests run.
+
+pub mod cluster;
+pub mod prom;
+pub mod python;
+pub mod tools;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -171,14 +181,19 @@ impl Exporter {
 
     /// Send a signal and wait for the exit status.
     pub fn signal(&mut self, sig: &str) -> (std::process::ExitStatus, Duration) {
-        let pid = self.child.id().to_string();
         let t = Instant::now();
-        Command::new("kill")
-            .args(["-s", sig, &pid])
-            .status()
-            .expect("kill");
+        self.signal_only(sig);
         let status = self.child.wait().expect("wait");
         (status, t.elapsed())
+    }
+
+    /// Send a signal without waiting for an exit.
+    pub fn signal_only(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args(["-s", sig, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
     }
 }
 
@@ -446,18 +461,3 @@ pub fn http_get_bytes(
     });
     (encoding, raw[split + 4..].to_vec())
 }
-
-impl Exporter {
-    /// Send a signal without waiting for an exit.
-    pub fn signal_only(&self, sig: &str) {
-        let status = Command::new("kill")
-            .args(["-s", sig, &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-    }
-}
-pub mod cluster;
-pub mod prom;
-pub mod python;
-pub mod tools;
