@@ -33,11 +33,8 @@ pub fn install() -> Signals {
                 let _ = stop_tx.send(true);
             });
         }
-        _ => {
-            tracing::warn!("cannot install signal handlers; only SIGKILL will stop the exporter");
-            // Keep the sender alive so `stopped` waits forever.
-            std::mem::forget(stop_tx);
-        }
+        // Dropping the sender leaves `stopped` pending for good.
+        _ => tracing::warn!("cannot install signal handlers; only SIGKILL will stop the exporter"),
     }
     match signal(SignalKind::hangup()) {
         Ok(mut hup) => {

@@ -70,7 +70,7 @@ impl ProcRoot {
         parse_stat_start_time(&self.read_lossy(pid, "stat")?)
     }
 
-    /// `/proc/<pid>/cgroup` as is; see [`parse_cgroup`].
+    /// `/proc/<pid>/cgroup` as is; see [`parse_cgroup`](super::cgroup::parse_cgroup).
     pub fn cgroup(&self, pid: u32) -> Option<String> {
         self.read_lossy(pid, "cgroup")
     }

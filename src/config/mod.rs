@@ -3,9 +3,9 @@
 //! The top [`Config`] is composed of each component's own config: the HTTP
 //! server takes [`Http`], the sampler [`Timing`] and [`Selection`], the
 //! attribution [`Attribution`], the pod watcher [`KubeConfig`], logging
-//! [`Log`]. They are plain runtime types; the serde types ([`file`]) stay
-//! apart, and [`build`] — validation — is the one place that turns one into
-//! the other and reports config errors. Value types ([`values`]) validate
+//! [`Log`]. They are plain runtime types; the serde types (`file`) stay
+//! apart, and `build` — validation — is the one place that turns one into
+//! the other and reports config errors. Value types (`values`) validate
 //! while they are deserialised, so YAML errors carry the line and column,
 //! and flags reuse the same parsers through `FromStr`.
 

@@ -1,8 +1,8 @@
 //! Snapshot → exposition text (Prometheus text 0.0.4 or OpenMetrics 1.0).
 //! Every metric name the exporter serves is defined in this folder, one
-//! file per family group, in the order a scrape shows them: [`gpu`],
-//! [`process`], [`torch`], [`mig`], then the exporter's own families
-//! ([`exporter`]) last. Encoding reads only the [`Snapshot`]: no NVML, no
+//! file per family group, in the order a scrape shows them: `gpu`,
+//! `process`, `torch`, `mig`, then the exporter's own families
+//! (`exporter`) last. Encoding reads only the [`Snapshot`]: no NVML, no
 //! /proc, no HTTP state. The golden files in `tests/fixtures/` are the
 //! whole output for one fixed snapshot.
 

@@ -93,10 +93,11 @@ fn parse_basic(value: &[u8]) -> Option<(String, Vec<u8>)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn hash(password: &str) -> String {
+    /// A bcrypt hash at the lowest cost, with a fixed salt (fast, stable).
+    pub(in crate::http) fn hash(password: &str) -> String {
         bcrypt::hash_with_salt(password, 4, [7; 16])
             .map(|h| h.to_string())
             .unwrap_or_default()

@@ -76,29 +76,21 @@ impl BodyCache {
     }
 
     fn entry(&self, snapshot: &Arc<Snapshot>) -> Arc<Bodies> {
-        let same = |b: &Option<Arc<Bodies>>| {
+        let of = |b: &Option<Arc<Bodies>>| {
             b.as_ref()
-                .is_some_and(|b| Arc::ptr_eq(&b.snapshot, snapshot))
+                .filter(|b| Arc::ptr_eq(&b.snapshot, snapshot))
+                .cloned()
         };
-        let cached = self.current.load_full();
-        if same(&cached) {
-            return cached.unwrap_or_else(|| Arc::new(Bodies::new(Arc::clone(snapshot))));
+        if let Some(b) = of(&self.current.load_full()) {
+            return b;
         }
-        // Scrapers racing on a new snapshot all end up with the one entry
+        // Scrapers racing on a new snapshot all end up with the entry
         // stored first, so it is encoded once.
-        self.current.rcu(|cur| {
-            if same(cur) {
-                cur.clone()
-            } else {
-                Some(Arc::new(Bodies::new(Arc::clone(snapshot))))
-            }
-        });
-        let now = self.current.load_full();
-        match now {
-            Some(b) if Arc::ptr_eq(&b.snapshot, snapshot) => b,
-            // Replaced by another snapshot meanwhile: serve this one uncached.
-            _ => Arc::new(Bodies::new(Arc::clone(snapshot))),
-        }
+        let fresh = Arc::new(Bodies::new(Arc::clone(snapshot)));
+        let prev = self
+            .current
+            .rcu(|cur| of(cur).or_else(|| Some(Arc::clone(&fresh))));
+        of(&prev).unwrap_or(fresh)
     }
 }
 

@@ -304,11 +304,7 @@ fn locate(text: &str, origin: &str, key: &str, reason: String) -> WebConfigError
 mod tests {
     use super::*;
 
-    fn hash(password: &str) -> String {
-        bcrypt::hash_with_salt(password, 4, [7; 16])
-            .map(|h| h.to_string())
-            .unwrap_or_default()
-    }
+    use crate::http::auth::tests::hash;
 
     fn err(text: &str) -> String {
         match parse(text, "w.yml", Path::new("/nonexistent")) {

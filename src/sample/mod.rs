@@ -1,10 +1,11 @@
-//! The sampler: one dedicated thread owns the [`GpuSource`]. Every
+//! The sampler: one dedicated thread owns the
+//! [`GpuSource`](crate::gpu::GpuSource). Every
 //! `memory_sample_interval` it reads each GPU's memory (cheap: ~7 µs per
 //! GPU), and every `sample_interval` it also reads the process lists and
 //! asks [`attribute`](crate::attribute) who each pid is. Each tick builds a
-//! fresh immutable [`Snapshot`]; [`thread`] publishes it. Peaks over
-//! `peak_window` ([`peaks`]) are kept here, so they do not depend on who
-//! scrapes or how often; [`select`] picks the processes that get series.
+//! fresh immutable [`Snapshot`](crate::model::Snapshot) (`tick.rs`);
+//! [`thread`] publishes it. Peaks over `peak_window` (`peaks.rs`) are kept here, so they do not depend on who
+//! scrapes or how often; [`select()`] picks the processes that get series.
 
 mod peaks;
 mod select;

@@ -23,7 +23,7 @@
 //!   exponential backoff; `410 Gone` (as an HTTP status or an `ERROR` event)
 //!   relists and replaces the whole index at once.
 //! - **Hostile input is data.** A malformed watch line is counted in
-//!   [`KubeState::errors_total`] and skipped; a line over
+//!   [`KubeState::errors_total`](crate::model::KubeState::errors_total) and skipped; a line over
 //!   [`MAX_EVENT_LINE_BYTES`] forces a reconnect. Nothing from the network or
 //!   from files is unwrapped. Warnings are deduplicated per kind of error.
 //!
@@ -32,6 +32,7 @@
 
 mod api;
 mod index;
+mod warnings;
 mod watch;
 
 pub use index::{PodIndex, PodRef, normalize_container_id};

@@ -1,12 +1,11 @@
 //! LIST then WATCH of this node's pods, reconnecting with backoff, feeding
 //! the [`PodIndex`].
 
-use std::collections::HashMap;
 use std::fmt::Display;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::{Bytes, Incoming};
@@ -19,6 +18,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::api::*;
 use super::index::{IndexData, PodIndex};
+use super::warnings::Warnings;
 use crate::backoff::Backoff;
 use crate::config::KubeConfig;
 
@@ -40,9 +40,6 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-
-/// A repeated warning of the same kind is logged at most this often.
-const WARN_INTERVAL: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------
 // The watcher
@@ -475,30 +472,6 @@ async fn status_error(resp: Response<Incoming>) -> KubeError {
         _ => String::new(),
     };
     KubeError::Status { status, message }
-}
-
-/// Logs each kind of warning at most once per [`WARN_INTERVAL`], with the
-/// number suppressed in between, so a flapping API server or a stream of
-/// bad lines does not flood the log.
-#[derive(Debug, Default)]
-struct Warnings {
-    last: HashMap<&'static str, (Instant, u64)>,
-}
-
-impl Warnings {
-    fn warn(&mut self, kind: &'static str, e: &dyn Display) {
-        let now = Instant::now();
-        match self.last.get_mut(kind) {
-            Some((at, suppressed)) if now.duration_since(*at) < WARN_INTERVAL => {
-                *suppressed += 1;
-            }
-            slot => {
-                let suppressed = slot.map_or(0, |(_, n)| *n);
-                tracing::warn!(kind, error = %e, suppressed, "kubernetes pod watcher");
-                self.last.insert(kind, (now, 0));
-            }
-        }
-    }
 }
 
 #[cfg(test)]
