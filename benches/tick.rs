@@ -29,6 +29,7 @@ const TIMING: Timing = Timing {
     sample_interval: Duration::from_secs(1),
     memory_sample_interval: Duration::from_millis(100),
     peak_window: Duration::from_secs(30),
+    mig_rescan_interval: Duration::from_secs(10),
 };
 
 fn main() {

@@ -51,6 +51,9 @@ struct Cli {
     /// Peaks are the maximum over this window; keep it >= the scrape interval [default: 30s]
     #[arg(long = "peak-window", value_name = "DURATION")]
     peak_window: Option<String>,
+    /// How often each GPU's MIG mode and instances are read again [default: 10s]
+    #[arg(long = "mig-rescan-interval", value_name = "DURATION")]
+    mig_rescan_interval: Option<String>,
     /// Path of libnvidia-ml.so.1 [default: found by the dynamic loader]
     #[arg(long = "nvml.library", value_name = "PATH")]
     nvml_library: Option<String>,
@@ -74,6 +77,7 @@ impl Cli {
             sample_interval: self.sample_interval.clone(),
             memory_sample_interval: self.memory_sample_interval.clone(),
             peak_window: self.peak_window.clone(),
+            mig_rescan_interval: self.mig_rescan_interval.clone(),
             nvml_library: self.nvml_library.clone(),
             log_level: self.log_level.clone(),
             log_format: self.log_format.clone(),

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-/// Identity of one GPU, read once at start.
+/// Identity of one GPU: read when NVML is opened, and retried at each full
+/// sample while it cannot be read (then `uuid`, `name` and `pci_bus_id` are
+/// empty and only `gpu_up 0` is exported for it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
     /// NVML index as a string: the `gpu` label.
@@ -15,7 +17,24 @@ pub struct DeviceInfo {
     pub pci_bus_id: String,
 }
 
-/// A MIG instance of a GPU, read once at start.
+impl DeviceInfo {
+    /// GPU `index` whose identity has not been read (yet).
+    pub fn unknown(index: usize) -> Self {
+        DeviceInfo {
+            gpu: index.to_string(),
+            uuid: String::new(),
+            name: String::new(),
+            pci_bus_id: String::new(),
+        }
+    }
+
+    /// Whether the identity was read: every GPU NVML can talk to has a UUID.
+    pub fn is_known(&self) -> bool {
+        !self.uuid.is_empty()
+    }
+}
+
+/// A MIG instance of a GPU, as the last MIG rescan found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigInfo {
     pub mig_uuid: String,

@@ -25,6 +25,9 @@ pub struct Timing {
     pub memory_sample_interval: Duration,
     /// Peaks are the maximum over this much history.
     pub peak_window: Duration,
+    /// Each GPU's MIG mode and instances are read again this often (and
+    /// whenever a MIG call says the layout changed).
+    pub mig_rescan_interval: Duration,
 }
 
 impl Timing {
@@ -33,6 +36,7 @@ impl Timing {
             sample_interval,
             memory_sample_interval: sample_interval,
             peak_window: sample_interval,
+            mig_rescan_interval: sample_interval,
         }
     }
 }

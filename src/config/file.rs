@@ -14,6 +14,7 @@ pub(super) struct FileConfig {
     pub(super) sample_interval: Option<Interval>,
     pub(super) memory_sample_interval: Option<Interval>,
     pub(super) peak_window: Option<Interval>,
+    pub(super) mig_rescan_interval: Option<Interval>,
     pub(super) nvml: FileNvml,
     pub(super) log: FileLog,
     pub(super) path: FilePath,

@@ -36,6 +36,10 @@ pub const DEFAULT_TELEMETRY_PATH: &str = "/metrics";
 pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_MEMORY_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 pub const DEFAULT_PEAK_WINDOW: Duration = Duration::from_secs(30);
+/// MIG layouts are read again this often (or each full sample, when that is
+/// slower). On the H200 the rescan of a GPU with MIG off is one
+/// nvmlDeviceGetMigMode call; see docs/configuration.md for the figures.
+pub const DEFAULT_MIG_RESCAN_INTERVAL: Duration = Duration::from_secs(10);
 /// Larger config files are refused before parsing.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -98,6 +102,7 @@ impl Default for Config {
                 sample_interval: DEFAULT_SAMPLE_INTERVAL,
                 memory_sample_interval: DEFAULT_MEMORY_SAMPLE_INTERVAL,
                 peak_window: DEFAULT_PEAK_WINDOW,
+                mig_rescan_interval: DEFAULT_MIG_RESCAN_INTERVAL,
             },
             selection: Selection::default(),
             nvml_library: None,
@@ -120,6 +125,7 @@ pub struct Overrides {
     pub sample_interval: Option<String>,
     pub memory_sample_interval: Option<String>,
     pub peak_window: Option<String>,
+    pub mig_rescan_interval: Option<String>,
     pub nvml_library: Option<String>,
     pub log_level: Option<String>,
     pub log_format: Option<String>,
@@ -260,6 +266,24 @@ fn build(
             Located::Key("peak_window", msg)
         });
     }
+    let rescan_flag = flag::<Interval>("mig-rescan-interval", &o.mig_rescan_interval)?;
+    let rescan_from_flag = rescan_flag.is_some();
+    let mig_rescan_interval = rescan_flag
+        .or(file.mig_rescan_interval)
+        .map(|i| i.0)
+        .unwrap_or(d.timing.mig_rescan_interval.max(interval));
+    if mig_rescan_interval < interval {
+        let msg = format!(
+            "mig_rescan_interval {} is shorter than sample_interval {}; MIG layouts are read in full samples, so it must be at least one sample interval",
+            HumanDuration(mig_rescan_interval),
+            HumanDuration(interval)
+        );
+        return Err(if rescan_from_flag {
+            Located::Flag("mig-rescan-interval", msg)
+        } else {
+            Located::Key("mig_rescan_interval", msg)
+        });
+    }
     let library = o
         .nvml_library
         .clone()
@@ -281,6 +305,7 @@ fn build(
             sample_interval: interval,
             memory_sample_interval: memory_interval,
             peak_window,
+            mig_rescan_interval,
         },
         selection,
         nvml_library: library,

@@ -15,7 +15,8 @@ pub(super) fn devices(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), f
         "gpu_info",
         "GPU identity; value is always 1. gpu is the NVML index.",
     )?;
-    for d in &s.devices {
+    // A GPU whose identity could not be read yet has only gpu_up 0.
+    for d in s.devices.iter().filter(|d| d.info.is_known()) {
         let i = &d.info;
         let labels = [
             ("gpu", i.gpu.as_str()),

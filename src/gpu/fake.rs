@@ -13,12 +13,17 @@ use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
 #[derive(Debug, Clone)]
 pub struct FakeDevice {
     pub info: DeviceInfo,
+    /// When set, `identify` fails with it (a GPU that fell off the bus
+    /// before the exporter started).
+    pub identity_error: Option<GpuError>,
     /// What the next `memory` call answers.
     pub memory: Result<MemoryInfo, GpuError>,
     /// What the next `processes` call answers (merged by pid, as NVML's
     /// compute, graphics and MPS lists are).
     pub processes: Result<Vec<RawProcess>, GpuError>,
-    /// MIG instances and what their memory query answers.
+    /// The MIG layout now, and what each instance's memory query answers.
+    /// `mig_memory` answers for the layout last handed out by `mig_layout`:
+    /// an instance removed since is a stale handle (`invalid_arg`).
     pub mig: Vec<(MigInfo, Result<MemoryInfo, GpuError>)>,
 }
 
@@ -33,6 +38,7 @@ impl FakeDevice {
                 name: "Fake GPU".into(),
                 pci_bus_id: format!("00000000:{index:02X}:00.0"),
             },
+            identity_error: None,
             memory: Ok(memory(total, used)),
             processes: Ok(Vec::new()),
             mig: Vec::new(),
@@ -60,19 +66,33 @@ pub fn process(pid: u32, used: u64) -> RawProcess {
     }
 }
 
-/// Scripted GPUs, and how often each was asked.
+/// Scripted GPUs, and how often each call was made.
 #[derive(Debug, Clone, Default)]
 pub struct FakeGpu {
     pub driver: DriverInfo,
+    /// The GPUs; their number is fixed at construction (as NVML's count is
+    /// at init), their answers may change between ticks.
     pub devices: Vec<FakeDevice>,
     /// `processes` calls so far, all devices.
     pub process_calls: u64,
-    infos: Vec<DeviceInfo>,
-    migs: Vec<Vec<MigInfo>>,
+    /// `identify` calls so far, all devices.
+    pub identify_calls: u64,
+    /// `mig_layout` calls so far, all devices.
+    pub mig_layout_calls: u64,
+    /// Set by `close`: every call fails with `uninitialized` from then on.
+    pub closed: bool,
+    count: usize,
+    /// Per GPU: the MIG UUIDs of the layout last handed out.
+    handed_out: Vec<Vec<String>>,
 }
 
+const CLOSED: GpuError = GpuError {
+    operation: "fake",
+    error: "uninitialized",
+};
+
 impl FakeGpu {
-    /// These devices, identities fixed from now on (as NVML's are read once).
+    /// These devices, as NVML enumerates them when opened.
     pub fn new(devices: Vec<FakeDevice>) -> Self {
         FakeGpu {
             driver: DriverInfo {
@@ -80,21 +100,27 @@ impl FakeGpu {
                 nvml_version: "13.580.0".into(),
                 cuda_driver_version: "13.0".into(),
             },
-            infos: devices.iter().map(|d| d.info.clone()).collect(),
-            migs: devices
-                .iter()
-                .map(|d| d.mig.iter().map(|(m, _)| m.clone()).collect())
-                .collect(),
+            count: devices.len(),
+            handed_out: vec![Vec::new(); devices.len()],
             devices,
-            process_calls: 0,
+            ..FakeGpu::default()
         }
     }
 
     fn device(&self, i: usize, operation: &'static str) -> Result<&FakeDevice, GpuError> {
-        self.devices.get(i).ok_or(GpuError {
-            operation,
-            error: super::error::INVALID_DEVICE_INDEX,
-        })
+        if self.closed {
+            return Err(GpuError {
+                operation,
+                ..CLOSED
+            });
+        }
+        self.devices
+            .get(i)
+            .filter(|_| i < self.count)
+            .ok_or(GpuError {
+                operation,
+                error: super::error::INVALID_DEVICE_INDEX,
+            })
     }
 }
 
@@ -103,8 +129,27 @@ impl GpuSource for FakeGpu {
         self.driver.clone()
     }
 
-    fn devices(&self) -> &[DeviceInfo] {
-        &self.infos
+    fn device_count(&self) -> usize {
+        self.count
+    }
+
+    fn identify(&mut self, device: usize) -> Result<DeviceInfo, GpuError> {
+        self.identify_calls += 1;
+        let d = self.device(device, "device_uuid")?;
+        match &d.identity_error {
+            Some(e) => Err(e.clone()),
+            None => Ok(d.info.clone()),
+        }
+    }
+
+    fn mig_layout(&mut self, device: usize) -> Result<Vec<MigInfo>, GpuError> {
+        self.mig_layout_calls += 1;
+        let d = self.device(device, "mig_mode")?;
+        let infos: Vec<MigInfo> = d.mig.iter().map(|(m, _)| m.clone()).collect();
+        if let Some(slot) = self.handed_out.get_mut(device) {
+            *slot = infos.iter().map(|m| m.mig_uuid.clone()).collect();
+        }
+        Ok(infos)
     }
 
     fn memory(&mut self, device: usize) -> Result<MemoryInfo, GpuError> {
@@ -123,18 +168,25 @@ impl GpuSource for FakeGpu {
         Ok(())
     }
 
-    fn mig_devices(&self, device: usize) -> &[MigInfo] {
-        self.migs.get(device).map_or(&[], Vec::as_slice)
-    }
-
     fn mig_memory(&mut self, device: usize, mig: usize) -> Result<MemoryInfo, GpuError> {
         let d = self.device(device, "mig_memory_info")?;
-        match d.mig.get(mig) {
+        let invalid = |error| GpuError {
+            operation: "mig_memory_info",
+            error,
+        };
+        let uuid = self
+            .handed_out
+            .get(device)
+            .and_then(|l| l.get(mig))
+            .ok_or(invalid(super::error::INVALID_DEVICE_INDEX))?;
+        match d.mig.iter().find(|(m, _)| &m.mig_uuid == uuid) {
             Some((_, m)) => m.clone(),
-            None => Err(GpuError {
-                operation: "mig_memory_info",
-                error: super::error::INVALID_DEVICE_INDEX,
-            }),
+            // The instance was destroyed: its handle is stale.
+            None => Err(invalid("invalid_arg")),
         }
+    }
+
+    fn close(&mut self) {
+        self.closed = true;
     }
 }

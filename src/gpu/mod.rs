@@ -30,19 +30,48 @@ pub struct RawProcess {
 
 /// What the sampler needs from a GPU driver. Implementations are owned by
 /// the sampler thread and never shared.
+///
+/// Discovery is per device: opening the source only enumerates the GPUs;
+/// the sampler asks each one's identity (and MIG layout) itself and retries
+/// the ones that do not answer, so one dead GPU does not hide the others.
 pub trait GpuSource {
     fn driver_info(&self) -> DriverInfo;
-    /// Devices in NVML index order, identities read once at start.
-    fn devices(&self) -> &[DeviceInfo];
+    /// How many GPUs NVML enumerated when the source was opened.
+    fn device_count(&self) -> usize;
+    /// Read device `device`'s handle and identity (UUID, name, PCI bus id).
+    fn identify(&mut self, device: usize) -> Result<DeviceInfo, GpuError>;
+    /// Read the GPU's MIG mode and instances afresh, replacing the instance
+    /// handles `mig_memory` uses; empty when MIG is off or not supported.
+    fn mig_layout(&mut self, device: usize) -> Result<Vec<MigInfo>, GpuError>;
     fn memory(&mut self, device: usize) -> Result<MemoryInfo, GpuError>;
     /// Running compute, graphics and MPS client processes, merged to one
     /// entry per pid and appended to `out`.
     fn processes(&mut self, device: usize, out: &mut Vec<RawProcess>) -> Result<(), GpuError>;
-    /// MIG instances of a GPU in MIG mode (read once at start), else empty.
-    fn mig_devices(&self, device: usize) -> &[MigInfo];
-    /// Memory of one MIG instance (its own memory_info).
+    /// Memory of MIG instance `mig` (its index in the last `mig_layout`).
     fn mig_memory(&mut self, device: usize, mig: usize) -> Result<MemoryInfo, GpuError>;
+    /// Let go of the driver (handles, and the library itself), so that the
+    /// next open loads it afresh, e.g. after a driver upgrade. Every call
+    /// after this fails with `uninitialized`.
+    fn close(&mut self);
 }
+
+/// Errors after which no call on this NVML instance can succeed: the driver
+/// was upgraded under the loaded library, unloaded, or NVML shut down. The
+/// sampler closes the source and opens NVML afresh, with backoff.
+pub const DRIVER_GONE: &[&str] = &[
+    "lib_rm_version_mismatch",
+    "driver_not_loaded",
+    "uninitialized",
+];
+
+/// Errors of a MIG instance call that mean the layout changed under the
+/// handle (instance destroyed, MIG turned off): rescan the layout.
+pub const MIG_LAYOUT_CHANGED: &[&str] = &[
+    "invalid_arg",
+    "not_found",
+    "not_supported",
+    error::INVALID_DEVICE_INDEX,
+];
 
 /// Merge `p` into `out`, keeping one entry per pid. A process with both a
 /// compute and a graphics context is listed by both queries with the same

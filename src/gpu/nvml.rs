@@ -47,21 +47,42 @@ fn gpu_err(operation: &'static str) -> impl Fn(NvmlError) -> GpuError {
     }
 }
 
-/// NVML plus the device handles it hands out. The handles borrow the `Nvml`
-/// value, so it is boxed (stable address) and dropped after them.
+/// NVML plus the device handles it hands out, or nothing after
+/// [`GpuSource::close`].
 pub struct NvmlSource {
-    // Field order matters: `handles` must drop before `nvml`.
-    handles: Vec<Device<'static>>,
-    /// Per GPU: its MIG instance handles and identities (empty without MIG).
-    mig_handles: Vec<Vec<Device<'static>>>,
-    mig_infos: Vec<Vec<MigInfo>>,
-    infos: Vec<DeviceInfo>,
+    opened: Option<Opened>,
     driver: DriverInfo,
-    _nvml: Box<Nvml>,
+    count: usize,
 }
 
+/// The handles borrow the `Nvml` value, so it is boxed (stable address) and
+/// dropped after them.
+struct Opened {
+    // Field order matters: the handles must drop before `nvml`.
+    /// Per GPU: its handle, once `device_by_index` answered.
+    handles: Vec<Option<Device<'static>>>,
+    /// Per GPU: its MIG instance handles as the last layout read found them.
+    mig_handles: Vec<Vec<Device<'static>>>,
+    nvml: Box<Nvml>,
+}
+
+impl Opened {
+    fn nvml(&self) -> &'static Nvml {
+        // SAFETY: `nvml` lives in a Box owned by `self`, so its address is
+        // stable, and every `Device` made from this reference is stored in
+        // `handles` / `mig_handles`, declared (so dropped) before `nvml`;
+        // no handle escapes `Opened`.
+        unsafe { &*(self.nvml.as_ref() as *const Nvml) }
+    }
+}
+
+/// The error of every call after `close` (as NVML answers after shutdown).
+const CLOSED: &str = "uninitialized";
+
 impl NvmlSource {
-    /// Load and initialise NVML, then read every device's identity once.
+    /// Load and initialise NVML and count the GPUs. Identities are read by
+    /// the sampler, device by device ([`GpuSource::identify`]), so a GPU
+    /// that does not answer fails only itself.
     pub fn open(library: Option<&str>) -> Result<Self, InitError> {
         let where_ = match library {
             Some(p) => format!("{p:?}"),
@@ -92,7 +113,6 @@ impl NvmlSource {
                 source: other,
             },
         })?;
-        let nvml = Box::new(nvml);
         let other = |operation: &'static str| {
             let where_ = where_.clone();
             move |source: NvmlError| InitError::Other {
@@ -113,60 +133,55 @@ impl NvmlSource {
                 .map(cuda_version_string)
                 .map_err(other("system_cuda_driver_version"))?,
         };
-        let count = nvml.device_count().map_err(other("device_count"))?;
-        // SAFETY: `nvml` lives in a Box owned by the returned value, so its
-        // address is stable, and `handles` is declared (and so dropped)
-        // before `nvml`; no handle escapes `NvmlSource`.
-        let nvml_ref: &'static Nvml = unsafe { &*(nvml.as_ref() as *const Nvml) };
-        let mut handles = Vec::with_capacity(count as usize);
-        let mut infos = Vec::with_capacity(count as usize);
-        let mut mig_handles = Vec::with_capacity(count as usize);
-        let mut mig_infos = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            let dev = nvml_ref
-                .device_by_index(index)
-                .map_err(other("device_by_index"))?;
-            infos.push(DeviceInfo {
-                gpu: index.to_string(),
-                uuid: dev.uuid().map_err(other("device_uuid"))?,
-                name: dev.name().map_err(other("device_name"))?,
-                pci_bus_id: dev.pci_info().map_err(other("device_pci_info"))?.bus_id,
-            });
-            let (migs, mig_info) = mig_instances(&dev).map_err(other("mig_devices"))?;
-            mig_handles.push(migs);
-            mig_infos.push(mig_info);
-            handles.push(dev);
-        }
+        let count = nvml.device_count().map_err(other("device_count"))? as usize;
         Ok(Self {
-            handles,
-            mig_handles,
-            mig_infos,
-            infos,
+            opened: Some(Opened {
+                handles: (0..count).map(|_| None).collect(),
+                mig_handles: (0..count).map(|_| Vec::new()).collect(),
+                nvml: Box::new(nvml),
+            }),
             driver,
-            _nvml: nvml,
+            count,
+        })
+    }
+
+    fn opened(&mut self, operation: &'static str) -> Result<&mut Opened, GpuError> {
+        self.opened.as_mut().ok_or(GpuError {
+            operation,
+            error: CLOSED,
         })
     }
 
     fn handle(&self, device: usize, operation: &'static str) -> Result<&Device<'static>, GpuError> {
-        self.handles.get(device).ok_or(GpuError {
+        let opened = self.opened.as_ref().ok_or(GpuError {
             operation,
-            error: error::INVALID_DEVICE_INDEX,
-        })
+            error: CLOSED,
+        })?;
+        opened
+            .handles
+            .get(device)
+            .and_then(Option::as_ref)
+            .ok_or(GpuError {
+                operation,
+                error: error::INVALID_DEVICE_INDEX,
+            })
     }
 }
 
 /// The MIG instances of a GPU in MIG mode; empty when MIG is off or not
-/// supported. Read once at start: MIG layouts change only with the GPU idle
-/// and an admin's action, after which the exporter is restarted.
-fn mig_instances(dev: &Device<'static>) -> Result<(Vec<Device<'static>>, Vec<MigInfo>), NvmlError> {
+/// supported. Re-read by the sampler every `mig_rescan_interval` and when a
+/// MIG call fails in a way that means the layout changed.
+fn mig_instances(dev: &Device<'static>) -> Result<(Vec<Device<'static>>, Vec<MigInfo>), GpuError> {
     match dev.mig_mode() {
         Ok(m) if m.current == 1 => {}
         Ok(_) | Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {
             return Ok((Vec::new(), Vec::new()));
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(gpu_err("mig_mode")(e)),
     }
-    let max = dev.mig_device_count()?;
+    let max = dev
+        .mig_device_count()
+        .map_err(gpu_err("max_mig_device_count"))?;
     let mut handles = Vec::new();
     let mut infos = Vec::new();
     for i in 0..max {
@@ -174,13 +189,15 @@ fn mig_instances(dev: &Device<'static>) -> Result<(Vec<Device<'static>>, Vec<Mig
             Ok(m) => m,
             // Slots without an instance answer NOT_FOUND.
             Err(NvmlError::NotFound) | Err(NvmlError::InvalidArg) => continue,
-            Err(e) => return Err(e),
+            Err(e) => return Err(gpu_err("mig_device_by_index")(e)),
         };
         infos.push(MigInfo {
-            mig_uuid: mig.uuid()?,
+            mig_uuid: mig.uuid().map_err(gpu_err("mig_device_uuid"))?,
             name: mig.name().unwrap_or_default(),
-            gpu_instance_id: instance_id(&mig, InstanceKind::Gpu)?,
-            compute_instance_id: instance_id(&mig, InstanceKind::Compute)?,
+            gpu_instance_id: instance_id(&mig, InstanceKind::Gpu)
+                .map_err(gpu_err("mig_gpu_instance_id"))?,
+            compute_instance_id: instance_id(&mig, InstanceKind::Compute)
+                .map_err(gpu_err("mig_compute_instance_id"))?,
         });
         handles.push(mig);
     }
@@ -239,8 +256,47 @@ impl GpuSource for NvmlSource {
         self.driver.clone()
     }
 
-    fn devices(&self) -> &[DeviceInfo] {
-        &self.infos
+    fn device_count(&self) -> usize {
+        self.count
+    }
+
+    fn identify(&mut self, device: usize) -> Result<DeviceInfo, GpuError> {
+        let opened = self.opened("device_by_index")?;
+        let nvml = opened.nvml();
+        let slot = opened.handles.get_mut(device).ok_or(GpuError {
+            operation: "device_by_index",
+            error: error::INVALID_DEVICE_INDEX,
+        })?;
+        let dev = match slot.take() {
+            Some(dev) => dev,
+            None => {
+                let index = u32::try_from(device).map_err(|_| GpuError {
+                    operation: "device_by_index",
+                    error: error::INVALID_DEVICE_INDEX,
+                })?;
+                nvml.device_by_index(index)
+                    .map_err(gpu_err("device_by_index"))?
+            }
+        };
+        let dev = slot.insert(dev);
+        Ok(DeviceInfo {
+            gpu: device.to_string(),
+            uuid: dev.uuid().map_err(gpu_err("device_uuid"))?,
+            name: dev.name().map_err(gpu_err("device_name"))?,
+            pci_bus_id: dev.pci_info().map_err(gpu_err("device_pci_info"))?.bus_id,
+        })
+    }
+
+    fn mig_layout(&mut self, device: usize) -> Result<Vec<MigInfo>, GpuError> {
+        let (handles, infos) = mig_instances(self.handle(device, "mig_mode")?)?;
+        if let Some(slot) = self
+            .opened
+            .as_mut()
+            .and_then(|o| o.mig_handles.get_mut(device))
+        {
+            *slot = handles;
+        }
+        Ok(infos)
     }
 
     fn memory(&mut self, device: usize) -> Result<MemoryInfo, GpuError> {
@@ -271,12 +327,9 @@ impl GpuSource for NvmlSource {
         Ok(())
     }
 
-    fn mig_devices(&self, device: usize) -> &[MigInfo] {
-        self.mig_infos.get(device).map(Vec::as_slice).unwrap_or(&[])
-    }
-
     fn mig_memory(&mut self, device: usize, mig: usize) -> Result<MemoryInfo, GpuError> {
-        let h = self
+        let opened = self.opened("mig_memory_info")?;
+        let h = opened
             .mig_handles
             .get(device)
             .and_then(|m| m.get(mig))
@@ -288,6 +341,12 @@ impl GpuSource for NvmlSource {
             operation: "mig_memory_info",
             error: e.error,
         })
+    }
+
+    fn close(&mut self) {
+        // Drops the handles, then `Nvml`: nvmlShutdown and the library
+        // unloaded, so the next open maps the (possibly upgraded) one anew.
+        self.opened = None;
     }
 }
 

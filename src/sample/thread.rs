@@ -168,6 +168,19 @@ fn advance(prev: Instant, step: Duration, now: Instant) -> Instant {
     if next <= now { now + step } else { next }
 }
 
+/// What to tell an operator when NVML says the driver is gone.
+fn driver_gone_advice(error: &str) -> &'static str {
+    match error {
+        "lib_rm_version_mismatch" => {
+            "the NVIDIA driver was upgraded without reloading its kernel module (NVML_ERROR_LIB_RM_VERSION_MISMATCH): reboot, or stop the GPU users and reload the nvidia modules"
+        }
+        "driver_not_loaded" => {
+            "the NVIDIA kernel driver was unloaded (NVML_ERROR_DRIVER_NOT_LOADED): load it again (modprobe nvidia) or check `nvidia-smi`"
+        }
+        _ => "NVML stopped answering (NVML_ERROR_UNINITIALIZED)",
+    }
+}
+
 fn run_loop<G, P, E, F>(
     mut sampler: Sampler<G, P>,
     shared: &Shared,
@@ -186,8 +199,10 @@ fn run_loop<G, P, E, F>(
     let mut failed_samples: u32 = 0;
     let mut reinit_backoff = Backoff::new(NVML_RETRY_MIN, NVML_RETRY_MAX);
     let mut next_reinit = start;
+    // Whether the GPU source is closed and NVML must be opened afresh.
+    let mut closed = false;
     loop {
-        let fast = t.memory_sample_interval < t.sample_interval;
+        let fast = !closed && t.memory_sample_interval < t.sample_interval;
         let due = if fast {
             next_full.min(next_mem)
         } else {
@@ -208,23 +223,71 @@ fn run_loop<G, P, E, F>(
                     sample_interval = %HumanDuration(t.sample_interval),
                     memory_sample_interval = %HumanDuration(t.memory_sample_interval),
                     peak_window = %HumanDuration(t.peak_window),
+                    mig_rescan_interval = %HumanDuration(t.mig_rescan_interval),
                     "sampler reconfigured"
                 );
                 continue;
             }
         }
         let now = Instant::now();
-        if now < next_full {
-            shared.publish(sampler.tick_memory());
-            next_mem = advance(next_mem, t.memory_sample_interval, Instant::now());
+        if closed {
+            // Every GPU is down until NVML opens again; keep publishing so
+            // /healthz sees the thread and /readyz says why.
+            next_full = advance(next_full, t.sample_interval, now);
+            if now >= next_reinit {
+                sampler.count_reinit();
+                match open() {
+                    Ok(g) => {
+                        sampler.replace_gpu(g);
+                        closed = false;
+                        failed_samples = 0;
+                        let snapshot = sampler.tick();
+                        tracing::info!(
+                            gpus = snapshot.devices.len(),
+                            answering = snapshot.devices.iter().filter(|d| d.up()).count(),
+                            "NVML re-opened; devices enumerated and identified again"
+                        );
+                        shared.publish(snapshot);
+                        next_mem = Instant::now() + t.memory_sample_interval;
+                        continue;
+                    }
+                    Err(OpenFailure::Fatal(e)) | Err(OpenFailure::Retry(e)) => {
+                        tracing::debug!("re-opening NVML failed: {e}");
+                        next_reinit = now + reinit_backoff.next_delay();
+                    }
+                }
+            }
+            shared.publish(sampler.snapshot());
             continue;
         }
-        let snapshot = sampler.tick();
+        let full = now >= next_full;
+        let snapshot = if !full {
+            next_mem = advance(next_mem, t.memory_sample_interval, now);
+            sampler.tick_memory()
+        } else {
+            next_full = advance(next_full, t.sample_interval, now);
+            next_mem = now + t.memory_sample_interval;
+            sampler.tick()
+        };
         let all_down = !snapshot.devices.is_empty() && snapshot.devices.iter().all(|d| !d.up());
+        if let Some(e) = sampler.driver_gone() {
+            tracing::error!(
+                operation = e.operation,
+                error = e.error,
+                "{}; every GPU is exported as gpu_up 0 and /readyz answers 503 while NVML is re-opened with backoff",
+                driver_gone_advice(e.error)
+            );
+            sampler.close_gpu();
+            closed = true;
+            reinit_backoff.reset();
+            next_reinit = now + reinit_backoff.next_delay();
+            shared.publish(sampler.snapshot());
+            continue;
+        }
         shared.publish(snapshot);
-        let now = Instant::now();
-        next_full = advance(next_full, t.sample_interval, now);
-        next_mem = now + t.memory_sample_interval;
+        if !full {
+            continue;
+        }
         if !all_down {
             failed_samples = 0;
             reinit_backoff.reset();
@@ -232,6 +295,9 @@ fn run_loop<G, P, E, F>(
         }
         failed_samples = failed_samples.saturating_add(1);
         if failed_samples >= REINIT_AFTER_FAILED_SAMPLES && now >= next_reinit {
+            // Device handles can go stale after a GPU reset; the library is
+            // let go first so the open below loads it afresh.
+            sampler.close_gpu();
             sampler.count_reinit();
             match open() {
                 Ok(g) => {
@@ -242,7 +308,10 @@ fn run_loop<G, P, E, F>(
                     failed_samples = 0;
                 }
                 Err(OpenFailure::Fatal(e)) | Err(OpenFailure::Retry(e)) => {
-                    tracing::debug!("re-opening NVML failed: {e}");
+                    tracing::warn!(
+                        "every GPU failed {failed_samples} samples in a row and re-opening NVML failed: {e}; retrying with backoff"
+                    );
+                    closed = true;
                 }
             }
             next_reinit = now + reinit_backoff.next_delay();

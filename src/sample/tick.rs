@@ -10,10 +10,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::attribute::ProcessLookup;
 use crate::config::{Selection, Timing};
-use crate::gpu::{GpuError, GpuSource, RawProcess};
+use crate::gpu::{DRIVER_GONE, GpuError, GpuSource, MIG_LAYOUT_CHANGED, RawProcess};
 use crate::model::{
-    DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ErrorKey, MemoryInfo, MigSample,
-    OtherProcesses, ProcIdentity, ProcessSample, Snapshot,
+    DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ErrorKey, MemoryInfo, MigInfo,
+    MigSample, OtherProcesses, ProcessSample, Snapshot,
 };
 
 /// Bucket bounds (seconds) of the tick histograms: a tick costs
@@ -21,16 +21,6 @@ use crate::model::{
 pub const SAMPLE_DURATION_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
-
-/// A lookup that knows nothing (used to build per-device state only).
-struct NoLookup;
-
-impl ProcessLookup for NoLookup {
-    fn identify(&mut self, _pid: u32) -> Arc<ProcIdentity> {
-        Arc::new(ProcIdentity::default())
-    }
-    fn retain(&mut self, _live: &dyn Fn(u32) -> bool) {}
-}
 
 struct DeviceState {
     info: Arc<DeviceInfo>,
@@ -40,10 +30,78 @@ struct DeviceState {
     other: Option<OtherProcesses>,
     process_peaks: HashMap<u32, WindowMax>,
     mig: Arc<[MigSample]>,
+    /// When the MIG layout was last read; `None`: not yet.
+    mig_read_at: Option<Instant>,
+    /// Failed identity reads in a row (the first one is logged).
+    identify_failures: u32,
+}
+
+impl DeviceState {
+    fn unknown(index: usize) -> Self {
+        DeviceState {
+            info: Arc::new(DeviceInfo::unknown(index)),
+            memory: None,
+            used_peak: WindowMax::default(),
+            processes: Arc::from(Vec::new()),
+            other: None,
+            process_peaks: HashMap::new(),
+            mig: Arc::from(Vec::new()),
+            mig_read_at: None,
+            identify_failures: 0,
+        }
+    }
+
+    /// No answer in this sample: no memory, no processes, no MIG memory.
+    fn mark_down(&mut self) {
+        self.memory = None;
+        self.processes = Arc::from(Vec::new());
+        self.other = None;
+        self.process_peaks.clear();
+        if self.mig.iter().any(|m| m.memory.is_some()) {
+            self.mig = self
+                .mig
+                .iter()
+                .map(|m| MigSample {
+                    info: Arc::clone(&m.info),
+                    memory: None,
+                })
+                .collect();
+        }
+    }
+}
+
+/// The NVML error counters, and whether one of them says the driver is
+/// gone for this NVML instance ([`DRIVER_GONE`]).
+struct Errors {
+    counts: Arc<BTreeMap<ErrorKey, u64>>,
+    driver_gone: Option<GpuError>,
+}
+
+impl Errors {
+    fn count(&mut self, e: GpuError) {
+        tracing::debug!(operation = e.operation, error = %e.error, "NVML call failed");
+        *Arc::make_mut(&mut self.counts)
+            .entry((e.operation, e.error))
+            .or_insert(0) += 1;
+        if self.driver_gone.is_none() && DRIVER_GONE.contains(&e.error) {
+            self.driver_gone = Some(e);
+        }
+    }
 }
 
 /// Builds snapshots from a [`GpuSource`]. Owns all cumulative state (error
 /// counters, tick histograms, peak windows), so each snapshot is complete.
+///
+/// Per device, a full tick walks this state machine:
+/// - identity unknown (NVML enumerated the GPU but its handle or identity
+///   did not answer): retried every full tick; the GPU is down meanwhile;
+/// - known: memory read every tick; on a full tick also the processes, the
+///   MIG layout when `mig_rescan_interval` has passed or a MIG call says it
+///   changed (a process on an instance the layout does not have, a stale
+///   instance handle), and each instance's memory;
+/// - a driver-gone error (see [`DRIVER_GONE`]) on any call: every GPU is
+///   down and [`Sampler::driver_gone`] tells the thread to re-open NVML,
+///   after which [`Sampler::replace_gpu`] starts discovery over.
 pub struct Sampler<G: GpuSource, P: ProcessLookup> {
     gpu: G,
     procs: P,
@@ -51,7 +109,7 @@ pub struct Sampler<G: GpuSource, P: ProcessLookup> {
     selection: Selection,
     driver: Arc<DriverInfo>,
     devices: Vec<DeviceState>,
-    errors: Arc<BTreeMap<ErrorKey, u64>>,
+    errors: Errors,
     durations: Arc<DurationHistogram>,
     nvml_durations: Arc<DurationHistogram>,
     memory_samples: u64,
@@ -81,38 +139,19 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         &mut self.gpu
     }
 
+    /// GPUs as NVML enumerated them; identities are read by the first tick.
     pub fn new(gpu: G, procs: P, timing: Timing) -> Self {
-        let driver = Arc::new(gpu.driver_info());
-        let devices = gpu
-            .devices()
-            .iter()
-            .cloned()
-            .enumerate()
-            .map(|(i, info)| DeviceState {
-                info: Arc::new(info),
-                memory: None,
-                used_peak: WindowMax::default(),
-                processes: Arc::from(Vec::new()),
-                other: None,
-                process_peaks: HashMap::new(),
-                mig: gpu
-                    .mig_devices(i)
-                    .iter()
-                    .map(|m| MigSample {
-                        info: Arc::new(m.clone()),
-                        memory: None,
-                    })
-                    .collect(),
-            })
-            .collect();
         Sampler {
+            driver: Arc::new(gpu.driver_info()),
+            devices: (0..gpu.device_count()).map(DeviceState::unknown).collect(),
             gpu,
             procs,
             timing,
             selection: Selection::default(),
-            driver,
-            devices,
-            errors: Arc::new(BTreeMap::new()),
+            errors: Errors {
+                counts: Arc::new(BTreeMap::new()),
+                driver_gone: None,
+            },
             durations: Arc::new(DurationHistogram::new(SAMPLE_DURATION_BUCKETS)),
             nvml_durations: Arc::new(DurationHistogram::new(SAMPLE_DURATION_BUCKETS)),
             memory_samples: 0,
@@ -121,13 +160,28 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         }
     }
 
-    /// Swap in a freshly opened GPU source (after every GPU failed), keeping
-    /// counters and histograms; per-device state starts over.
+    /// The error that said the driver is gone for this NVML instance (RM
+    /// version mismatch, driver not loaded, uninitialised), if one did.
+    pub fn driver_gone(&self) -> Option<&GpuError> {
+        self.errors.driver_gone.as_ref()
+    }
+
+    /// Let go of the GPU source (so NVML can be loaded afresh); every GPU
+    /// is down until [`Sampler::replace_gpu`].
+    pub fn close_gpu(&mut self) {
+        self.gpu.close();
+        self.devices.iter_mut().for_each(DeviceState::mark_down);
+    }
+
+    /// Swap in a freshly opened GPU source, keeping counters and
+    /// histograms. The device list is enumerated again (the count may have
+    /// changed) and every identity is read again at the next tick, so series
+    /// follow the new index ↔ UUID pairs.
     pub fn replace_gpu(&mut self, gpu: G) {
-        let fresh = Sampler::new(gpu, NoLookup, self.timing);
-        self.gpu = fresh.gpu;
-        self.driver = fresh.driver;
-        self.devices = fresh.devices;
+        self.driver = Arc::new(gpu.driver_info());
+        self.devices = (0..gpu.device_count()).map(DeviceState::unknown).collect();
+        self.gpu = gpu;
+        self.errors.driver_gone = None;
     }
 
     /// Which processes get their own series.
@@ -136,20 +190,19 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         self
     }
 
-    fn count_error(errors: &mut Arc<BTreeMap<ErrorKey, u64>>, e: GpuError) {
-        tracing::debug!(operation = e.operation, error = %e.error, "NVML call failed");
-        *Arc::make_mut(errors)
-            .entry((e.operation, e.error))
-            .or_insert(0) += 1;
-    }
-
     /// Read one GPU's memory and feed its peak window. Returns the time
     /// spent in NVML.
     fn read_memory(&mut self, i: usize, now: Instant) -> Duration {
+        let window = self.timing.peak_window;
+        if self.errors.driver_gone.is_some() || !self.devices[i].info.is_known() {
+            let dev = &mut self.devices[i];
+            dev.mark_down();
+            dev.used_peak.expire(now, window);
+            return Duration::ZERO;
+        }
         let t = Instant::now();
         let result = self.gpu.memory(i);
         let spent = t.elapsed();
-        let window = self.timing.peak_window;
         let dev = &mut self.devices[i];
         match result {
             Ok(m) => {
@@ -159,10 +212,112 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             Err(e) => {
                 dev.memory = None;
                 dev.used_peak.expire(now, window);
-                Self::count_error(&mut self.errors, e);
+                self.errors.count(e);
             }
         }
         spent
+    }
+
+    /// Read a GPU's identity and MIG layout; on success the GPU is known
+    /// from now on. Failures are counted, and the first of a run is logged.
+    fn discover(&mut self, i: usize, now: Instant) {
+        let found = self
+            .gpu
+            .identify(i)
+            .and_then(|info| Ok((info, self.gpu.mig_layout(i)?)));
+        let dev = &mut self.devices[i];
+        match found {
+            Ok((info, layout)) => {
+                if dev.identify_failures > 0 {
+                    tracing::info!(
+                        gpu = i,
+                        uuid = %info.uuid,
+                        failures = dev.identify_failures,
+                        "GPU answered; its series start now"
+                    );
+                }
+                dev.info = Arc::new(info);
+                dev.mig = layout_samples(layout);
+                dev.mig_read_at = Some(now);
+                dev.identify_failures = 0;
+            }
+            Err(e) => {
+                if dev.identify_failures == 0 {
+                    tracing::warn!(
+                        gpu = i,
+                        operation = e.operation,
+                        error = e.error,
+                        "GPU identity cannot be read; it is exported as gpu_up 0 and retried at each full sample"
+                    );
+                }
+                dev.identify_failures = dev.identify_failures.saturating_add(1);
+                self.errors.count(e);
+            }
+        }
+    }
+
+    /// Read GPU `i`'s MIG layout again; a changed layout replaces the
+    /// instance list (instances that vanished leave no series).
+    fn rescan_mig(&mut self, i: usize, now: Instant) {
+        let result = self.gpu.mig_layout(i);
+        let dev = &mut self.devices[i];
+        dev.mig_read_at = Some(now);
+        match result {
+            Ok(layout) => {
+                let same = layout.len() == dev.mig.len()
+                    && layout
+                        .iter()
+                        .zip(dev.mig.iter())
+                        .all(|(a, b)| *a == *b.info);
+                if !same {
+                    tracing::info!(
+                        gpu = i,
+                        before = dev.mig.len(),
+                        after = layout.len(),
+                        "MIG layout changed"
+                    );
+                    dev.mig = layout_samples(layout);
+                }
+            }
+            Err(e) => self.errors.count(e),
+        }
+    }
+
+    /// Each MIG instance's memory. Returns whether a failure says the
+    /// layout changed under the handles.
+    fn read_mig_memory(&mut self, i: usize) -> bool {
+        let mut changed = false;
+        let mut mig = Vec::with_capacity(self.devices[i].mig.len());
+        for k in 0..self.devices[i].mig.len() {
+            let memory = match self.gpu.mig_memory(i, k) {
+                Ok(mem) => Some(mem),
+                Err(e) => {
+                    changed |= MIG_LAYOUT_CHANGED.contains(&e.error);
+                    self.errors.count(e);
+                    None
+                }
+            };
+            mig.push(MigSample {
+                info: Arc::clone(&self.devices[i].mig[k].info),
+                memory,
+            });
+        }
+        self.devices[i].mig = Arc::from(mig);
+        changed
+    }
+
+    /// A listed process runs on a MIG instance the layout does not have.
+    fn unknown_instance(&self, i: usize) -> bool {
+        let mig = &self.devices[i].mig;
+        self.scratch.iter().any(|p| {
+            p.gpu_instance_id.is_some_and(|gi| {
+                !mig.iter().any(|m| {
+                    m.info.gpu_instance_id == gi
+                        && p.compute_instance_id
+                            .is_none_or(|ci| ci == m.info.compute_instance_id)
+                })
+            })
+        })
     }
 
     /// A memory-only sample of every GPU (processes keep their last list).
@@ -175,47 +330,46 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         self.snapshot()
     }
 
-    /// A full sample: memory, processes and /proc for every GPU.
+    /// A full sample: identities still unknown, memory, MIG layout when due,
+    /// processes and /proc for every GPU.
     pub fn tick(&mut self) -> Snapshot {
         let started = Instant::now();
         self.procs.begin_tick();
         let window = self.timing.peak_window;
+        let rescan_every = self.timing.mig_rescan_interval;
         let mut in_nvml = Duration::ZERO;
         for i in 0..self.devices.len() {
+            if self.errors.driver_gone.is_none() && !self.devices[i].info.is_known() {
+                let t = Instant::now();
+                self.discover(i, started);
+                in_nvml += t.elapsed();
+            }
             in_nvml += self.read_memory(i, started);
             if self.devices[i].memory.is_none() {
-                let dev = &mut self.devices[i];
-                dev.processes = Arc::from(Vec::new());
-                dev.other = None;
-                dev.process_peaks.clear();
+                self.devices[i].mark_down();
                 continue;
             }
             self.scratch.clear();
             let t = Instant::now();
+            if self.devices[i]
+                .mig_read_at
+                .is_none_or(|at| at != started && started.duration_since(at) >= rescan_every)
+            {
+                self.rescan_mig(i, started);
+            }
             let listed = self.gpu.processes(i, &mut self.scratch);
-            let mut mig = Vec::with_capacity(self.devices[i].mig.len());
-            for (k, m) in self.devices[i].mig.iter().enumerate() {
-                let memory = match self.gpu.mig_memory(i, k) {
-                    Ok(mem) => Some(mem),
-                    Err(e) => {
-                        Self::count_error(&mut self.errors, e);
-                        None
-                    }
-                };
-                mig.push(MigSample {
-                    info: Arc::clone(&m.info),
-                    memory,
-                });
+            let rescanned = |s: &Self| s.devices[i].mig_read_at == Some(started);
+            if listed.is_ok() && !rescanned(self) && self.unknown_instance(i) {
+                self.rescan_mig(i, started);
+            }
+            if self.read_mig_memory(i) && !rescanned(self) {
+                self.rescan_mig(i, started);
+                self.read_mig_memory(i);
             }
             in_nvml += t.elapsed();
-            self.devices[i].mig = Arc::from(mig);
             if let Err(e) = listed {
-                Self::count_error(&mut self.errors, e);
-                let dev = &mut self.devices[i];
-                dev.memory = None;
-                dev.processes = Arc::from(Vec::new());
-                dev.other = None;
-                dev.process_peaks.clear();
+                self.errors.count(e);
+                self.devices[i].mark_down();
                 continue;
             }
             self.scratch.sort_unstable_by_key(|p| p.pid);
@@ -268,6 +422,11 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             dev.processes = Arc::from(list);
             dev.other = other;
         }
+        if self.errors.driver_gone.is_some() {
+            // Calls made before the error in this tick answered from a
+            // driver that is now gone: nothing of this tick is trusted.
+            self.devices.iter_mut().for_each(DeviceState::mark_down);
+        }
         let devices = &self.devices;
         self.procs.retain(&|pid| {
             devices
@@ -279,7 +438,9 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         self.snapshot()
     }
 
-    fn snapshot(&self) -> Snapshot {
+    /// The state as it stands, without calling NVML (every GPU is down
+    /// while the source is closed).
+    pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             taken_at: SystemTime::now(),
             driver: Arc::clone(&self.driver),
@@ -295,7 +456,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
                     mig: Arc::clone(&d.mig),
                 })
                 .collect(),
-            nvml_errors: Arc::clone(&self.errors),
+            nvml_errors: Arc::clone(&self.errors.counts),
             sample_duration: Arc::clone(&self.durations),
             sample_nvml_duration: Arc::clone(&self.nvml_durations),
             memory_samples: self.memory_samples,
@@ -309,11 +470,22 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
     }
 }
 
+/// A MIG layout as samples without memory (read in the same tick).
+fn layout_samples(layout: Vec<MigInfo>) -> Arc<[MigSample]> {
+    layout
+        .into_iter()
+        .map(|m| MigSample {
+            info: Arc::new(m),
+            memory: None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::gpu::fake::{FakeDevice, FakeGpu, memory, process};
-    use crate::model::MigInfo;
+    use crate::model::ProcIdentity;
 
     const GIB: u64 = 1 << 30;
 
@@ -348,6 +520,7 @@ mod tests {
             sample_interval: Duration::from_secs(1),
             memory_sample_interval: Duration::from_millis(100),
             peak_window: Duration::from_secs(30),
+            mig_rescan_interval: Duration::from_secs(10),
         }
     }
 
@@ -495,6 +668,217 @@ mod tests {
                 (7, vec!["MIG-a".to_string(), "GPU-fake-0000".to_string()]),
                 (8, vec!["GPU-fake-0000".to_string()]),
             ]
+        );
+    }
+
+    fn mig(uuid: &str, gi: u32) -> MigInfo {
+        MigInfo {
+            mig_uuid: uuid.into(),
+            name: "MIG 1g.18gb".into(),
+            gpu_instance_id: gi,
+            compute_instance_id: 0,
+        }
+    }
+
+    fn on_instance(pid: u32, gi: u32) -> RawProcess {
+        RawProcess {
+            pid,
+            used_bytes: Some(GIB),
+            gpu_instance_id: Some(gi),
+            compute_instance_id: Some(0),
+        }
+    }
+
+    fn up_uuids(snap: &Snapshot) -> Vec<(String, String, bool)> {
+        snap.devices
+            .iter()
+            .map(|d| (d.info.gpu.clone(), d.info.uuid.clone(), d.up()))
+            .collect()
+    }
+
+    #[test]
+    fn healthy_then_lost_then_back_keeps_its_identity() {
+        let gpu = FakeGpu::new(vec![FakeDevice::new(0, 80 * GIB, GIB)]);
+        let mut s = Sampler::new(gpu, Recorder::default(), timing());
+        assert!(s.tick().devices[0].up());
+        s.gpu_mut().devices[0].memory = Err(lost("memory_info"));
+        let snap = s.tick();
+        assert_eq!(
+            up_uuids(&snap),
+            vec![("0".into(), "GPU-fake-0000".into(), false)],
+            "a lost GPU keeps its uuid on gpu_up 0"
+        );
+        s.gpu_mut().devices[0].memory = Ok(memory(80 * GIB, 3 * GIB));
+        let snap = s.tick();
+        assert_eq!(snap.devices[0].memory.map(|m| m.used), Some(3 * GIB));
+        assert_eq!(s.gpu_mut().identify_calls, 1, "identity is read once");
+        assert!(s.driver_gone().is_none());
+    }
+
+    #[test]
+    fn an_unknown_identity_is_retried_each_full_tick_until_known() {
+        let mut d2 = FakeDevice::new(2, 80 * GIB, 7 * GIB);
+        d2.identity_error = Some(lost("device_uuid"));
+        let gpu = FakeGpu::new(vec![
+            FakeDevice::new(0, 80 * GIB, GIB),
+            FakeDevice::new(1, 80 * GIB, 2 * GIB),
+            d2,
+        ]);
+        let mut s = Sampler::new(gpu, Recorder::default(), timing());
+        let snap = s.tick();
+        assert_eq!(
+            up_uuids(&snap),
+            vec![
+                ("0".into(), "GPU-fake-0000".into(), true),
+                ("1".into(), "GPU-fake-0001".into(), true),
+                ("2".into(), String::new(), false),
+            ]
+        );
+        assert!(!snap.devices[2].info.is_known());
+        // Memory ticks do not retry identities, full ticks do.
+        s.tick_memory();
+        assert_eq!(s.gpu_mut().identify_calls, 3);
+        let snap = s.tick();
+        assert_eq!(s.gpu_mut().identify_calls, 4);
+        assert_eq!(snap.nvml_errors.get(&("device_uuid", "gpu_lost")), Some(&2));
+        assert_eq!(
+            snap.nvml_errors.get(&("memory_info", "gpu_lost")),
+            None,
+            "no memory call on a GPU without identity"
+        );
+        s.gpu_mut().devices[2].identity_error = None;
+        let snap = s.tick();
+        assert_eq!(snap.devices[2].info.uuid, "GPU-fake-0002");
+        assert_eq!(snap.devices[2].memory.map(|m| m.used), Some(7 * GIB));
+        assert_eq!(s.gpu_mut().identify_calls, 5);
+    }
+
+    #[test]
+    fn mig_layouts_are_followed_two_three_then_off() {
+        let mut d0 = FakeDevice::new(0, 80 * GIB, 3 * GIB);
+        d0.mig = vec![
+            (mig("MIG-a", 1), Ok(memory(18 * GIB, GIB))),
+            (mig("MIG-b", 2), Ok(memory(18 * GIB, 0))),
+        ];
+        d0.processes = Ok(vec![on_instance(7, 1)]);
+        let mut s = Sampler::new(FakeGpu::new(vec![d0]), Recorder::default(), timing());
+        let snap = s.tick();
+        let uuids = |snap: &Snapshot| -> Vec<String> {
+            snap.devices[0]
+                .mig
+                .iter()
+                .map(|m| m.info.mig_uuid.clone())
+                .collect()
+        };
+        assert_eq!(uuids(&snap), vec!["MIG-a", "MIG-b"]);
+        assert_eq!(s.gpu_mut().mig_layout_calls, 1);
+        // A third instance with a process on it: the process names an
+        // instance the layout lacks, so the layout is read in that tick.
+        let d = &mut s.gpu_mut().devices[0];
+        d.mig.push((mig("MIG-c", 3), Ok(memory(18 * GIB, 2 * GIB))));
+        d.processes = Ok(vec![on_instance(7, 1), on_instance(8, 3)]);
+        let snap = s.tick();
+        assert_eq!(uuids(&snap), vec!["MIG-a", "MIG-b", "MIG-c"]);
+        assert_eq!(snap.devices[0].mig[2].memory.map(|m| m.used), Some(2 * GIB));
+        let pids: Vec<(u32, Option<u32>)> = snap.devices[0]
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.gpu_instance_id))
+            .collect();
+        assert_eq!(pids, vec![(7, Some(1)), (8, Some(3))]);
+        assert_eq!(
+            s.procs.torch_asked.last(),
+            Some(&(8, vec!["MIG-c".to_string(), "GPU-fake-0000".to_string()])),
+            "torch is asked for the new instance"
+        );
+        assert_eq!(s.gpu_mut().mig_layout_calls, 2);
+        // A steady layout is not read again before mig_rescan_interval.
+        s.tick();
+        assert_eq!(s.gpu_mut().mig_layout_calls, 2);
+        // MIG turned off: the stale instance handles fail, the layout is
+        // read again at once, and no instance is left.
+        let d = &mut s.gpu_mut().devices[0];
+        d.mig.clear();
+        d.processes = Ok(vec![process(9, GIB)]);
+        let snap = s.tick();
+        assert!(snap.devices[0].mig.is_empty());
+        assert!(snap.devices[0].up());
+        assert_eq!(
+            snap.nvml_errors.get(&("mig_memory_info", "invalid_arg")),
+            Some(&3),
+            "each stale handle failed once"
+        );
+        assert_eq!(s.gpu_mut().mig_layout_calls, 3);
+    }
+
+    #[test]
+    fn the_layout_is_read_again_every_rescan_interval() {
+        let gpu = FakeGpu::new(vec![FakeDevice::new(0, 80 * GIB, GIB)]);
+        let t = Timing {
+            mig_rescan_interval: Duration::ZERO,
+            ..timing()
+        };
+        let mut s = Sampler::new(gpu, Recorder::default(), t);
+        s.tick();
+        s.tick();
+        s.tick_memory();
+        s.tick();
+        // Identity (1) + one rescan per later full tick (2).
+        assert_eq!(s.gpu_mut().mig_layout_calls, 3);
+    }
+
+    #[test]
+    fn a_driver_gone_error_downs_every_gpu_and_a_reopen_enumerates_again() {
+        let gpu = FakeGpu::new(vec![
+            FakeDevice::new(0, 80 * GIB, GIB),
+            FakeDevice::new(1, 80 * GIB, GIB),
+        ]);
+        let mut s = Sampler::new(gpu, Recorder::default(), timing());
+        assert!(s.tick().devices.iter().all(|d| d.up()));
+        s.gpu_mut().devices[0].memory = Err(GpuError {
+            operation: "memory_info",
+            error: "lib_rm_version_mismatch",
+        });
+        let snap = s.tick();
+        assert!(snap.devices.iter().all(|d| !d.up()), "nothing is trusted");
+        assert_eq!(
+            s.driver_gone().map(|e| e.error),
+            Some("lib_rm_version_mismatch")
+        );
+        assert_eq!(
+            snap.nvml_errors
+                .get(&("memory_info", "lib_rm_version_mismatch")),
+            Some(&1)
+        );
+        s.close_gpu();
+        assert!(s.gpu_mut().closed);
+        assert!(s.snapshot().devices.iter().all(|d| !d.up()));
+        // The driver comes back with three GPUs, the old GPU 1 now at 0.
+        let mut a = FakeDevice::new(1, 80 * GIB, 5 * GIB);
+        a.info.gpu = "0".into();
+        let mut b = FakeDevice::new(7, 80 * GIB, 6 * GIB);
+        b.info.gpu = "1".into();
+        let mut c = FakeDevice::new(8, 80 * GIB, 0);
+        c.info.gpu = "2".into();
+        s.count_reinit();
+        s.replace_gpu(FakeGpu::new(vec![a, b, c]));
+        assert!(s.driver_gone().is_none());
+        let snap = s.tick();
+        assert_eq!(
+            up_uuids(&snap),
+            vec![
+                ("0".into(), "GPU-fake-0001".into(), true),
+                ("1".into(), "GPU-fake-0007".into(), true),
+                ("2".into(), "GPU-fake-0008".into(), true),
+            ]
+        );
+        assert_eq!(snap.devices[0].memory.map(|m| m.used), Some(5 * GIB));
+        assert_eq!(snap.nvml_reinit_attempts, 1);
+        assert_eq!(
+            snap.nvml_errors
+                .get(&("memory_info", "lib_rm_version_mismatch")),
+            Some(&1),
+            "counters survive the re-open"
         );
     }
 }
