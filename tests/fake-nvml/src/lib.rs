@@ -26,8 +26,13 @@
 //! driver_version: "580.159.04"       # default "580.159.04"
 //! nvml_version: "13.580.159.04"      # default "13.580.159.04"
 //! cuda_driver_version: 13000         # default 13000
-//! init_error: null                   # null | driver_not_loaded | no_permission | unknown
+//! init_error: null                   # null | driver_not_loaded | no_permission | unknown |
+//!                                    # lib_rm_version_mismatch
 //! init_delay_ms: 0                   # nvmlInit* sleeps this long (then applies init_error)
+//! runtime_error: null                # null | lib_rm_version_mismatch | driver_not_loaded |
+//!                                    # uninitialized: every call after init (but nvmlShutdown
+//!                                    # and nvmlErrorString) fails so (a driver upgraded or
+//!                                    # unloaded under a running exporter)
 //! devices:                           # default []; [] means zero GPUs
 //!   - uuid: GPU-00000000-0000-0000-0000-000000000000   # required, unique (GPUs and MIG)
 //!     name: NVIDIA H200              # default "NVIDIA H200"
@@ -44,6 +49,8 @@
 //!         type: compute              # compute (default) | graphics | both | mps
 //!     error: null                    # null | gpu_lost | unknown | not_supported |
 //!                                    # no_permission | timeout
+//!     handle_error: null             # same values as error: nvmlDeviceGetHandleByIndex_v2
+//!                                    # fails so (a GPU that fell off the bus before init)
 //!     delay_ms: 0                    # every call on this GPU sleeps this long first
 //!     mig_devices:                   # default []; non-empty: MIG mode current=pending=1
 //!       - uuid: MIG-00000000-0000-0000-0000-000000000001   # required, unique
@@ -71,8 +78,13 @@
 //!   `nvmlDeviceGetMemoryInfo_v2` requires `version == nvmlMemory_v2`
 //!   (`NVML_ERROR_ARGUMENT_VERSION_MISMATCH` otherwise).
 //! - Handles encode indices (GPU index + 1 in bits 0..16, MIG index + 1 in bits
-//!   16..32); a handle that does not resolve against the current scenario is
-//!   `NVML_ERROR_INVALID_ARGUMENT`, as are NULL out-pointers.
+//!   16..32, a tag of the MIG UUID in bits 32..48); a handle that does not
+//!   resolve against the current scenario is `NVML_ERROR_INVALID_ARGUMENT`, as
+//!   are NULL out-pointers. So a MIG instance removed or replaced in the
+//!   scenario leaves its old handle stale, as a destroyed instance does in NVML.
+//! - The device count is the number of GPUs at the first `nvmlInit*` still in
+//!   force (as in NVML): GPUs added to the scenario later appear after
+//!   `nvmlShutdown` and a new init; GPUs removed make their handles invalid.
 //! - MIG: max MIG device count is 7 (or more if the scenario lists more);
 //!   an index past the listed MIG devices is `NOT_FOUND`, past the maximum
 //!   `INVALID_ARGUMENT`; on a GPU without MIG it is `NOT_SUPPORTED`. MIG handles
@@ -118,7 +130,10 @@ fn guard(f: impl FnOnce() -> nvmlReturn_t) -> nvmlReturn_t {
 /// Calls that need an initialised library but no device.
 fn with_scenario(f: impl FnOnce(&Scenario) -> nvmlReturn_t) -> nvmlReturn_t {
     guard(|| match state::enter() {
-        Ok(scenario) => f(&scenario),
+        Ok(scenario) => match scenario.runtime_error {
+            Some(code) => code,
+            None => f(&scenario),
+        },
         Err(code) => code,
     })
 }
@@ -294,20 +309,28 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
-    with_scenario(|s| unsafe { put(count, c_uint::try_from(s.gpus.len()).unwrap_or(0)) })
+    with_scenario(|s| {
+        let visible = s.gpus.len().min(state::gpus_at_init());
+        unsafe { put(count, c_uint::try_from(visible).unwrap_or(0)) }
+    })
 }
 
-/// Answers even for a GPU with `error` set: the handle is just an index.
+/// Answers even for a GPU with `error` set (the handle is just an index),
+/// but not for one with `handle_error`, nor past the count seen at init.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
     with_scenario(|s| {
-        if index as usize >= s.gpus.len() {
+        let i = index as usize;
+        let Some(gpu) = s.gpus.get(i).filter(|_| i < state::gpus_at_init()) else {
             return INVALID_ARGUMENT;
+        };
+        if let Some(code) = gpu.handle_error {
+            return code;
         }
-        unsafe { put(device, handle(scenario::gpu_handle(index as usize))) }
+        unsafe { put(device, handle(scenario::gpu_handle(i))) }
     })
 }
 
@@ -516,7 +539,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
         unsafe {
             put(
                 mig_device,
-                handle(scenario::mig_handle(gpu_index, index as usize)),
+                handle(scenario::mig_handle(
+                    gpu_index,
+                    index as usize,
+                    &gpu.migs[index as usize].uuid,
+                )),
             )
         }
     })

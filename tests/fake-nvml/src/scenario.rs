@@ -10,7 +10,8 @@ use nvml_wrapper_sys::bindings::{
     NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE, NVML_DEVICE_UUID_BUFFER_SIZE,
     NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE, NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE, nvmlPciInfo_t,
     nvmlProcessInfo_t, nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED,
-    nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST, nvmlReturn_enum_NVML_ERROR_NO_PERMISSION,
+    nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST, nvmlReturn_enum_NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+    nvmlReturn_enum_NVML_ERROR_NO_PERMISSION, nvmlReturn_enum_NVML_ERROR_UNINITIALIZED,
     nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED, nvmlReturn_enum_NVML_ERROR_TIMEOUT,
     nvmlReturn_enum_NVML_ERROR_UNKNOWN, nvmlReturn_t,
 };
@@ -44,6 +45,8 @@ struct ScenarioFile {
     #[serde(default)]
     init_delay_ms: u64,
     #[serde(default)]
+    runtime_error: Option<RuntimeErrorFile>,
+    #[serde(default)]
     devices: Vec<DeviceFile>,
 }
 
@@ -73,6 +76,16 @@ enum InitErrorFile {
     DriverNotLoaded,
     NoPermission,
     Unknown,
+    LibRmVersionMismatch,
+}
+
+/// What every call after init answers while the driver is "gone".
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum RuntimeErrorFile {
+    LibRmVersionMismatch,
+    DriverNotLoaded,
+    Uninitialized,
 }
 
 #[derive(Deserialize, Clone, Copy)]
@@ -99,6 +112,8 @@ struct DeviceFile {
     processes: Vec<ProcessFile>,
     #[serde(default)]
     error: Option<DeviceErrorFile>,
+    #[serde(default)]
+    handle_error: Option<DeviceErrorFile>,
     #[serde(default)]
     delay_ms: u64,
     #[serde(default)]
@@ -175,6 +190,8 @@ pub struct Scenario {
     pub cuda_driver_version: i32,
     pub init_error: Option<nvmlReturn_t>,
     pub init_delay: Duration,
+    /// Every call but init, shutdown and nvmlErrorString fails with it.
+    pub runtime_error: Option<nvmlReturn_t>,
     pub gpus: Vec<Gpu>,
 }
 
@@ -186,6 +203,8 @@ pub struct Gpu {
     pub processes: Vec<Process>,
     /// Every call taking this GPU's handle (or one of its MIG handles) fails with it.
     pub error: Option<nvmlReturn_t>,
+    /// nvmlDeviceGetHandleByIndex_v2 fails with it.
+    pub handle_error: Option<nvmlReturn_t>,
     pub delay: Duration,
     pub migs: Vec<Mig>,
 }
@@ -310,32 +329,49 @@ impl<'a> Target<'a> {
 //
 // nvmlDevice_t is an opaque pointer nobody dereferences, so it carries indices:
 // low 16 bits = GPU index + 1, next 16 bits = MIG index + 1 (0 for the GPU
-// itself). Never null, and anything else resolves to None (INVALID_ARGUMENT).
+// itself), and for a MIG handle bits 32..48 a tag of the instance's UUID, so a
+// handle to an instance that was destroyed (the scenario's MIG list changed)
+// is stale, as in NVML. Never null, and anything else resolves to None
+// (INVALID_ARGUMENT).
 
 pub fn gpu_handle(index: usize) -> usize {
     index + 1
 }
 
-pub fn mig_handle(parent_index: usize, mig_index: usize) -> usize {
-    ((mig_index + 1) << 16) | (parent_index + 1)
+pub fn mig_handle(parent_index: usize, mig_index: usize, uuid: &str) -> usize {
+    (usize::from(uuid_tag(uuid)) << 32) | ((mig_index + 1) << 16) | (parent_index + 1)
+}
+
+/// 16-bit FNV-1a fold of a UUID (non-zero).
+fn uuid_tag(uuid: &str) -> u16 {
+    let mut h: u32 = 0x811C_9DC5;
+    for b in uuid.bytes() {
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    ((h >> 16) as u16 ^ h as u16) | 1
 }
 
 impl Scenario {
     pub fn resolve(&self, handle: usize) -> Option<Target<'_>> {
-        if handle >> 32 != 0 {
+        if (handle as u64) >> 48 != 0 {
             return None;
         }
         let gpu_part = handle & 0xFFFF;
         let mig_part = (handle >> 16) & 0xFFFF;
+        let tag = ((handle as u64) >> 32) as u16;
         let index = gpu_part.checked_sub(1)?;
         let gpu = self.gpus.get(index)?;
         match mig_part.checked_sub(1) {
-            None => Some(Target::Gpu { index, gpu }),
-            Some(m) => Some(Target::Mig {
-                parent_index: index,
-                parent: gpu,
-                mig: gpu.migs.get(m)?,
-            }),
+            None if tag == 0 => Some(Target::Gpu { index, gpu }),
+            None => None,
+            Some(m) => {
+                let mig = gpu.migs.get(m).filter(|mig| uuid_tag(&mig.uuid) == tag)?;
+                Some(Target::Mig {
+                    parent_index: index,
+                    parent: gpu,
+                    mig,
+                })
+            }
         }
     }
 
@@ -347,7 +383,7 @@ impl Scenario {
             }
             for (m, mig) in gpu.migs.iter().enumerate() {
                 if mig.uuid.as_bytes() == uuid {
-                    return Some(mig_handle(i, m));
+                    return Some(mig_handle(i, m, &mig.uuid));
                 }
             }
         }
@@ -438,13 +474,8 @@ fn validate(file: ScenarioFile) -> Result<Scenario, String> {
             pci,
             memory: memory(d.memory),
             processes: processes(d.processes),
-            error: d.error.map(|e| match e {
-                DeviceErrorFile::GpuLost => nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
-                DeviceErrorFile::Unknown => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
-                DeviceErrorFile::NotSupported => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
-                DeviceErrorFile::NoPermission => nvmlReturn_enum_NVML_ERROR_NO_PERMISSION,
-                DeviceErrorFile::Timeout => nvmlReturn_enum_NVML_ERROR_TIMEOUT,
-            }),
+            error: d.error.map(device_error),
+            handle_error: d.handle_error.map(device_error),
             delay: Duration::from_millis(d.delay_ms),
             migs,
         });
@@ -457,10 +488,30 @@ fn validate(file: ScenarioFile) -> Result<Scenario, String> {
             InitErrorFile::DriverNotLoaded => nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED,
             InitErrorFile::NoPermission => nvmlReturn_enum_NVML_ERROR_NO_PERMISSION,
             InitErrorFile::Unknown => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
+            InitErrorFile::LibRmVersionMismatch => {
+                nvmlReturn_enum_NVML_ERROR_LIB_RM_VERSION_MISMATCH
+            }
         }),
         init_delay: Duration::from_millis(file.init_delay_ms),
+        runtime_error: file.runtime_error.map(|e| match e {
+            RuntimeErrorFile::LibRmVersionMismatch => {
+                nvmlReturn_enum_NVML_ERROR_LIB_RM_VERSION_MISMATCH
+            }
+            RuntimeErrorFile::DriverNotLoaded => nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED,
+            RuntimeErrorFile::Uninitialized => nvmlReturn_enum_NVML_ERROR_UNINITIALIZED,
+        }),
         gpus,
     })
+}
+
+fn device_error(e: DeviceErrorFile) -> nvmlReturn_t {
+    match e {
+        DeviceErrorFile::GpuLost => nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
+        DeviceErrorFile::Unknown => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
+        DeviceErrorFile::NotSupported => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        DeviceErrorFile::NoPermission => nvmlReturn_enum_NVML_ERROR_NO_PERMISSION,
+        DeviceErrorFile::Timeout => nvmlReturn_enum_NVML_ERROR_TIMEOUT,
+    }
 }
 
 fn memory(m: MemoryFile) -> Memory {

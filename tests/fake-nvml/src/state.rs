@@ -52,6 +52,9 @@ struct State {
     scenario: Option<Arc<Scenario>>,
     /// Whether the last stat failed, so a missing file is reported once, not per call.
     stat_failing: bool,
+    /// GPUs the scenario had when the library was first initialised: like
+    /// NVML, the device count is fixed until the next init.
+    gpus_at_init: usize,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
@@ -61,6 +64,7 @@ static STATE: Mutex<State> = Mutex::new(State {
     file_id: None,
     scenario: None,
     stat_failing: false,
+    gpus_at_init: 0,
 });
 
 fn lock() -> MutexGuard<'static, State> {
@@ -175,8 +179,16 @@ pub fn init() -> nvmlReturn_t {
         return code;
     }
     let mut st = lock();
+    if st.refcount == 0 {
+        st.gpus_at_init = scenario.gpus.len();
+    }
     st.refcount = st.refcount.saturating_add(1);
     nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// The device count NVML enumerated at the first init still in force.
+pub fn gpus_at_init() -> usize {
+    lock().gpus_at_init
 }
 
 /// nvmlShutdown: one user fewer; UNINITIALIZED if there was none.
@@ -200,4 +212,5 @@ pub fn reset_for_test(path: Option<PathBuf>) {
     st.file_id = None;
     st.scenario = None;
     st.stat_failing = false;
+    st.gpus_at_init = 0;
 }

@@ -708,3 +708,100 @@ fn shipped_scenarios_parse() {
     let s = scenario::parse(include_str!("../scenarios/mig.yaml")).expect("mig.yaml");
     assert_eq!(s.gpus[0].migs.len(), 2);
 }
+
+#[test]
+fn handle_errors_fail_only_the_handle_query_of_that_gpu() {
+    let f = Fixture::new(&TWO_GPUS.replace(
+        "    name: NVIDIA H100\n",
+        "    name: NVIDIA H100\n    handle_error: gpu_lost\n",
+    ));
+    f.init();
+    let mut h = ptr::null_mut();
+    assert_eq!(
+        unsafe { nvmlDeviceGetHandleByIndex_v2(1, &mut h) },
+        nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST
+    );
+    assert!(memory_v2(dev(0)).is_ok());
+    // Healed: the next handle query answers.
+    f.write(TWO_GPUS);
+    assert!(memory_v2(dev(1)).is_ok());
+}
+
+#[test]
+fn runtime_errors_fail_every_call_until_healed() {
+    let f = Fixture::new(TWO_GPUS);
+    f.init();
+    let d0 = dev(0);
+    for (word, code) in [
+        (
+            "lib_rm_version_mismatch",
+            nvmlReturn_enum_NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+        ),
+        (
+            "driver_not_loaded",
+            nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED,
+        ),
+        ("uninitialized", UNINITIALIZED),
+    ] {
+        f.write(&format!("runtime_error: {word}\n{TWO_GPUS}"));
+        assert_eq!(memory_v2(d0).map(|_| ()), Err(code), "{word}");
+        let mut count: c_uint = 0;
+        assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, code, "{word}");
+    }
+    // The upgrade half done: init fails with the mismatch too.
+    f.write(&format!(
+        "init_error: lib_rm_version_mismatch\nruntime_error: lib_rm_version_mismatch\n{TWO_GPUS}"
+    ));
+    assert_eq!(nvmlShutdown(), SUCCESS);
+    assert_eq!(
+        nvmlInit_v2(),
+        nvmlReturn_enum_NVML_ERROR_LIB_RM_VERSION_MISMATCH
+    );
+    f.write(TWO_GPUS);
+    f.init();
+    assert!(memory_v2(dev(0)).is_ok());
+}
+
+#[test]
+fn the_device_count_is_fixed_until_the_next_init() {
+    let f = Fixture::new(TWO_GPUS);
+    f.init();
+    let three = TWO_GPUS.to_string() + "  - uuid: GPU-cccccccc-0000-0000-0000-000000000000\n";
+    f.write(&three);
+    let mut count: c_uint = 0;
+    assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, SUCCESS);
+    assert_eq!(count, 2, "a GPU added at run time waits for re-init");
+    let mut h = ptr::null_mut();
+    assert_eq!(
+        unsafe { nvmlDeviceGetHandleByIndex_v2(2, &mut h) },
+        INVALID_ARGUMENT
+    );
+    assert_eq!(nvmlShutdown(), SUCCESS);
+    f.init();
+    assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, SUCCESS);
+    assert_eq!(count, 3);
+    assert!(memory_v2(dev(2)).is_ok());
+}
+
+#[test]
+fn a_destroyed_mig_instance_leaves_a_stale_handle() {
+    let f = Fixture::new(MIG);
+    f.init();
+    let parent = dev(0);
+    let (m0, m1) = (mig(parent, 0), mig(parent, 1));
+    assert!(memory_v2(m1).is_ok());
+    // Instance 1 destroyed and another created in its slot.
+    f.write(&MIG.replace(
+        "MIG-11111111-0000-0000-0000-000000000002",
+        "MIG-11111111-0000-0000-0000-000000000009",
+    ));
+    assert!(memory_v2(m0).is_ok(), "the untouched instance still answers");
+    assert_eq!(memory_v2(m1).map(|_| ()), Err(INVALID_ARGUMENT));
+    let fresh = mig(parent, 1);
+    assert!(memory_v2(fresh).is_ok());
+    // MIG turned off: every instance handle is stale.
+    f.write(
+        "devices:\n  - uuid: GPU-11111111-0000-0000-0000-000000000000\n  - uuid: GPU-22222222-0000-0000-0000-000000000000\n",
+    );
+    assert_eq!(memory_v2(m0).map(|_| ()), Err(INVALID_ARGUMENT));
+}
