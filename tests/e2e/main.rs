@@ -7,6 +7,8 @@
 //! - `core`: values to the byte, endpoints, formats, signals, bad configs.
 //! - `peaks`: windowed peaks from fast memory samples; gzip.
 //! - `faults`: NVML not ready, every GPU lost, a hung call, SIGHUP reload.
+//! - `discovery`: a GPU dead from the start, MIG layouts changing at run
+//!   time, a driver upgraded or unloaded under the running exporter.
 //! - `attribution`: pods, users, command lines, MIG and MPS on a fake node.
 //! - `torch`: the torch bridge with real Python processes and a stub torch.
 //! - `web`: connection limits, TLS, mTLS, basic auth, web config reload.
@@ -35,6 +37,7 @@ mod harness;
 mod attribution;
 mod config_corpus;
 mod core;
+mod discovery;
 mod faults;
 mod fuzz;
 mod golden;
