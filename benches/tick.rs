@@ -82,7 +82,7 @@ fn main() {
     let t = Instant::now();
     let gpu = NvmlSource::open(Some(&lib)).expect("open fake NVML");
     let open_time = t.elapsed();
-    assert_eq!(gpu.devices().len(), common::GPUS);
+    assert_eq!(gpu.device_count(), common::GPUS);
     let mut sampler = Sampler::new(gpu, ProcCache::new(ProcRoot::default()), TIMING);
     let t = Instant::now();
     let first = sampler.tick();

@@ -1,7 +1,9 @@
 """Where the exporter's CPU and memory go on a GPU host (diagnostics for
-BENCHMARKS.md): CPU per thread at the default intervals and without fast
-memory samples, the cost of one NVML memory_info call, NVML's own RSS, and
-the exporter's largest resident mappings.
+BENCHMARKS.md): CPU per thread at the default intervals, without fast
+memory samples, and with the MIG layout read at every full sample; the
+steady tick against its NVML time; the cost of one NVML memory_info call
+and of a MIG rescan (nvmlDeviceGetMigMode), NVML's own RSS, and the
+exporter's largest resident mappings.
 
     python3 scripts/gpu_overhead.py [path/to/gpumem-exporter]
 """
@@ -37,6 +39,7 @@ def run(args, secs, port):
         except Exception:
             time.sleep(0.01)
     time.sleep(3)  # warm-up
+    m0 = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read().decode()
     a = thread_cpu_ns(p.pid)
     t = time.time()
     time.sleep(secs)
@@ -65,6 +68,17 @@ def run(args, secs, port):
                             "gpumem_exporter_sample_nvml_duration_seconds_sum", "gpumem_exporter_memory_samples_total",
                             'gpumem_exporter_sample_duration_seconds_bucket{le="0.00025"}', 'gpumem_exporter_sample_duration_seconds_bucket{le="0.0005"}')):
             print("  " + line)
+    def val(text, name):
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return 0.0
+    ticks = val(m, "gpumem_exporter_sample_duration_seconds_count") - val(m0, "gpumem_exporter_sample_duration_seconds_count")
+    tick_s = val(m, "gpumem_exporter_sample_duration_seconds_sum") - val(m0, "gpumem_exporter_sample_duration_seconds_sum")
+    nvml_s = val(m, "gpumem_exporter_sample_nvml_duration_seconds_sum") - val(m0, "gpumem_exporter_sample_nvml_duration_seconds_sum")
+    if ticks and nvml_s:
+        print(f"  steady state ({int(ticks)} full ticks after warm-up): tick {1e6 * tick_s / ticks:.1f} µs, "
+              f"NVML {1e6 * nvml_s / ticks:.1f} µs, ratio {tick_s / nvml_s:.3f}")
     print("  " + "; ".join(rss))
     print("  largest resident mappings (KiB):")
     for name, kib in sorted(maps.items(), key=lambda kv: -kv[1])[:8]:
@@ -73,6 +87,7 @@ def run(args, secs, port):
 
 run([], 20, 19901)
 run(["--memory-sample-interval", "1s"], 20, 19902)
+run(["--mig-rescan-interval", "1s"], 20, 19903)
 
 # NVML alone, from Python: memory_info cost and NVML's resident memory.
 import pynvml  # noqa: E402
@@ -89,5 +104,21 @@ t = time.perf_counter()
 for _ in range(200):
     pynvml.nvmlDeviceGetComputeRunningProcesses(h)
 per_p = (time.perf_counter() - t) / 200
+t = time.perf_counter()
+for _ in range(n):
+    try:
+        pynvml.nvmlDeviceGetMigMode(h)
+    except pynvml.NVMLError:
+        pass
+per_mig = (time.perf_counter() - t) / n
+t = time.perf_counter()
+for _ in range(200):
+    g = pynvml.nvmlDeviceGetHandleByIndex(0)
+    pynvml.nvmlDeviceGetUUID(g)
+    pynvml.nvmlDeviceGetName(g)
+    pynvml.nvmlDeviceGetPciInfo(g)
+per_id = (time.perf_counter() - t) / 200
+print(f"NVML from Python: MIG rescan with MIG off (nvmlDeviceGetMigMode) {per_mig * 1e6:.1f} µs/call; "
+      f"identity (handle, UUID, name, PCI info) {per_id * 1e6:.1f} µs")
 print(f"\nNVML from Python: memory_info v2 {per * 1e6:.1f} µs/call (incl. ctypes); compute processes {per_p * 1e6:.1f} µs/call; "
       f"nvmlInit grew this process's RSS by {(rss1 - rss0) / 1024:.1f} MiB")

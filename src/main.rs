@@ -51,7 +51,7 @@ struct Cli {
     /// Peaks are the maximum over this window; keep it >= the scrape interval [default: 30s]
     #[arg(long = "peak-window", value_name = "DURATION")]
     peak_window: Option<String>,
-    /// How often each GPU's MIG mode and instances are read again [default: 10s]
+    /// How often each GPU's MIG mode and instances are read again [default: 30s]
     #[arg(long = "mig-rescan-interval", value_name = "DURATION")]
     mig_rescan_interval: Option<String>,
     /// Path of libnvidia-ml.so.1 [default: found by the dynamic loader]

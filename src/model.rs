@@ -80,7 +80,7 @@ pub struct OtherProcesses {
     pub used_bytes: u64,
 }
 
-/// Driver-wide identity, read once at start.
+/// Driver-wide identity, read when NVML is opened (again after a re-open).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DriverInfo {
     pub driver_version: String,

@@ -1,6 +1,7 @@
 //! The sampler thread: open NVML (retrying with backoff while the driver
-//! is not ready), tick on two deadlines, publish each snapshot, re-open
-//! NVML when every GPU keeps failing, and obey [`Control`] messages.
+//! is not ready), tick on two deadlines, publish each snapshot, close and
+//! re-open NVML (with backoff) when a call says the driver is gone or every
+//! GPU keeps failing, and obey [`Control`] messages.
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, sync_channel};

@@ -38,10 +38,7 @@ fn used(i: usize) -> u64 {
 }
 
 fn value(m: &Metrics, name: &str, gpu: usize) -> Option<u64> {
-    m.get_u64(
-        name,
-        &[("gpu", &gpu.to_string()), ("uuid", UUIDS[gpu])],
-    )
+    m.get_u64(name, &[("gpu", &gpu.to_string()), ("uuid", UUIDS[gpu])])
 }
 
 /// `gpu_up` of GPU `gpu` whose uuid label is empty (or absent).
@@ -61,8 +58,16 @@ fn counter(m: &Metrics, operation: &str, error: &str) -> f64 {
 }
 
 fn assert_exact(m: &Metrics, gpu: usize) {
-    assert_eq!(value(m, "gpu_memory_used_bytes", gpu), Some(used(gpu)), "gpu {gpu}");
-    assert_eq!(value(m, "gpu_memory_total_bytes", gpu), Some(TOTAL), "gpu {gpu}");
+    assert_eq!(
+        value(m, "gpu_memory_used_bytes", gpu),
+        Some(used(gpu)),
+        "gpu {gpu}"
+    );
+    assert_eq!(
+        value(m, "gpu_memory_total_bytes", gpu),
+        Some(TOTAL),
+        "gpu {gpu}"
+    );
     assert_eq!(
         value(m, "gpu_memory_free_bytes", gpu),
         Some(TOTAL - 644_939_776 - used(gpu)),
@@ -99,17 +104,21 @@ fn a_gpu_lost_from_the_start_is_down_while_the_others_serve_then_joins() {
             "{knob}: /readyz 200 {:.3} s after the first sample",
             unix_now() - first
         );
-        for g in 0..2 {
+        for (g, uuid) in UUIDS.iter().enumerate().take(2) {
             assert_exact(&m, g);
             assert_eq!(
-                m.get("gpu_up", &[("gpu", &g.to_string()), ("uuid", UUIDS[g])]),
+                m.get("gpu_up", &[("gpu", &g.to_string()), ("uuid", uuid)]),
                 Some(1.0)
             );
         }
         assert_eq!(up_unknown(&m, "2"), Some(0.0), "{knob}: {}", m.text);
         assert!(m.find("gpu_info", &[("gpu", "2")]).is_empty(), "{knob}");
         assert!(m.find("gpu_memory_used_bytes", &[("gpu", "2")]).is_empty());
-        assert!(counter(&m, operation, "gpu_lost") >= 1.0, "{knob}: {}", m.text);
+        assert!(
+            counter(&m, operation, "gpu_lost") >= 1.0,
+            "{knob}: {}",
+            m.text
+        );
         // Retried at each full sample: the counter climbs.
         let before = counter(&m, operation, "gpu_lost");
         let m = wait_for(Duration::from_secs(5), "retries counted", || {
@@ -198,10 +207,23 @@ fn mig_instances_follow_the_layout_at_run_time() {
     assert_eq!(process_instance(&m, "4200001").as_deref(), Some("1"));
     let bound = rescan + Duration::from_millis(200) + Duration::from_millis(500);
 
-    let steps: [(&str, &[(u32, Option<u32>)], &[&str]); 4] = [
-        ("a third instance with a process", &[(1, Some(4200001)), (2, None), (3, Some(4200003))], &["1", "2", "3"]),
-        ("an idle instance destroyed", &[(1, Some(4200001)), (3, Some(4200003))], &["1", "3"]),
-        ("an idle instance created", &[(1, Some(4200001)), (3, Some(4200003)), (4, None)], &["1", "3", "4"]),
+    type Layout = &'static [(u32, Option<u32>)];
+    let steps: [(&str, Layout, &[&str]); 4] = [
+        (
+            "a third instance with a process",
+            &[(1, Some(4200001)), (2, None), (3, Some(4200003))],
+            &["1", "2", "3"],
+        ),
+        (
+            "an idle instance destroyed",
+            &[(1, Some(4200001)), (3, Some(4200003))],
+            &["1", "3"],
+        ),
+        (
+            "an idle instance created",
+            &[(1, Some(4200001)), (3, Some(4200003)), (4, None)],
+            &["1", "3", "4"],
+        ),
         ("MIG turned off", &[], &[]),
     ];
     for (what, layout, want) in steps {
@@ -229,7 +251,11 @@ fn mig_instances_follow_the_layout_at_run_time() {
                     .map(|(_, v)| v as u64)
             });
             let gi_n: u64 = gi.parse().unwrap();
-            assert_eq!(used.unwrap_or(wait), gi_n * 1_000_000, "{what}: instance {gi}");
+            assert_eq!(
+                used.unwrap_or(wait),
+                gi_n * 1_000_000,
+                "{what}: instance {gi}"
+            );
         }
         for (gi, pid) in layout.iter() {
             if let Some(pid) = pid {
@@ -254,7 +280,10 @@ fn mig_instances_follow_the_layout_at_run_time() {
 #[test]
 fn a_driver_reloaded_at_run_time_is_followed_without_a_restart() {
     for (knob, needle) in [
-        ("lib_rm_version_mismatch", "NVML_ERROR_LIB_RM_VERSION_MISMATCH"),
+        (
+            "lib_rm_version_mismatch",
+            "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+        ),
         ("driver_not_loaded", "NVML_ERROR_DRIVER_NOT_LOADED"),
     ] {
         let sc = Scenario::new(&gpus("", 2, &[]));
@@ -281,9 +310,9 @@ fn a_driver_reloaded_at_run_time_is_followed_without_a_restart() {
                 >= 2.0)
                 .then_some(m)
         });
-        for g in 0..2 {
+        for (g, uuid) in UUIDS.iter().enumerate().take(2) {
             assert_eq!(
-                m.get("gpu_up", &[("gpu", &g.to_string()), ("uuid", UUIDS[g])]),
+                m.get("gpu_up", &[("gpu", &g.to_string()), ("uuid", uuid)]),
                 Some(0.0),
                 "{knob}: {}",
                 m.text
@@ -307,7 +336,10 @@ fn a_driver_reloaded_at_run_time_is_followed_without_a_restart() {
             let m = ex.metrics();
             (value(&m, "gpu_memory_used_bytes", 2).is_some()).then_some(m)
         });
-        eprintln!("{knob}: served again {:?} after the driver answered", t.elapsed());
+        eprintln!(
+            "{knob}: served again {:?} after the driver answered",
+            t.elapsed()
+        );
         for g in 0..3 {
             assert_exact(&m, g);
         }

@@ -11,8 +11,8 @@ use nvml_wrapper_sys::bindings::{
     NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE, NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE, nvmlPciInfo_t,
     nvmlProcessInfo_t, nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED,
     nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST, nvmlReturn_enum_NVML_ERROR_LIB_RM_VERSION_MISMATCH,
-    nvmlReturn_enum_NVML_ERROR_NO_PERMISSION, nvmlReturn_enum_NVML_ERROR_UNINITIALIZED,
-    nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED, nvmlReturn_enum_NVML_ERROR_TIMEOUT,
+    nvmlReturn_enum_NVML_ERROR_NO_PERMISSION, nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+    nvmlReturn_enum_NVML_ERROR_TIMEOUT, nvmlReturn_enum_NVML_ERROR_UNINITIALIZED,
     nvmlReturn_enum_NVML_ERROR_UNKNOWN, nvmlReturn_t,
 };
 use serde::Deserialize;

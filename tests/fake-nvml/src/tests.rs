@@ -795,7 +795,10 @@ fn a_destroyed_mig_instance_leaves_a_stale_handle() {
         "MIG-11111111-0000-0000-0000-000000000002",
         "MIG-11111111-0000-0000-0000-000000000009",
     ));
-    assert!(memory_v2(m0).is_ok(), "the untouched instance still answers");
+    assert!(
+        memory_v2(m0).is_ok(),
+        "the untouched instance still answers"
+    );
     assert_eq!(memory_v2(m1).map(|_| ()), Err(INVALID_ARGUMENT));
     let fresh = mig(parent, 1);
     assert!(memory_v2(fresh).is_ok());
