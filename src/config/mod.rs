@@ -250,43 +250,21 @@ fn build(
             Located::Key("memory_sample_interval", msg)
         });
     }
-    let window_flag = flag::<Interval>("peak-window", &o.peak_window)?;
-    let window_from_flag = window_flag.is_some();
-    let peak_window = window_flag
-        .or(file.peak_window)
-        .map(|i| i.0)
-        // Default: 30s, or one sample interval when that is longer.
-        .unwrap_or(d.timing.peak_window.max(interval));
-    if peak_window < interval {
-        let msg = format!(
-            "peak_window {} is shorter than sample_interval {}; it must be at least one sample interval (and should be at least the scrape interval)",
-            HumanDuration(peak_window),
-            HumanDuration(interval)
-        );
-        return Err(if window_from_flag {
-            Located::Flag("peak-window", msg)
-        } else {
-            Located::Key("peak_window", msg)
-        });
-    }
-    let rescan_flag = flag::<Interval>("mig-rescan-interval", &o.mig_rescan_interval)?;
-    let rescan_from_flag = rescan_flag.is_some();
-    let mig_rescan_interval = rescan_flag
-        .or(file.mig_rescan_interval)
-        .map(|i| i.0)
-        .unwrap_or(d.timing.mig_rescan_interval.max(interval));
-    if mig_rescan_interval < interval {
-        let msg = format!(
-            "mig_rescan_interval {} is shorter than sample_interval {}; MIG layouts are read in full samples, so it must be at least one sample interval",
-            HumanDuration(mig_rescan_interval),
-            HumanDuration(interval)
-        );
-        return Err(if rescan_from_flag {
-            Located::Flag("mig-rescan-interval", msg)
-        } else {
-            Located::Key("mig_rescan_interval", msg)
-        });
-    }
+    // Default: 30s, or one sample interval when that is longer.
+    let peak_window = not_below_interval(
+        ("peak-window", &o.peak_window),
+        ("peak_window", file.peak_window),
+        d.timing.peak_window,
+        interval,
+        "it must be at least one sample interval (and should be at least the scrape interval)",
+    )?;
+    let mig_rescan_interval = not_below_interval(
+        ("mig-rescan-interval", &o.mig_rescan_interval),
+        ("mig_rescan_interval", file.mig_rescan_interval),
+        d.timing.mig_rescan_interval,
+        interval,
+        "MIG layouts are read in full samples, so it must be at least one sample interval",
+    )?;
     let library = o
         .nvml_library
         .clone()
@@ -315,6 +293,36 @@ fn build(
         log: Log { level, format },
         attribution,
         kubernetes: kubernetes(file.kubernetes, env)?,
+    })
+}
+
+/// A duration from its flag, else its file key, else `default` (raised to
+/// `interval` when shorter), which must not be below the sample interval.
+fn not_below_interval(
+    (flag_name, flag_value): (&'static str, &Option<String>),
+    (key, file_value): (&'static str, Option<Interval>),
+    default: Duration,
+    interval: Duration,
+    why: &str,
+) -> Result<Duration, Located> {
+    let from_flag = flag::<Interval>(flag_name, flag_value)?;
+    let from_flag_set = from_flag.is_some();
+    let value = from_flag
+        .or(file_value)
+        .map(|i| i.0)
+        .unwrap_or(default.max(interval));
+    if value >= interval {
+        return Ok(value);
+    }
+    let msg = format!(
+        "{key} {} is shorter than sample_interval {}; {why}",
+        HumanDuration(value),
+        HumanDuration(interval)
+    );
+    Err(if from_flag_set {
+        Located::Flag(flag_name, msg)
+    } else {
+        Located::Key(key, msg)
     })
 }
 
@@ -552,6 +560,10 @@ mod tests {
             (
                 "sample_interval: 10s\n\npeak_window: 5s\n",
                 "line 3: key peak_window: peak_window 5s is shorter than sample_interval 10s",
+            ),
+            (
+                "sample_interval: 2s\nmig_rescan_interval: 1s\n",
+                "line 2: key mig_rescan_interval: mig_rescan_interval 1s is shorter than sample_interval 2s; MIG layouts are read in full samples",
             ),
         ];
         for (text, want) in cases {
