@@ -66,6 +66,66 @@ struct Cli {
     /// logfmt or json [default: logfmt]
     #[arg(long = "log.format", value_name = "FORMAT")]
     log_format: Option<String>,
+    /// Collector memory: device memory and peaks; always on (--no-collector.memory is refused)
+    #[arg(long = "collector.memory", overrides_with = "no_collector_memory")]
+    collector_memory: bool,
+    /// Switch the memory collector off
+    #[arg(long = "no-collector.memory", overrides_with = "collector_memory")]
+    no_collector_memory: bool,
+    /// Collector processes: per-process memory and attribution [default: on]
+    #[arg(
+        long = "collector.processes",
+        overrides_with = "no_collector_processes"
+    )]
+    collector_processes: bool,
+    /// Switch the processes collector off
+    #[arg(
+        long = "no-collector.processes",
+        overrides_with = "collector_processes"
+    )]
+    no_collector_processes: bool,
+    /// Collector utilization: GPU, memory-controller, encoder and decoder utilisation [default: on]
+    #[arg(
+        long = "collector.utilization",
+        overrides_with = "no_collector_utilization"
+    )]
+    collector_utilization: bool,
+    /// Switch the utilization collector off
+    #[arg(
+        long = "no-collector.utilization",
+        overrides_with = "collector_utilization"
+    )]
+    no_collector_utilization: bool,
+    /// Collector process_utilization: per-process SM, memory, encoder and decoder utilisation, like nvidia-smi pmon [default: off]
+    #[arg(
+        long = "collector.process_utilization",
+        overrides_with = "no_collector_process_utilization"
+    )]
+    collector_process_utilization: bool,
+    /// Switch the process_utilization collector off
+    #[arg(
+        long = "no-collector.process_utilization",
+        overrides_with = "collector_process_utilization"
+    )]
+    no_collector_process_utilization: bool,
+    /// Collector power_thermal: temperature, power, energy, clocks, P-state, clock event reasons [default: on]
+    #[arg(
+        long = "collector.power_thermal",
+        overrides_with = "no_collector_power_thermal"
+    )]
+    collector_power_thermal: bool,
+    /// Switch the power_thermal collector off
+    #[arg(
+        long = "no-collector.power_thermal",
+        overrides_with = "collector_power_thermal"
+    )]
+    no_collector_power_thermal: bool,
+    /// Collector health: ECC errors, row remapping, retired pages, critical Xid events [default: on]
+    #[arg(long = "collector.health", overrides_with = "no_collector_health")]
+    collector_health: bool,
+    /// Switch the health collector off
+    #[arg(long = "no-collector.health", overrides_with = "collector_health")]
+    no_collector_health: bool,
 }
 
 impl Cli {
@@ -82,6 +142,37 @@ impl Cli {
             log_level: self.log_level.clone(),
             log_format: self.log_format.clone(),
             procfs: self.procfs.clone(),
+            collectors: [
+                ("memory", self.collector_memory, self.no_collector_memory),
+                (
+                    "processes",
+                    self.collector_processes,
+                    self.no_collector_processes,
+                ),
+                (
+                    "utilization",
+                    self.collector_utilization,
+                    self.no_collector_utilization,
+                ),
+                (
+                    "process_utilization",
+                    self.collector_process_utilization,
+                    self.no_collector_process_utilization,
+                ),
+                (
+                    "power_thermal",
+                    self.collector_power_thermal,
+                    self.no_collector_power_thermal,
+                ),
+                ("health", self.collector_health, self.no_collector_health),
+            ]
+            .into_iter()
+            .filter_map(|(name, on, off)| match (on, off) {
+                (true, _) => Some((name, true)),
+                (_, true) => Some((name, false)),
+                _ => None,
+            })
+            .collect(),
         }
     }
 }
@@ -150,7 +241,11 @@ async fn reload_on_sighup(
                         "config reloaded; these changed keys take effect only after a restart"
                     );
                 }
-                let _ = control.send(Control::Reconfigure(new.timing, new.selection));
+                let _ = control.send(Control::Reconfigure(
+                    new.timing,
+                    new.selection,
+                    new.collectors,
+                ));
                 tracing::info!("config reloaded");
                 current = new;
             }
@@ -193,6 +288,7 @@ fn run(
         lookup,
         cfg.timing,
         cfg.selection,
+        cfg.collectors,
         Arc::clone(&shared),
         control_rx,
     )?;

@@ -118,6 +118,9 @@ pub struct ProcessSample {
     /// PyTorch allocator figures the process itself published for this GPU
     /// (torch bridge, read in this tick); `None` without the bridge.
     pub torch: Option<TorchStats>,
+    /// Busy percentages (`process_utilization` collector); `None` when it
+    /// is off or the GPU does not support the query.
+    pub utilization: Option<ProcessUtilization>,
 }
 
 /// PyTorch caching-allocator figures of one process on one GPU, from
@@ -159,6 +162,12 @@ pub struct DeviceSample {
     pub other: Option<OtherProcesses>,
     /// MIG instances with their memory (empty without MIG).
     pub mig: Arc<[MigSample]>,
+    /// `utilization` collector; `None` when it is off or the GPU is down.
+    pub utilization: Option<Utilization>,
+    /// `power_thermal` collector; `None` when it is off or the GPU is down.
+    pub power: Option<PowerThermal>,
+    /// `health` collector; `None` when it is off or the GPU is down.
+    pub health: Option<Health>,
 }
 
 impl DeviceSample {
@@ -288,4 +297,92 @@ pub struct KubeState {
     /// When the API server last confirmed the index: a completed LIST or any
     /// watch event (bookmarks included). 0 before the first LIST.
     pub last_sync_unix_seconds: u64,
+}
+
+// ------------------------------------------------------------ collectors
+
+/// Busy percentages of one GPU over NVML's last sampling period
+/// (`utilization` collector). A field is `None` when its call failed or is
+/// not supported: the family is then absent for this GPU, never a fake 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Utilization {
+    /// nvidia-smi `utilization.gpu`: time a kernel was running, percent.
+    pub gpu: Option<u32>,
+    /// nvidia-smi `utilization.memory`: memory controller busy, percent.
+    pub memory: Option<u32>,
+    pub encoder: Option<u32>,
+    pub decoder: Option<u32>,
+}
+
+/// One process's busy percentages (`nvidia-smi pmon -s um`), from NVML's
+/// process utilisation samples; 0 when the process had no sample since the
+/// previous full sample (it did no work).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessUtilization {
+    pub sm: u32,
+    pub memory: u32,
+    pub encoder: u32,
+    pub decoder: u32,
+}
+
+/// The clocks of [`PowerThermal::clocks_mhz`], in order: the `clock` label.
+pub const CLOCKS: [&str; 4] = ["graphics", "sm", "memory", "video"];
+
+/// Temperature, power, energy, clocks and performance state
+/// (`power_thermal` collector). `None`: not supported or failed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PowerThermal {
+    pub temperature_c: Option<u32>,
+    pub power_mw: Option<u32>,
+    pub power_limit_mw: Option<u32>,
+    /// Energy since the driver was loaded, in millijoules.
+    pub energy_mj: Option<u64>,
+    /// Current clocks in MHz, in [`CLOCKS`] order.
+    pub clocks_mhz: [Option<u32>; 4],
+    /// P-state: 0 (maximum performance) to 15.
+    pub performance_state: Option<u32>,
+    /// The clocks event (throttle) reasons bitmask, decoded by the encoder.
+    pub clock_event_reasons: Option<u64>,
+}
+
+/// The ECC counters of [`Health::ecc_errors`], in order: (`type`, `scope`).
+pub const ECC_COUNTERS: [(&str, &str); 4] = [
+    ("corrected", "volatile"),
+    ("corrected", "aggregate"),
+    ("uncorrected", "volatile"),
+    ("uncorrected", "aggregate"),
+];
+
+/// Memory health (`health` collector). `None`: not supported or failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Health {
+    pub ecc_enabled: Option<bool>,
+    /// ECC error counts in [`ECC_COUNTERS`] order.
+    pub ecc_errors: [Option<u64>; 4],
+    /// Row remapping (Ampere and later).
+    pub remapped_rows: Option<RemappedRows>,
+    /// Page retirement (before Ampere).
+    pub retired_pages: Option<RetiredPages>,
+    /// Critical Xid events seen since the exporter started watching this
+    /// GPU, by Xid; `None` when the GPU does not deliver Xid events.
+    pub xid_errors: Option<Arc<BTreeMap<u64, u64>>>,
+}
+
+/// nvmlDeviceGetRemappedRows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RemappedRows {
+    pub correctable: u32,
+    pub uncorrectable: u32,
+    /// A remap is pending: the GPU needs a reset to apply it.
+    pub pending: bool,
+    /// A remap failed: the GPU should be serviced.
+    pub failed: bool,
+}
+
+/// Retired pages by cause, and whether a retirement waits for a reboot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetiredPages {
+    pub single_bit_ecc: Option<u32>,
+    pub double_bit_ecc: Option<u32>,
+    pub pending: Option<bool>,
 }

@@ -116,6 +116,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
                     compute_instance_id: None,
                     used_peak_bytes: Some(process_bytes(k) + (k as u64 % 3) * (64 << 20)),
                     torch: None,
+                    utilization: None,
                 })
                 .collect();
             DeviceSample {

@@ -20,6 +20,20 @@ pub(super) struct FileConfig {
     pub(super) path: FilePath,
     pub(super) processes: FileProcesses,
     pub(super) kubernetes: FileKubernetes,
+    pub(super) collectors: FileCollectors,
+}
+
+/// `collectors:` — each collector on (true) or off (false); absent keys
+/// keep their default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileCollectors {
+    pub(super) memory: Option<bool>,
+    pub(super) processes: Option<bool>,
+    pub(super) utilization: Option<bool>,
+    pub(super) process_utilization: Option<bool>,
+    pub(super) power_thermal: Option<bool>,
+    pub(super) health: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

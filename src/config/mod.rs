@@ -19,13 +19,13 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-pub use components::{Attribution, Http, KubeConfig, Log, Selection, Timing};
+pub use components::{Attribution, Collectors, Http, KubeConfig, Log, Selection, Timing};
 pub use values::{
     ApiUrl, CmdlineLength, HumanDuration, Interval, KubeMode, ListenAddress, LogFormat, LogLevel,
     TelemetryPath,
 };
 
-use file::{FileConfig, FileKubernetes, FileProcesses};
+use file::{FileCollectors, FileConfig, FileKubernetes, FileProcesses};
 use yaml::{ReadError, YamlError};
 
 /// Default listen address. 9877 is not taken by a well-known exporter
@@ -86,6 +86,7 @@ pub struct Config {
     pub http: Http,
     pub timing: Timing,
     pub selection: Selection,
+    pub collectors: Collectors,
     /// `None`: let the dynamic loader find `libnvidia-ml.so.1`.
     pub nvml_library: Option<String>,
     pub log: Log,
@@ -108,6 +109,7 @@ impl Default for Config {
                 mig_rescan_interval: DEFAULT_MIG_RESCAN_INTERVAL,
             },
             selection: Selection::default(),
+            collectors: Collectors::default(),
             nvml_library: None,
             log: Log {
                 level: LogLevel::Info,
@@ -133,6 +135,8 @@ pub struct Overrides {
     pub log_level: Option<String>,
     pub log_format: Option<String>,
     pub procfs: Option<String>,
+    /// `--collector.<name>` (true) / `--no-collector.<name>` (false).
+    pub collectors: Vec<(&'static str, bool)>,
 }
 
 // ---------------------------------------------------------------- runtime
@@ -277,6 +281,7 @@ fn build(
         .or(file.log.format)
         .unwrap_or(d.log.format);
     let (selection, attribution) = processes(file.processes, &file.path.procfs, &o.procfs);
+    let collectors = collectors(&file.collectors, &o.collectors)?;
     Ok(Config {
         http: Http {
             listen_address: listen,
@@ -289,11 +294,51 @@ fn build(
             mig_rescan_interval,
         },
         selection,
+        collectors,
         nvml_library: library,
         log: Log { level, format },
         attribution,
         kubernetes: kubernetes(file.kubernetes, env)?,
     })
+}
+
+/// The `collectors:` map, then the `--collector.<name>` /
+/// `--no-collector.<name>` flags in the order given.
+fn collectors(
+    file: &FileCollectors,
+    flags: &[(&'static str, bool)],
+) -> Result<Collectors, Located> {
+    let mut c = Collectors::default();
+    if file.memory == Some(false) {
+        return Err(Located::Key(
+            "collectors.memory",
+            "the memory collector (device memory and peaks) cannot be switched off".into(),
+        ));
+    }
+    for (name, value) in [
+        ("processes", file.processes),
+        ("utilization", file.utilization),
+        ("process_utilization", file.process_utilization),
+        ("power_thermal", file.power_thermal),
+        ("health", file.health),
+    ] {
+        if let (Some(v), Some(switch)) = (value, c.switch(name)) {
+            *switch = v;
+        }
+    }
+    for &(name, on) in flags {
+        match c.switch(name) {
+            Some(switch) => *switch = on,
+            None if on => {}
+            None => {
+                return Err(Located::Flag(
+                    "no-collector.memory",
+                    "the memory collector (device memory and peaks) cannot be switched off".into(),
+                ));
+            }
+        }
+    }
+    Ok(c)
 }
 
 /// A duration from its flag, else its file key, else `default` (raised to

@@ -1,17 +1,22 @@
 //! Snapshot → exposition text (Prometheus text 0.0.4 or OpenMetrics 1.0).
 //! Every metric name the exporter serves is defined in this folder, one
 //! file per family group, in the order a scrape shows them: `gpu`,
-//! `process`, `torch`, `mig`, then the exporter's own families
-//! (`exporter`) last. Encoding reads only the [`Snapshot`]: no NVML, no
+//! `process`, `torch`, `mig`, the collectors `utilization`, `power`
+//! (power_thermal) and `health`, then the exporter's own families
+//! (`exporter`) last. The collectors' families are left out entirely when
+//! no GPU has their figures (collector off, or not supported). Encoding reads only the [`Snapshot`]: no NVML, no
 //! /proc, no HTTP state. The golden files in `tests/fixtures/` are the
 //! whole output for one fixed snapshot.
 
 mod encoder;
 mod exporter;
 mod gpu;
+mod health;
 mod mig;
+mod power;
 mod process;
 mod torch;
+mod utilization;
 
 use std::fmt;
 use std::sync::Arc;
@@ -71,6 +76,10 @@ impl Collector for SnapshotCollector {
         }
         process::rollup_and_identity(&mut enc, s)?;
         mig::families(&mut enc, s)?;
+        utilization::devices(&mut enc, s)?;
+        utilization::processes(&mut enc, s)?;
+        power::families(&mut enc, s)?;
+        health::families(&mut enc, s)?;
         gpu::driver(&mut enc, s)?;
         exporter::families(&mut enc, s)
     }

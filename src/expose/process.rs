@@ -49,6 +49,7 @@ fn process_family(
         compute_instance_id: None,
         used_peak_bytes: None,
         torch: None,
+        utilization: None,
     };
     for d in &s.devices {
         for p in d.processes.iter() {

@@ -6,8 +6,10 @@
 //! The end-to-end tests use the cdylib in `tests/fake-nvml` instead, which
 //! stands in for the real library under the production NVML code.
 
-use super::{GpuError, GpuSource, RawProcess, merge_process};
-use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
+use super::{GpuError, GpuSource, ProcessUtilizationSample, RawProcess, merge_process};
+use crate::model::{
+    DeviceInfo, DriverInfo, Health, MemoryInfo, MigInfo, PowerThermal, Utilization,
+};
 
 /// One scripted GPU.
 #[derive(Debug, Clone)]
@@ -25,6 +27,15 @@ pub struct FakeDevice {
     /// `mig_memory` answers for the layout last handed out by `mig_layout`:
     /// an instance removed since is a stale handle (`invalid_arg`).
     pub mig: Vec<(MigInfo, Result<MemoryInfo, GpuError>)>,
+    /// Collector answers: a `None` field answers `not_supported`.
+    pub utilization: Utilization,
+    pub power: PowerThermal,
+    pub health: Health,
+    /// Process utilisation samples (`None`: not supported); a call returns
+    /// those newer than its `since_us`.
+    pub process_utilization: Option<Vec<ProcessUtilizationSample>>,
+    /// Xid events still to deliver (`None`: the GPU has no Xid events).
+    pub xid: Option<Vec<u64>>,
 }
 
 impl FakeDevice {
@@ -42,6 +53,11 @@ impl FakeDevice {
             memory: Ok(memory(total, used)),
             processes: Ok(Vec::new()),
             mig: Vec::new(),
+            utilization: Utilization::default(),
+            power: PowerThermal::default(),
+            health: Health::default(),
+            process_utilization: None,
+            xid: None,
         }
     }
 }
@@ -79,6 +95,11 @@ pub struct FakeGpu {
     pub identify_calls: u64,
     /// `mig_layout` calls so far, all devices.
     pub mig_layout_calls: u64,
+    /// Collector calls so far, all devices: utilization, power_thermal,
+    /// health, process_utilization, xid_events.
+    pub collector_calls: [u64; 5],
+    /// Devices registered for Xid events.
+    pub xid_watched: Vec<usize>,
     /// Set by `close`: every call fails with `uninitialized` from then on.
     pub closed: bool,
     count: usize,
@@ -186,7 +207,113 @@ impl GpuSource for FakeGpu {
         }
     }
 
+    fn utilization(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Utilization {
+        self.collector_calls[0] += 1;
+        match self.device(device, "utilization_rates") {
+            Ok(d) => {
+                let u = d.utilization;
+                for (op, missing) in [
+                    ("utilization_rates", u.gpu.is_none()),
+                    ("encoder_utilization", u.encoder.is_none()),
+                    ("decoder_utilization", u.decoder.is_none()),
+                ] {
+                    if missing {
+                        failed.push(unsupported(op));
+                    }
+                }
+                u
+            }
+            Err(e) => {
+                failed.push(e);
+                Utilization::default()
+            }
+        }
+    }
+
+    fn power_thermal(&mut self, device: usize, failed: &mut Vec<GpuError>) -> PowerThermal {
+        self.collector_calls[1] += 1;
+        match self.device(device, "temperature") {
+            Ok(d) => {
+                if d.power.temperature_c.is_none() {
+                    failed.push(unsupported("temperature"));
+                }
+                d.power
+            }
+            Err(e) => {
+                failed.push(e);
+                PowerThermal::default()
+            }
+        }
+    }
+
+    fn health(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Health {
+        self.collector_calls[2] += 1;
+        match self.device(device, "ecc_mode") {
+            Ok(d) => {
+                if d.health.remapped_rows.is_none() {
+                    failed.push(unsupported("remapped_rows"));
+                }
+                Health {
+                    xid_errors: None,
+                    ..d.health.clone()
+                }
+            }
+            Err(e) => {
+                failed.push(e);
+                Health::default()
+            }
+        }
+    }
+
+    fn process_utilization(
+        &mut self,
+        device: usize,
+        since_us: u64,
+        out: &mut Vec<ProcessUtilizationSample>,
+    ) -> Result<(), GpuError> {
+        self.collector_calls[3] += 1;
+        let d = self.device(device, "process_utilization")?;
+        let samples = d
+            .process_utilization
+            .as_ref()
+            .ok_or(unsupported("process_utilization"))?;
+        out.extend(samples.iter().filter(|p| p.timestamp_us > since_us));
+        Ok(())
+    }
+
+    fn watch_xid(&mut self, device: usize) -> Result<(), GpuError> {
+        let d = self.device(device, "register_events")?;
+        if d.xid.is_none() {
+            return Err(unsupported("register_events"));
+        }
+        self.xid_watched.push(device);
+        Ok(())
+    }
+
+    fn xid_events(&mut self, out: &mut Vec<(usize, u64)>) -> Result<(), GpuError> {
+        self.collector_calls[4] += 1;
+        if self.closed {
+            return Err(GpuError {
+                operation: "event_set_wait",
+                ..CLOSED
+            });
+        }
+        for &i in &self.xid_watched {
+            if let Some(list) = self.devices.get_mut(i).and_then(|d| d.xid.as_mut()) {
+                out.extend(list.drain(..).map(|x| (i, x)));
+            }
+        }
+        Ok(())
+    }
+
     fn close(&mut self) {
         self.closed = true;
+    }
+}
+
+fn unsupported(operation: &'static str) -> GpuError {
+    GpuError {
+        operation,
+        error: "not_supported",
     }
 }

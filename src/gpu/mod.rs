@@ -7,7 +7,10 @@ pub mod error;
 pub mod fake;
 pub mod nvml;
 
-use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
+use crate::model::{
+    DeviceInfo, DriverInfo, Health, MemoryInfo, MigInfo, PowerThermal, ProcessUtilization,
+    Utilization,
+};
 
 /// A failed driver call: the operation and a stable snake_case error name,
 /// exactly the labels of `gpumem_exporter_nvml_errors_total`.
@@ -27,6 +30,23 @@ pub struct RawProcess {
     pub gpu_instance_id: Option<u32>,
     pub compute_instance_id: Option<u32>,
 }
+
+/// One process utilisation sample as NVML gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessUtilizationSample {
+    pub pid: u32,
+    /// NVML's CPU timestamp of the sample, µs.
+    pub timestamp_us: u64,
+    pub utilization: ProcessUtilization,
+}
+
+/// The error label of a call the GPU does not support: the family is left
+/// out for that GPU, logged once, not counted.
+pub const NOT_SUPPORTED: &[&str] = &[
+    "not_supported",
+    "function_not_found",
+    "failed_to_load_symbol",
+];
 
 /// What the sampler needs from a GPU driver. Implementations are owned by
 /// the sampler thread and never shared.
@@ -49,6 +69,26 @@ pub trait GpuSource {
     fn processes(&mut self, device: usize, out: &mut Vec<RawProcess>) -> Result<(), GpuError>;
     /// Memory of MIG instance `mig` (its index in the last `mig_layout`).
     fn mig_memory(&mut self, device: usize, mig: usize) -> Result<MemoryInfo, GpuError>;
+    /// `utilization` collector. Each call that fails leaves its field `None`
+    /// and is pushed to `failed` (`not_supported` included).
+    fn utilization(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Utilization;
+    /// `power_thermal` collector, as [`GpuSource::utilization`].
+    fn power_thermal(&mut self, device: usize, failed: &mut Vec<GpuError>) -> PowerThermal;
+    /// `health` collector without Xid events, as [`GpuSource::utilization`].
+    fn health(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Health;
+    /// Process utilisation samples newer than `since_us` (NVML's sample
+    /// timestamps, µs), appended to `out`; none newer is `Ok` and empty.
+    fn process_utilization(
+        &mut self,
+        device: usize,
+        since_us: u64,
+        out: &mut Vec<ProcessUtilizationSample>,
+    ) -> Result<(), GpuError>;
+    /// Start delivering critical Xid events of this GPU to `xid_events`.
+    fn watch_xid(&mut self, device: usize) -> Result<(), GpuError>;
+    /// Critical Xid events that arrived since the last call, as (device,
+    /// Xid), without waiting.
+    fn xid_events(&mut self, out: &mut Vec<(usize, u64)>) -> Result<(), GpuError>;
     /// Let go of the driver (handles, and the library itself), so that the
     /// next open loads it afresh, e.g. after a driver upgrade. Every call
     /// after this fails with `uninitialized`.

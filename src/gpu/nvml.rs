@@ -4,13 +4,20 @@
 
 use std::ffi::OsStr;
 
-use nvml_wrapper::Device;
-use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, PerformanceState, RetirementCause, TemperatureSensor,
+};
 use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
+use nvml_wrapper::{Device, EventSet, Nvml};
 
-use super::{GpuError, GpuSource, RawProcess, error, merge_process};
-use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
+use super::{GpuError, GpuSource, ProcessUtilizationSample, RawProcess, error, merge_process};
+use crate::model::{
+    DeviceInfo, DriverInfo, Health, MemoryInfo, MigInfo, PowerThermal, ProcessUtilization,
+    RemappedRows, RetiredPages, Utilization,
+};
 
 /// The library name the dynamic loader resolves when none is configured.
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -63,6 +70,8 @@ struct Opened {
     handles: Vec<Option<Device<'static>>>,
     /// Per GPU: its MIG instance handles as the last layout read found them.
     mig_handles: Vec<Vec<Device<'static>>>,
+    /// Critical Xid events of the GPUs registered by `watch_xid`.
+    events: Option<EventSet<'static>>,
     nvml: Box<Nvml>,
 }
 
@@ -138,6 +147,7 @@ impl NvmlSource {
             opened: Some(Opened {
                 handles: (0..count).map(|_| None).collect(),
                 mig_handles: (0..count).map(|_| Vec::new()).collect(),
+                events: None,
                 nvml: Box::new(nvml),
             }),
             driver,
@@ -251,6 +261,67 @@ fn memory_of(dev: &Device<'static>) -> Result<MemoryInfo, GpuError> {
     })
 }
 
+/// The value of a collector call, or `None` with its error pushed.
+fn keep<T>(
+    r: Result<T, NvmlError>,
+    operation: &'static str,
+    failed: &mut Vec<GpuError>,
+) -> Option<T> {
+    r.map_err(|e| failed.push(gpu_err(operation)(e))).ok()
+}
+
+/// nvmlDeviceGetRemappedRows, which nvml-wrapper does not wrap.
+fn remapped_rows(dev: &Device<'static>) -> Result<RemappedRows, NvmlError> {
+    let sym = nvml_sym(dev.nvml().lib().nvmlDeviceGetRemappedRows.as_ref())?;
+    let (mut corr, mut unc, mut pending, mut failed) = (0, 0, 0, 0);
+    // SAFETY: a handle of this NVML instance and four valid out-pointers.
+    nvml_try(unsafe { sym(dev.handle(), &mut corr, &mut unc, &mut pending, &mut failed) })?;
+    Ok(RemappedRows {
+        correctable: corr,
+        uncorrectable: unc,
+        pending: pending != 0,
+        failed: failed != 0,
+    })
+}
+
+/// nvmlDeviceGetCurrentClocksEventReasons (nvml-wrapper wraps only the
+/// deprecated ...ThrottleReasons name of the same call).
+fn clock_event_reasons(dev: &Device<'static>) -> Result<u64, NvmlError> {
+    let sym = nvml_sym(
+        dev.nvml()
+            .lib()
+            .nvmlDeviceGetCurrentClocksEventReasons
+            .as_ref(),
+    )?;
+    let mut reasons: std::os::raw::c_ulonglong = 0;
+    // SAFETY: a handle of this NVML instance and a valid out-pointer.
+    nvml_try(unsafe { sym(dev.handle(), &mut reasons) })?;
+    Ok(reasons)
+}
+
+fn pstate_number(p: PerformanceState) -> Option<u32> {
+    use PerformanceState::*;
+    Some(match p {
+        Zero => 0,
+        One => 1,
+        Two => 2,
+        Three => 3,
+        Four => 4,
+        Five => 5,
+        Six => 6,
+        Seven => 7,
+        Eight => 8,
+        Nine => 9,
+        Ten => 10,
+        Eleven => 11,
+        Twelve => 12,
+        Thirteen => 13,
+        Fourteen => 14,
+        Fifteen => 15,
+        Unknown => return None,
+    })
+}
+
 impl GpuSource for NvmlSource {
     fn driver_info(&self) -> DriverInfo {
         self.driver.clone()
@@ -341,6 +412,218 @@ impl GpuSource for NvmlSource {
             operation: "mig_memory_info",
             error: e.error,
         })
+    }
+
+    fn utilization(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Utilization {
+        let dev = match self.handle(device, "utilization_rates") {
+            Ok(d) => d,
+            Err(e) => {
+                failed.push(e);
+                return Utilization::default();
+            }
+        };
+        let rates = keep(dev.utilization_rates(), "utilization_rates", failed);
+        Utilization {
+            gpu: rates.as_ref().map(|r| r.gpu),
+            memory: rates.as_ref().map(|r| r.memory),
+            encoder: keep(dev.encoder_utilization(), "encoder_utilization", failed)
+                .map(|u| u.utilization),
+            decoder: keep(dev.decoder_utilization(), "decoder_utilization", failed)
+                .map(|u| u.utilization),
+        }
+    }
+
+    fn power_thermal(&mut self, device: usize, failed: &mut Vec<GpuError>) -> PowerThermal {
+        let dev = match self.handle(device, "temperature") {
+            Ok(d) => d,
+            Err(e) => {
+                failed.push(e);
+                return PowerThermal::default();
+            }
+        };
+        let clock = |c: Clock, op: &'static str, failed: &mut Vec<GpuError>| {
+            keep(dev.clock_info(c), op, failed)
+        };
+        PowerThermal {
+            temperature_c: keep(
+                dev.temperature(TemperatureSensor::Gpu),
+                "temperature",
+                failed,
+            ),
+            power_mw: keep(dev.power_usage(), "power_usage", failed),
+            power_limit_mw: keep(dev.enforced_power_limit(), "enforced_power_limit", failed),
+            energy_mj: keep(
+                dev.total_energy_consumption(),
+                "total_energy_consumption",
+                failed,
+            ),
+            clocks_mhz: [
+                clock(Clock::Graphics, "clock_info_graphics", failed),
+                clock(Clock::SM, "clock_info_sm", failed),
+                clock(Clock::Memory, "clock_info_memory", failed),
+                clock(Clock::Video, "clock_info_video", failed),
+            ],
+            performance_state: keep(dev.performance_state(), "performance_state", failed)
+                .and_then(pstate_number),
+            clock_event_reasons: keep(clock_event_reasons(dev), "clock_event_reasons", failed),
+        }
+    }
+
+    fn health(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Health {
+        let dev = match self.handle(device, "ecc_mode") {
+            Ok(d) => d,
+            Err(e) => {
+                failed.push(e);
+                return Health::default();
+            }
+        };
+        let ecc_enabled =
+            keep(dev.is_ecc_enabled(), "ecc_mode", failed).map(|m| m.currently_enabled);
+        let mut ecc_errors = [None; 4];
+        // Counters only mean something with ECC on (NVML answers
+        // NOT_SUPPORTED otherwise); ask only then.
+        if ecc_enabled == Some(true) {
+            let kinds = [
+                (MemoryError::Corrected, EccCounter::Volatile),
+                (MemoryError::Corrected, EccCounter::Aggregate),
+                (MemoryError::Uncorrected, EccCounter::Volatile),
+                (MemoryError::Uncorrected, EccCounter::Aggregate),
+            ];
+            for (slot, (kind, counter)) in ecc_errors.iter_mut().zip(kinds) {
+                *slot = keep(
+                    dev.total_ecc_errors(kind, counter),
+                    "total_ecc_errors",
+                    failed,
+                );
+            }
+        }
+        let remapped = keep(remapped_rows(dev), "remapped_rows", failed);
+        // Page retirement is what GPUs before Ampere do instead of row
+        // remapping: asked only where row remapping is not supported.
+        let retired_pages = if remapped.is_none() {
+            let single = keep(
+                dev.retired_pages(RetirementCause::MultipleSingleBitEccErrors),
+                "retired_pages_single_bit_ecc",
+                failed,
+            );
+            let double = keep(
+                dev.retired_pages(RetirementCause::DoubleBitEccError),
+                "retired_pages_double_bit_ecc",
+                failed,
+            );
+            let pending = keep(
+                dev.are_pages_pending_retired(),
+                "retired_pages_pending",
+                failed,
+            );
+            (single.is_some() || double.is_some() || pending.is_some()).then(|| RetiredPages {
+                single_bit_ecc: single.map(|p| p.len() as u32),
+                double_bit_ecc: double.map(|p| p.len() as u32),
+                pending,
+            })
+        } else {
+            None
+        };
+        Health {
+            ecc_enabled,
+            ecc_errors,
+            remapped_rows: remapped,
+            retired_pages,
+            xid_errors: None,
+        }
+    }
+
+    fn process_utilization(
+        &mut self,
+        device: usize,
+        since_us: u64,
+        out: &mut Vec<ProcessUtilizationSample>,
+    ) -> Result<(), GpuError> {
+        let dev = self.handle(device, "process_utilization")?;
+        match dev.process_utilization_stats(since_us) {
+            Ok(samples) => {
+                out.extend(samples.into_iter().map(|p| ProcessUtilizationSample {
+                    pid: p.pid,
+                    timestamp_us: p.timestamp,
+                    utilization: ProcessUtilization {
+                        sm: p.sm_util,
+                        memory: p.mem_util,
+                        encoder: p.enc_util,
+                        decoder: p.dec_util,
+                    },
+                }));
+                Ok(())
+            }
+            // No sample newer than `since_us`: no process did any work.
+            Err(NvmlError::NotFound) => Ok(()),
+            Err(e) => Err(gpu_err("process_utilization")(e)),
+        }
+    }
+
+    fn watch_xid(&mut self, device: usize) -> Result<(), GpuError> {
+        const OP: &str = "register_events";
+        let dev = self.handle(device, OP)?;
+        let supported = dev.supported_event_types().map_err(gpu_err(OP))?;
+        if !supported.contains(EventTypes::CRITICAL_XID_ERROR) {
+            return Err(GpuError {
+                operation: OP,
+                error: "not_supported",
+            });
+        }
+        let opened = self.opened(OP)?;
+        let set = match opened.events.take() {
+            Some(set) => set,
+            None => opened
+                .nvml()
+                .create_event_set()
+                .map_err(gpu_err("event_set_create"))?,
+        };
+        let dev = opened
+            .handles
+            .get(device)
+            .and_then(Option::as_ref)
+            .ok_or(GpuError {
+                operation: OP,
+                error: error::INVALID_DEVICE_INDEX,
+            })?;
+        match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+            Ok(set) => {
+                opened.events = Some(set);
+                Ok(())
+            }
+            // The set is freed with the error; the next watch makes another
+            // (the GPUs registered on the old one are registered again by
+            // the sampler, which retries every GPU not yet watched).
+            Err(e) => Err(gpu_err(OP)(e.error)),
+        }
+    }
+
+    fn xid_events(&mut self, out: &mut Vec<(usize, u64)>) -> Result<(), GpuError> {
+        const OP: &str = "event_set_wait";
+        let Some(opened) = self.opened.as_mut() else {
+            return Err(GpuError {
+                operation: OP,
+                error: CLOSED,
+            });
+        };
+        let Some(set) = opened.events.as_ref() else {
+            return Ok(());
+        };
+        // Bounded: a storm of events is read over several samples.
+        for _ in 0..256 {
+            match set.wait(0) {
+                Ok(event) => {
+                    // Events are rare: one index query each is cheap.
+                    let index = event.device.index().map_err(gpu_err("device_index"))?;
+                    if let Some(XidError::Value(xid)) = event.event_data {
+                        out.push((index as usize, xid));
+                    }
+                }
+                Err(NvmlError::Timeout) => break,
+                Err(e) => return Err(gpu_err(OP)(e)),
+            }
+        }
+        Ok(())
     }
 
     fn close(&mut self) {

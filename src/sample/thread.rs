@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::tick::Sampler;
 use crate::attribute::ProcessLookup;
 use crate::backoff::Backoff;
-use crate::config::{HumanDuration, Selection, Timing};
+use crate::config::{Collectors, HumanDuration, Selection, Timing};
 use crate::gpu::GpuSource;
 use crate::publish::Shared;
 
@@ -47,8 +47,9 @@ pub enum OpenFailure<E> {
 #[derive(Debug, Clone, Copy)]
 pub enum Control {
     Stop,
-    /// New intervals and selection from a reloaded config (SIGHUP).
-    Reconfigure(Timing, Selection),
+    /// New intervals, selection and collectors from a reloaded config
+    /// (SIGHUP).
+    Reconfigure(Timing, Selection, Collectors),
 }
 
 /// Waits between NVML (re)initialisation attempts: 1 s doubling to 30 s.
@@ -95,6 +96,7 @@ pub fn spawn<G, P, E, F>(
     procs: P,
     timing: Timing,
     selection: Selection,
+    collectors: Collectors,
     shared: Arc<Shared>,
     control: Receiver<Control>,
 ) -> Result<JoinHandle<()>, StartError<E>>
@@ -143,7 +145,9 @@ where
             if attempts > 1 {
                 tracing::info!(attempts, "NVML answered; sampling starts");
             }
-            let mut sampler = Sampler::new(gpu, procs, timing).with_selection(selection);
+            let mut sampler = Sampler::new(gpu, procs, timing)
+                .with_selection(selection)
+                .with_collectors(collectors);
             shared.publish(sampler.tick());
             let _ = ready_tx.send(Ok(()));
             run_loop(sampler, &shared, &control, &open);
@@ -213,8 +217,8 @@ fn run_loop<G, P, E, F>(
         match control.recv_timeout(wait) {
             Err(RecvTimeoutError::Timeout) => {}
             Ok(Control::Stop) | Err(RecvTimeoutError::Disconnected) => return,
-            Ok(Control::Reconfigure(timing, selection)) => {
-                sampler.reconfigure(timing, selection);
+            Ok(Control::Reconfigure(timing, selection, collectors)) => {
+                sampler.reconfigure(timing, selection, collectors);
                 shared.set_interval(timing.sample_interval);
                 t = timing;
                 let now = Instant::now();
@@ -225,6 +229,7 @@ fn run_loop<G, P, E, F>(
                     memory_sample_interval = %HumanDuration(t.memory_sample_interval),
                     peak_window = %HumanDuration(t.peak_window),
                     mig_rescan_interval = %HumanDuration(t.mig_rescan_interval),
+                    collectors = ?collectors,
                     "sampler reconfigured"
                 );
                 continue;

@@ -4,16 +4,20 @@
 
 use super::peaks::WindowMax;
 use super::select::select;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::attribute::ProcessLookup;
-use crate::config::{Selection, Timing};
-use crate::gpu::{DRIVER_GONE, GpuError, GpuSource, MIG_LAYOUT_CHANGED, RawProcess};
+use crate::config::{Collectors, Selection, Timing};
+use crate::gpu::{
+    DRIVER_GONE, GpuError, GpuSource, MIG_LAYOUT_CHANGED, NOT_SUPPORTED, ProcessUtilizationSample,
+    RawProcess,
+};
 use crate::model::{
-    DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ErrorKey, MemoryInfo, MigInfo,
-    MigSample, OtherProcesses, ProcessSample, Snapshot,
+    DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ErrorKey, Health, MemoryInfo, MigInfo,
+    MigSample, OtherProcesses, PowerThermal, ProcessSample, ProcessUtilization, Snapshot,
+    Utilization,
 };
 
 /// Bucket bounds (seconds) of the tick histograms: a tick costs
@@ -32,6 +36,15 @@ struct DeviceState {
     mig: Arc<[MigSample]>,
     /// When the MIG layout was last read; `None`: not yet.
     mig_read_at: Option<Instant>,
+    utilization: Option<Utilization>,
+    power: Option<PowerThermal>,
+    health: Option<Health>,
+    /// Newest process utilisation sample seen (NVML µs), asked after.
+    putil_since: u64,
+    /// Xid watch: `None` not tried yet, then whether the GPU delivers them.
+    xid_watched: Option<bool>,
+    /// Critical Xid events seen, by Xid.
+    xid_errors: Arc<BTreeMap<u64, u64>>,
     /// Failed identity reads in a row (the first one is logged).
     identify_failures: u32,
 }
@@ -48,6 +61,12 @@ impl DeviceState {
             mig: Arc::from(Vec::new()),
             mig_read_at: None,
             identify_failures: 0,
+            utilization: None,
+            power: None,
+            health: None,
+            putil_since: 0,
+            xid_watched: None,
+            xid_errors: Arc::new(BTreeMap::new()),
         }
     }
 
@@ -57,6 +76,9 @@ impl DeviceState {
         self.processes = Arc::from(Vec::new());
         self.other = None;
         self.process_peaks.clear();
+        self.utilization = None;
+        self.power = None;
+        self.health = None;
         if self.mig.iter().any(|m| m.memory.is_some()) {
             self.mig = self
                 .mig
@@ -115,6 +137,12 @@ pub struct Sampler<G: GpuSource, P: ProcessLookup> {
     memory_samples: u64,
     reinit_attempts: u64,
     scratch: Vec<RawProcess>,
+    collectors: Collectors,
+    /// (GPU, operation) pairs already logged as not supported.
+    unsupported_logged: HashSet<(usize, &'static str)>,
+    failed: Vec<GpuError>,
+    putil: Vec<ProcessUtilizationSample>,
+    xids: Vec<(usize, u64)>,
 }
 
 impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
@@ -124,9 +152,10 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
     }
 
     /// A reloaded config's timing and selection.
-    pub fn reconfigure(&mut self, timing: Timing, selection: Selection) {
+    pub fn reconfigure(&mut self, timing: Timing, selection: Selection, collectors: Collectors) {
         self.timing = timing;
         self.selection = selection;
+        self.collectors = collectors;
     }
 
     /// Count an attempt to open NVML afresh.
@@ -157,6 +186,11 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             memory_samples: 0,
             reinit_attempts: 0,
             scratch: Vec::new(),
+            collectors: Collectors::default(),
+            unsupported_logged: HashSet::new(),
+            failed: Vec::new(),
+            putil: Vec::new(),
+            xids: Vec::new(),
         }
     }
 
@@ -182,12 +216,122 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         self.devices = (0..gpu.device_count()).map(DeviceState::unknown).collect();
         self.gpu = gpu;
         self.errors.driver_gone = None;
+        self.unsupported_logged.clear();
     }
 
     /// Which processes get their own series.
     pub fn with_selection(mut self, selection: Selection) -> Self {
         self.selection = selection;
         self
+    }
+
+    /// Which collectors run.
+    pub fn with_collectors(mut self, collectors: Collectors) -> Self {
+        self.collectors = collectors;
+        self
+    }
+
+    /// Collector calls that failed: a call the GPU does not support leaves
+    /// its family out for that GPU, logged once and not counted; any other
+    /// failure is counted.
+    fn collector_failures(&mut self, gpu: usize) {
+        for e in self.failed.drain(..) {
+            if NOT_SUPPORTED.contains(&e.error) {
+                if self.unsupported_logged.insert((gpu, e.operation)) {
+                    tracing::info!(
+                        gpu,
+                        operation = e.operation,
+                        error = e.error,
+                        "not supported by this GPU; the families of this call are not exported for it"
+                    );
+                }
+            } else {
+                self.errors.count(e);
+            }
+        }
+    }
+
+    /// The utilization, power_thermal and health collectors of GPU `i`.
+    fn read_collectors(&mut self, i: usize) {
+        let c = self.collectors;
+        let mut failed = std::mem::take(&mut self.failed);
+        let utilization = c.utilization.then(|| self.gpu.utilization(i, &mut failed));
+        let power = c
+            .power_thermal
+            .then(|| self.gpu.power_thermal(i, &mut failed));
+        let health = c.health.then(|| self.gpu.health(i, &mut failed));
+        self.failed = failed;
+        self.collector_failures(i);
+        let dev = &mut self.devices[i];
+        dev.utilization = utilization;
+        dev.power = power;
+        dev.health = health;
+    }
+
+    /// Process utilisation samples of GPU `i` newer than the last seen,
+    /// latest per pid; `None` when the query failed or is not supported.
+    fn read_process_utilization(&mut self, i: usize) -> Option<HashMap<u32, ProcessUtilization>> {
+        self.putil.clear();
+        let since = self.devices[i].putil_since;
+        match self.gpu.process_utilization(i, since, &mut self.putil) {
+            Ok(()) => {
+                let mut latest: HashMap<u32, (u64, ProcessUtilization)> = HashMap::new();
+                for p in &self.putil {
+                    let e = latest
+                        .entry(p.pid)
+                        .or_insert((p.timestamp_us, p.utilization));
+                    if p.timestamp_us >= e.0 {
+                        *e = (p.timestamp_us, p.utilization);
+                    }
+                }
+                let newest = self.putil.iter().map(|p| p.timestamp_us).max();
+                if let Some(t) = newest {
+                    self.devices[i].putil_since = t.max(since);
+                }
+                Some(latest.into_iter().map(|(pid, (_, u))| (pid, u)).collect())
+            }
+            Err(e) => {
+                self.failed.push(e);
+                self.collector_failures(i);
+                None
+            }
+        }
+    }
+
+    /// Register GPUs for critical Xid events (once each), read the events
+    /// that arrived, and hand each GPU's counts to its health figures.
+    fn read_xid(&mut self) {
+        for i in 0..self.devices.len() {
+            let dev = &self.devices[i];
+            if dev.xid_watched.is_some() || !dev.info.is_known() || dev.memory.is_none() {
+                continue;
+            }
+            match self.gpu.watch_xid(i) {
+                Ok(()) => self.devices[i].xid_watched = Some(true),
+                Err(e) => {
+                    if NOT_SUPPORTED.contains(&e.error) {
+                        self.devices[i].xid_watched = Some(false);
+                    }
+                    self.failed.push(e);
+                    self.collector_failures(i);
+                }
+            }
+        }
+        self.xids.clear();
+        if let Err(e) = self.gpu.xid_events(&mut self.xids) {
+            self.errors.count(e);
+        }
+        for &(i, xid) in &self.xids {
+            if let Some(dev) = self.devices.get_mut(i) {
+                tracing::warn!(gpu = i, uuid = %dev.info.uuid, xid, "critical Xid event");
+                *Arc::make_mut(&mut dev.xid_errors).entry(xid).or_insert(0) += 1;
+            }
+        }
+        for dev in &mut self.devices {
+            if let (Some(h), Some(true)) = (dev.health.as_mut(), dev.xid_watched) {
+                h.xid_errors = Some(Arc::clone(&dev.xid_errors));
+            }
+        }
     }
 
     /// Read one GPU's memory and feed its peak window. Returns the time
@@ -357,7 +501,15 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             {
                 self.rescan_mig(i, started);
             }
-            let listed = self.gpu.processes(i, &mut self.scratch);
+            self.read_collectors(i);
+            let listed = if self.collectors.processes {
+                self.gpu.processes(i, &mut self.scratch)
+            } else {
+                Ok(())
+            };
+            let putil = (self.collectors.processes && self.collectors.process_utilization)
+                .then(|| self.read_process_utilization(i))
+                .flatten();
             let rescanned = |s: &Self| s.devices[i].mig_read_at == Some(started);
             if listed.is_ok() && !rescanned(self) && self.unknown_instance(i) {
                 self.rescan_mig(i, started);
@@ -417,10 +569,18 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
                         .and_then(|_| dev.process_peaks.get(&p.pid))
                         .and_then(WindowMax::max),
                     torch,
+                    utilization: putil
+                        .as_ref()
+                        .map(|u| u.get(&p.pid).copied().unwrap_or_default()),
                 });
             }
             dev.processes = Arc::from(list);
             dev.other = other;
+        }
+        if self.collectors.health && self.errors.driver_gone.is_none() {
+            let t = Instant::now();
+            self.read_xid();
+            in_nvml += t.elapsed();
         }
         if self.errors.driver_gone.is_some() {
             // Calls made before the error in this tick answered from a
@@ -454,6 +614,9 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
                     processes: Arc::clone(&d.processes),
                     other: d.other,
                     mig: Arc::clone(&d.mig),
+                    utilization: d.utilization,
+                    power: d.power,
+                    health: d.health.clone(),
                 })
                 .collect(),
             nvml_errors: Arc::clone(&self.errors.counts),

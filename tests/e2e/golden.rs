@@ -113,6 +113,7 @@ fn fixed_snapshot() -> Snapshot {
         compute_instance_id: None,
         used_peak_bytes: None,
         torch: None,
+        utilization: None,
     };
     let gpu0 = DeviceSample {
         info: h200(
@@ -151,6 +152,7 @@ fn fixed_snapshot() -> Snapshot {
         compute_instance_id: Some(0),
         used_peak_bytes: Some(2 * GIB + MIB),
         torch: None,
+        utilization: None,
     };
     let gpu1 = DeviceSample {
         info: h200(
@@ -183,6 +185,9 @@ fn fixed_snapshot() -> Snapshot {
         processes: Arc::from(Vec::new()),
         other: None,
         mig: Arc::from(Vec::new()),
+        utilization: None,
+        power: None,
+        health: None,
     };
     let mut errors = BTreeMap::new();
     errors.insert(("memory_info", "gpu_lost"), 7);
