@@ -136,6 +136,9 @@ pub fn snapshot(pods: bool) -> Snapshot {
                 processes: Arc::from(processes),
                 other: None,
                 mig: Arc::from(Vec::new()),
+                utilization: None,
+                power: None,
+                health: None,
             }
         })
         .collect();

@@ -550,6 +550,45 @@ mod tests {
     }
 
     #[test]
+    fn collectors_from_the_file_then_the_flags() {
+        let c = parse("", "t").unwrap();
+        assert_eq!(c.collectors, Collectors::default());
+        assert!(!c.collectors.process_utilization, "off by default");
+        let text = "collectors:\n  health: false\n  process_utilization: true\n  memory: true\n";
+        let c = parse(text, "t").unwrap();
+        assert!(!c.collectors.health && c.collectors.process_utilization);
+        let o = Overrides {
+            collectors: vec![("health", true), ("utilization", false), ("memory", true)],
+            ..Default::default()
+        };
+        let file = parse_yaml(text, "t").unwrap();
+        let c = build(file, &o, &|_| None).unwrap();
+        assert!(c.collectors.health, "a flag beats the file");
+        assert!(!c.collectors.utilization);
+        assert!(c.collectors.process_utilization);
+
+        let e = parse("collectors:\n  memory: false\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 2: key collectors.memory: the memory collector"),
+            "{e}"
+        );
+        let e = parse("collectors:\n  gpu_temp: true\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `gpu_temp`"), "{e}");
+        let o = Overrides {
+            collectors: vec![("memory", false)],
+            ..Default::default()
+        };
+        let Err(e) = load(None, &o, &|_| None) else {
+            panic!("--no-collector.memory accepted");
+        };
+        assert!(e.to_string().contains("--no-collector.memory"), "{e}");
+    }
+
+    #[test]
     fn bad_flag_names_the_flag() {
         let o = Overrides {
             sample_interval: Some("fast".into()),

@@ -36,6 +36,8 @@ pub struct FakeDevice {
     pub process_utilization: Option<Vec<ProcessUtilizationSample>>,
     /// Xid events still to deliver (`None`: the GPU has no Xid events).
     pub xid: Option<Vec<u64>>,
+    /// When set, the power_thermal collector's call fails with it.
+    pub collector_error: Option<GpuError>,
 }
 
 impl FakeDevice {
@@ -58,6 +60,7 @@ impl FakeDevice {
             health: Health::default(),
             process_utilization: None,
             xid: None,
+            collector_error: None,
         }
     }
 }
@@ -234,6 +237,10 @@ impl GpuSource for FakeGpu {
         self.collector_calls[1] += 1;
         match self.device(device, "temperature") {
             Ok(d) => {
+                if let Some(e) = &d.collector_error {
+                    failed.push(e.clone());
+                    return PowerThermal::default();
+                }
                 if d.power.temperature_c.is_none() {
                     failed.push(unsupported("temperature"));
                 }

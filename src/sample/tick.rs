@@ -1044,4 +1044,137 @@ mod tests {
             "counters survive the re-open"
         );
     }
+
+    fn all_on() -> Collectors {
+        Collectors {
+            processes: true,
+            utilization: true,
+            process_utilization: true,
+            power_thermal: true,
+            health: true,
+        }
+    }
+
+    #[test]
+    fn collectors_read_what_the_gpu_supports_and_skip_the_rest() {
+        use crate::model::{ProcessUtilization, RemappedRows};
+        let mut d0 = FakeDevice::new(0, 80 * GIB, GIB);
+        d0.utilization = Utilization {
+            gpu: Some(93),
+            memory: Some(41),
+            encoder: None,
+            decoder: None,
+        };
+        d0.power.temperature_c = Some(44);
+        d0.power.power_mw = Some(123_456);
+        d0.health.ecc_enabled = Some(true);
+        d0.health.remapped_rows = Some(RemappedRows {
+            correctable: 0,
+            uncorrectable: 1,
+            pending: true,
+            failed: false,
+        });
+        d0.processes = Ok(vec![process(7, GIB), process(8, GIB)]);
+        let sample = |pid, ts, sm| ProcessUtilizationSample {
+            pid,
+            timestamp_us: ts,
+            utilization: ProcessUtilization {
+                sm,
+                memory: 5,
+                encoder: 0,
+                decoder: 0,
+            },
+        };
+        // pid 7: two samples, the later wins; pid 8: none (idle).
+        d0.process_utilization = Some(vec![sample(7, 10, 50), sample(7, 20, 90)]);
+        d0.xid = Some(vec![79, 48, 79]);
+        let d1 = FakeDevice::new(1, 80 * GIB, GIB); // supports nothing
+        let mut s = Sampler::new(FakeGpu::new(vec![d0, d1]), Recorder::default(), timing())
+            .with_collectors(all_on());
+        let snap = s.tick();
+        let d = &snap.devices[0];
+        assert_eq!(
+            d.utilization.map(|u| (u.gpu, u.encoder)),
+            Some((Some(93), None))
+        );
+        assert_eq!(d.power.and_then(|p| p.power_mw), Some(123_456));
+        let h = d.health.as_ref().unwrap();
+        assert_eq!(h.remapped_rows.map(|r| r.pending), Some(true));
+        let xids: Vec<(u64, u64)> = h
+            .xid_errors
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        assert_eq!(xids, vec![(48, 1), (79, 2)]);
+        let utils: Vec<(u32, Option<u32>)> = d
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.utilization.map(|u| u.sm)))
+            .collect();
+        assert_eq!(utils, vec![(7, Some(90)), (8, Some(0))]);
+        // GPU 1 supports none of it: no figures, no Xid family, and
+        // nothing counted as an NVML error.
+        let d = &snap.devices[1];
+        assert_eq!(d.utilization.and_then(|u| u.gpu), None);
+        assert_eq!(d.health.as_ref().and_then(|h| h.xid_errors.clone()), None);
+        assert!(d.processes.is_empty());
+        assert!(snap.nvml_errors.is_empty(), "{:?}", snap.nvml_errors);
+        assert_eq!(s.unsupported_logged.len(), 9, "{:?}", s.unsupported_logged);
+        // The next sample asks only for newer process samples: pid 7 idle.
+        let snap = s.tick();
+        assert_eq!(
+            snap.devices[0].processes[0].utilization.map(|u| u.sm),
+            Some(0)
+        );
+        assert_eq!(s.gpu_mut().xid_watched, vec![0], "watched once");
+    }
+
+    #[test]
+    fn switched_off_collectors_make_no_calls() {
+        let gpu = FakeGpu::new(vec![FakeDevice::new(0, 80 * GIB, GIB)]);
+        let off = Collectors {
+            processes: false,
+            utilization: false,
+            process_utilization: true, // needs processes: no calls either
+            power_thermal: false,
+            health: false,
+        };
+        let mut s = Sampler::new(gpu, Recorder::default(), timing()).with_collectors(off);
+        let snap = s.tick();
+        assert!(snap.devices[0].up());
+        assert_eq!(s.gpu_mut().collector_calls, [0; 5]);
+        assert_eq!(s.gpu_mut().process_calls, 0);
+        let d = &snap.devices[0];
+        assert!(d.utilization.is_none() && d.power.is_none() && d.health.is_none());
+        // Switched on by a reload: called from the next sample.
+        s.reconfigure(timing(), Selection::default(), all_on());
+        s.tick();
+        assert_eq!(s.gpu_mut().collector_calls, [1, 1, 1, 1, 1]);
+        assert_eq!(s.gpu_mut().process_calls, 1);
+    }
+
+    #[test]
+    fn a_collector_call_that_fails_otherwise_is_counted_and_unsupported_is_not() {
+        let mut d0 = FakeDevice::new(0, 80 * GIB, GIB);
+        d0.power.temperature_c = Some(40);
+        let mut s = Sampler::new(FakeGpu::new(vec![d0]), Recorder::default(), timing())
+            .with_collectors(Collectors {
+                utilization: false,
+                health: false,
+                ..all_on()
+            });
+        s.tick();
+        let snap = s.tick();
+        assert!(snap.nvml_errors.is_empty(), "{:?}", snap.nvml_errors);
+        assert_eq!(
+            snap.devices[0].power.and_then(|p| p.temperature_c),
+            Some(40)
+        );
+        s.gpu_mut().devices[0].collector_error = Some(lost("temperature"));
+        let snap = s.tick();
+        assert_eq!(snap.nvml_errors.get(&("temperature", "gpu_lost")), Some(&1));
+        assert_eq!(snap.devices[0].power.and_then(|p| p.temperature_c), None);
+    }
 }

@@ -104,6 +104,7 @@ fn fixed_snapshot() -> Snapshot {
             alloc_retries: 2,
             ooms: 1,
         }),
+        utilization: None,
     };
     let unavailable = ProcessSample {
         pid: 5151,
@@ -129,6 +130,9 @@ fn fixed_snapshot() -> Snapshot {
             used_bytes: 3 * GIB,
         }),
         mig: Arc::from(Vec::new()),
+        utilization: None,
+        power: None,
+        health: None,
     };
     let mig = |gi: u32, ci: u32, uuid: &str, used: Option<u64>| MigSample {
         info: Arc::new(MigInfo {
@@ -173,6 +177,9 @@ fn fixed_snapshot() -> Snapshot {
             ),
             mig(2, 0, "MIG-1d2c3b4a-0000-4000-8000-000000000002", None),
         ]),
+        utilization: None,
+        power: None,
+        health: None,
     };
     let gpu2 = DeviceSample {
         info: h200(
