@@ -103,6 +103,10 @@ fn fixed_snapshot() -> Snapshot {
             inactive_split: 3 * MIB,
             alloc_retries: 2,
             ooms: 1,
+            pools: None,
+            limit: None,
+            allocator: None,
+            oom_snapshots: None,
         }),
     };
     let unavailable = ProcessSample {
