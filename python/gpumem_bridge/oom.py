@@ -9,7 +9,7 @@ stderr and count it in the published document (``oom_snapshots``, which
 the exporter serves as ``gpu_process_torch_oom_snapshots_total``).
 
 How an OOM is seen. torch's allocator calls its out-of-memory observers
-(``torch._C._cuda_attach_out_of_memory_observer``, torch >= 2.0) when an
+(``torch._C._cuda_attach_out_of_memory_observer``; older releases lack it) when an
 allocation fails for good, after it has freed its cache and retried, and
 before it raises ``torch.cuda.OutOfMemoryError``: in the allocating thread,
 with the memory as it is at the failure, whether the program then catches

@@ -15,7 +15,7 @@ observers attached through ``torch._C`` and raises
 ``torch.cuda.OutOfMemoryError``.
 
 Environment, read at import: TORCH_STUB_NO_OOM_OBSERVER=1 makes a torch
-without ``torch._C._cuda_attach_out_of_memory_observer`` (before 2.0),
+without ``torch._C._cuda_attach_out_of_memory_observer`` (an older release),
 TORCH_STUB_NO_FRACTION_GETTER=1 one without
 ``torch.cuda.get_per_process_memory_fraction`` (before 2.6).
 """
