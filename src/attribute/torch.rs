@@ -152,13 +152,15 @@ struct WirePool {
     segments: u64,
 }
 
-impl From<WirePool> for TorchPool {
-    fn from(p: WirePool) -> Self {
+impl WirePool {
+    // A method of the wire type, not `From` on the model's: the model
+    // module must not depend on this one (scripts/check-cycles).
+    fn into_pool(self) -> TorchPool {
         TorchPool {
-            allocated: p.allocated,
-            reserved: p.reserved,
-            inactive_split: p.inactive_split,
-            segments: p.segments,
+            allocated: self.allocated,
+            reserved: self.reserved,
+            inactive_split: self.inactive_split,
+            segments: self.segments,
         }
     }
 }
@@ -217,8 +219,8 @@ pub fn parse(bytes: &[u8]) -> Result<Document, DropReason> {
                         alloc_retries: d.alloc_retries,
                         ooms: d.ooms,
                         pools: d.pools.map(|p| TorchPools {
-                            large: p.large.into(),
-                            small: p.small.into(),
+                            large: p.large.into_pool(),
+                            small: p.small.into_pool(),
                         }),
                         limit: d.limit,
                         allocator,
