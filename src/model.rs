@@ -125,7 +125,8 @@ pub struct ProcessSample {
 
 /// PyTorch caching-allocator figures of one process on one GPU, from
 /// `torch.cuda.memory_stats()` via the torch bridge: bytes, and counts for
-/// `alloc_retries` and `ooms`.
+/// `alloc_retries` and `ooms`. The `Option`s are what a bridge may leave
+/// out (an older bridge, a torch without the figure, a setting not made).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TorchStats {
     pub allocated: u64,
@@ -136,6 +137,65 @@ pub struct TorchStats {
     pub inactive_split: u64,
     pub alloc_retries: u64,
     pub ooms: u64,
+    /// The large (blocks over 1 MiB) and small pools, where fragmentation
+    /// shows.
+    pub pools: Option<TorchPools>,
+    /// Bytes the allocator may reserve on this GPU, when the process set a
+    /// per-process memory fraction below 1.
+    pub limit: Option<u64>,
+    /// Allocator settings (the process's, the same on each of its GPUs);
+    /// `None` when its `PYTORCH_CUDA_ALLOC_CONF` is malformed.
+    pub allocator: Option<AllocatorSettings>,
+    /// OOM snapshots the bridge wrote for OOMs on this GPU, when the
+    /// process turned them on (`GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR`).
+    pub oom_snapshots: Option<u64>,
+}
+
+/// `torch.cuda.memory_stats()`' `*.large_pool.current` and
+/// `*.small_pool.current`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TorchPools {
+    pub large: TorchPool,
+    pub small: TorchPool,
+}
+
+/// One allocator pool: bytes, and the number of segments (`cudaMalloc`
+/// calls the pool holds).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TorchPool {
+    pub allocated: u64,
+    pub reserved: u64,
+    pub inactive_split: u64,
+    pub segments: u64,
+}
+
+/// The caching-allocator settings that change what the figures mean, as
+/// the bridge parsed them from the process's `PYTORCH_CUDA_ALLOC_CONF`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocatorSettings {
+    pub backend: AllocatorBackend,
+    pub expandable_segments: bool,
+    /// Blocks larger than this are never split; `None`: unlimited.
+    pub max_split_size: Option<u64>,
+}
+
+/// `backend:` of `PYTORCH_CUDA_ALLOC_CONF`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AllocatorBackend {
+    /// The caching allocator (the default).
+    #[default]
+    Native,
+    /// `cudaMallocAsync` (torch's `async`): most allocator figures are 0.
+    CudaMallocAsync,
+}
+
+impl AllocatorBackend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AllocatorBackend::Native => "native",
+            AllocatorBackend::CudaMallocAsync => "cudaMallocAsync",
+        }
+    }
 }
 
 /// Torch bridge documents accepted and dropped so far (by reason).

@@ -17,19 +17,38 @@ GPU, so the kernel, not the document, says which process the figures belong
 to. Nothing is listened on, no file is written to disk, no volume is needed:
 a pod under the Kubernetes "baseline" Pod Security Standard can use it.
 
+Opt-in, ``GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR``: when torch runs out of memory
+the bridge writes ``torch.cuda.memory._snapshot()`` to that directory,
+bounded in files and bytes, and says where on stderr (module ``oom``).
+
 Protocol, version 1 (the exporter's side is ``src/attribute/torch.rs``):
 
 * The memfd is named ``gpumem-bridge``, so ``/proc/<pid>/fd/<n>`` reads
   ``/memfd:gpumem-bridge (deleted)``. It holds one UTF-8 JSON document of at
   most 64 KiB::
 
-      {"v": 1, "seq": 7, "devices": [
+      {"v": 1, "seq": 7,
+       "allocator": {"backend": "native", "expandable_segments": false,
+                     "max_split_size": null},
+       "devices": [
         {"uuid": "GPU-8f2c...", "allocated": 0, "reserved": 0,
          "allocated_peak": 0, "reserved_peak": 0, "active": 0,
-         "inactive_split": 0, "alloc_retries": 0, "ooms": 0}]}
+         "inactive_split": 0, "alloc_retries": 0, "ooms": 0,
+         "pools": {"large": {"allocated": 0, "reserved": 0,
+                             "inactive_split": 0, "segments": 0},
+                   "small": {...the same four...}},
+         "limit": 75377410048, "oom_snapshots": 0}]}
 
-  All device fields are required non-negative integers; other fields are
-  ignored. There is no pid: the document is about the process holding it.
+  The first eight device fields are required non-negative integers. The
+  rest are optional, each all or nothing when present: ``pools`` (from
+  ``memory_stats()``' ``*.large_pool.current`` / ``*.small_pool.current``
+  and ``segment.*.current``), ``limit`` (bytes, only when a per-process
+  memory fraction below 1 is set), ``oom_snapshots`` (only when
+  GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR is on) and, for the whole process,
+  ``allocator`` (parsed from PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF,
+  see ``allocconf``; absent when that is malformed; ``max_split_size`` in
+  bytes or null for unlimited). Other fields are ignored. There is no pid:
+  the document is about the process holding it.
 * Each document is written into a fresh memfd, sealed (no write, grow or
   shrink) and then ``dup2``-ed onto the same fd number, so a reader opening
   the fd sees one whole, immutable document, never a half-written one. The
@@ -53,8 +72,10 @@ import os
 import sys
 import threading
 
+from . import allocconf, oom
+
 __all__ = ["start", "stop", "running", "publish_now", "document", "fd", "NAME"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: Name of the memfd; the exporter looks for ``/memfd:<NAME> (deleted)``.
 NAME = "gpumem-bridge"
@@ -77,6 +98,14 @@ STAT_KEYS = (
     ("alloc_retries", "num_alloc_retries"),
     ("ooms", "num_ooms"),
 )
+#: Per pool: document field -> memory_stats() key (with the pool's name).
+POOLS = ("large", "small")
+POOL_KEYS = (
+    ("allocated", "allocated_bytes.%s_pool.current"),
+    ("reserved", "reserved_bytes.%s_pool.current"),
+    ("inactive_split", "inactive_split_bytes.%s_pool.current"),
+    ("segments", "segment.%s_pool.current"),
+)
 
 _log = logging.getLogger("gpumem_bridge")
 _lock = threading.Lock()
@@ -98,29 +127,129 @@ def _int(stats, key):
     return int(v) if isinstance(v, (int, float)) and v >= 0 else 0
 
 
-def document(seq=0, uuids=None):
+def _pools(stats):
+    """The pools' figures, or None unless every one is there."""
+    out = {}
+    for pool in POOLS:
+        p = {}
+        for field, key in POOL_KEYS:
+            v = stats.get(key % pool)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                return None
+            p[field] = v
+        out[pool] = p
+    return out
+
+
+class _Warn:
+    """Each kind of warning once per bridge."""
+
+    def __init__(self):
+        self.warned = set()
+
+    def __call__(self, what, msg, *args):
+        if what not in self.warned:
+            self.warned.add(what)
+            _log.warning(msg, *args)
+
+
+class AllocatorSettings:
+    """The allocator settings, read once: torch reads its variable once,
+    when CUDA's allocator starts, so later changes to os.environ do not
+    count."""
+
+    def __init__(self, warn=None):
+        self.warn = warn or _Warn()
+        self.read = False
+        self.value = None
+
+    def get(self, torch):
+        if not self.read:
+            self.read = True
+            name, raw = allocconf.source(os.environ, getattr(torch, "__version__", ""))
+            try:
+                self.value = allocconf.parse(raw or "")
+            except allocconf.Malformed as e:
+                self.value = None
+                self.warn(
+                    "allocconf",
+                    "gpumem_bridge: %s=%r is malformed (%s); torch will refuse it too. The allocator settings are not published; every other figure is",
+                    name,
+                    raw[:200],
+                    e,
+                )
+        return self.value
+
+
+class _Device:
+    """What never changes about a device: its UUID and total memory."""
+
+    def __init__(self, cuda, i):
+        raw = getattr(cuda.get_device_properties(i), "uuid", None)
+        self.uuid = normalize_uuid(raw) if raw is not None else None
+        self.total = None
+
+    def limit(self, cuda, i):
+        """The allocator's limit in bytes when a per-process memory fraction
+        below 1 is set, else None. torch stores the limit as
+        ``size_t(fraction * total)`` (cudaMemGetInfo's total) and gives back
+        ``limit / total``: rounding undoes that division exactly."""
+        get = getattr(cuda, "get_per_process_memory_fraction", None)
+        if get is None:  # torch < 2.6
+            return None
+        f = float(get(i))
+        if not 0.0 <= f < 1.0:
+            return None
+        if self.total is None:
+            self.total = int(cuda.mem_get_info(i)[1])
+        return int(round(f * self.total))
+
+
+def document(seq=0, devices=None, snapshots=None, settings=None, warn=None):
     """The document this process would publish now, as a dict.
 
-    ``uuids`` caches device index -> UUID (properties never change)."""
-    devices = []
+    ``devices`` caches device index -> _Device (properties never change);
+    ``snapshots``: the OOM snapshots written (oom.Snapshots), if on;
+    ``settings``: the AllocatorSettings read once per bridge."""
+    warn = warn or _Warn()
+    out = []
+    doc = {"v": VERSION, "seq": seq, "devices": out}
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None) if torch is not None else None
-    if cuda is not None and cuda.is_initialized():
-        uuids = {} if uuids is None else uuids
-        for i in range(cuda.device_count()):
-            stats = cuda.memory_stats(i)
-            entry = {field: _int(stats, key) for field, key in STAT_KEYS}
-            # A device this process never allocated on: not "used".
-            if entry["reserved_peak"] == 0 and entry["allocated_peak"] == 0:
-                continue
-            if i not in uuids:
-                raw = getattr(cuda.get_device_properties(i), "uuid", None)
-                uuids[i] = normalize_uuid(raw) if raw is not None else None
-            if uuids[i] is None:
-                continue  # torch too old to tell the UUID: cannot be joined
-            entry = dict(uuid=uuids[i], **entry)
-            devices.append(entry)
-    return {"v": VERSION, "seq": seq, "devices": devices}
+    if cuda is None or not cuda.is_initialized():
+        return doc
+    devices = {} if devices is None else devices
+    settings = settings or AllocatorSettings(warn)
+    allocator = settings.get(torch)
+    if allocator is not None:
+        doc["allocator"] = allocator
+    for i in range(cuda.device_count()):
+        stats = cuda.memory_stats(i)
+        entry = {field: _int(stats, key) for field, key in STAT_KEYS}
+        written = snapshots.count(i) if snapshots is not None else 0
+        # A device this process never allocated on (nor failed to): not "used".
+        if entry["reserved_peak"] == 0 and entry["allocated_peak"] == 0 and entry["ooms"] == 0 and written == 0:
+            continue
+        if i not in devices:
+            devices[i] = _Device(cuda, i)
+        dev = devices[i]
+        if dev.uuid is None:
+            continue  # torch too old to tell the UUID: cannot be joined
+        entry = dict(uuid=dev.uuid, **entry)
+        pools = _pools(stats)
+        if pools is not None:
+            entry["pools"] = pools
+        try:
+            limit = dev.limit(cuda, i)
+        except Exception as e:  # the rest of the document still goes out
+            warn("limit", "gpumem_bridge: reading the per-process memory fraction failed: %r", e)
+            limit = None
+        if limit is not None:
+            entry["limit"] = limit
+        if snapshots is not None:
+            entry["oom_snapshots"] = written
+        out.append(entry)
+    return doc
 
 
 def _sealed_memfd(data):
@@ -147,31 +276,51 @@ class _Bridge:
         self.interval = interval
         self.fd = None
         self.seq = 0
-        self.uuids = {}
-        self.warned = set()
+        self.devices = {}
+        self.warn = _Warn()
+        self.settings = AllocatorSettings(self.warn)
         self.publish_lock = threading.Lock()
         self.stopped = threading.Event()
-        self.publish()  # the memfd exists before start() returns
+        self.wake = threading.Event()  # an OOM snapshot: publish its count now
+        self.snapshots = None
+        cfg = oom.Config.from_env(os.environ, self.warn)
+        if cfg is not None:
+            try:
+                self.snapshots = oom.Snapshots(cfg, self.warn, on_written=self.wake.set)
+            except OSError as e:
+                self.warn("oom-dir", "gpumem_bridge: %s=%r cannot be used (%s); no OOM snapshots", oom.ENV_DIR, cfg.directory, e)
+        oom.set_active(self.snapshots)
+        try:
+            self.publish()  # the memfd exists before start() returns
+        except BaseException:
+            oom.set_active(None)
+            raise
         self.thread = threading.Thread(target=self._run, name="gpumem-bridge", daemon=True)
         self.thread.start()
-
-    def _warn_once(self, what, msg, *args):
-        if what not in self.warned:
-            self.warned.add(what)
-            _log.warning(msg, *args)
 
     def publish(self):
         with self.publish_lock:
             if self.stopped.is_set():
                 return
+            torch = sys.modules.get("torch")
+            if self.snapshots is not None and torch is not None:
+                try:
+                    oom.prepare(torch)
+                except Exception as e:
+                    self.warn("oom-hook", "gpumem_bridge: cannot watch for out-of-memory errors: %r; no OOM snapshots", e)
             try:
-                doc = document(self.seq + 1, self.uuids)
+                if self.snapshots is not None and oom.hooked() == "none" and torch.cuda.is_initialized():
+                    # No observer in this torch: look at num_ooms instead.
+                    cuda = torch.cuda
+                    ooms = {i: _int(cuda.memory_stats(i), "num_ooms") for i in range(cuda.device_count())}
+                    self.snapshots.after_the_fact(torch, ooms)
+                doc = document(self.seq + 1, self.devices, self.snapshots, self.settings, self.warn)
             except Exception as e:  # keep the last document; training goes on
-                self._warn_once("collect", "gpumem_bridge: reading torch.cuda.memory_stats failed: %r", e)
+                self.warn("collect", "gpumem_bridge: reading torch.cuda.memory_stats failed: %r", e)
                 return
             data = json.dumps(doc, separators=(",", ":")).encode()
             if len(data) > MAX_BYTES:
-                self._warn_once("size", "gpumem_bridge: document of %d bytes exceeds %d; not published", len(data), MAX_BYTES)
+                self.warn("size", "gpumem_bridge: document of %d bytes exceeds %d; not published", len(data), MAX_BYTES)
                 return
             self.write(data)
             self.seq += 1
@@ -188,15 +337,22 @@ class _Bridge:
             os.close(fd)
 
     def _run(self):
-        while not self.stopped.wait(self.interval):
+        while True:
+            self.wake.wait(self.interval)
+            self.wake.clear()
+            if self.stopped.is_set():
+                return
             try:
                 self.publish()
             except Exception as e:
-                self._warn_once("publish", "gpumem_bridge: publishing failed: %r", e)
+                self.warn("publish", "gpumem_bridge: publishing failed: %r", e)
 
     def close(self):
         with self.publish_lock:
             self.stopped.set()
+            self.wake.set()
+            if oom._active is self.snapshots:
+                oom.set_active(None)
             if self.fd is not None:
                 os.close(self.fd)
                 self.fd = None
@@ -218,6 +374,7 @@ def _after_fork_in_child():
     # (e.g. a worker forked before CUDA was initialised, then using a GPU).
     global _bridge, _lock
     _lock = threading.Lock()  # another thread may have held it at fork time
+    oom.after_fork_in_child()
     old, _bridge = _bridge, None
     if old is None:
         return

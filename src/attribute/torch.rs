@@ -6,10 +6,23 @@
 //! file holds one small JSON document (at most [`MAX_DOCUMENT_BYTES`]):
 //!
 //! ```json
-//! {"v":1,"seq":7,"devices":[{"uuid":"GPU-…","allocated":0,"reserved":0,
+//! {"v":1,"seq":7,
+//!  "allocator":{"backend":"native","expandable_segments":false,"max_split_size":null},
+//!  "devices":[{"uuid":"GPU-…","allocated":0,"reserved":0,
 //!   "allocated_peak":0,"reserved_peak":0,"active":0,"inactive_split":0,
-//!   "alloc_retries":0,"ooms":0}]}
+//!   "alloc_retries":0,"ooms":0,
+//!   "pools":{"large":{"allocated":0,"reserved":0,"inactive_split":0,"segments":0},
+//!            "small":{"allocated":0,"reserved":0,"inactive_split":0,"segments":0}},
+//!   "limit":75377410048,"oom_snapshots":0}]}
 //! ```
+//!
+//! The eight figures of a device are required. `pools`, `limit`,
+//! `oom_snapshots` and the process-wide `allocator` are optional (a bridge
+//! before them, a torch without the figure, a setting not made: their
+//! series are simply absent), but each is strict when present: `pools`
+//! needs both pools with all four figures, `allocator` all three fields
+//! (`max_split_size` a number or `null`) and a known backend, so label
+//! values stay a closed set.
 //!
 //! Each document is written into a fresh memfd that is sealed (no write,
 //! grow or shrink) before it is `dup2`-ed onto the published fd number, so
@@ -39,7 +52,9 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use super::procfs::ProcRoot;
-use crate::model::{TorchCounters, TorchStats};
+use crate::model::{
+    AllocatorBackend, AllocatorSettings, TorchCounters, TorchPool, TorchPools, TorchStats,
+};
 
 /// What `/proc/<pid>/fd/<n>` reads for the bridge's memfd.
 pub const LINK_TARGET: &str = "/memfd:gpumem-bridge (deleted)";
@@ -104,6 +119,7 @@ impl Document {
 struct WireDocument {
     v: u32,
     devices: Vec<WireDevice>,
+    allocator: Option<WireAllocator>,
 }
 
 #[derive(Deserialize)]
@@ -117,6 +133,54 @@ struct WireDevice {
     inactive_split: u64,
     alloc_retries: u64,
     ooms: u64,
+    pools: Option<WirePools>,
+    limit: Option<u64>,
+    oom_snapshots: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct WirePools {
+    large: WirePool,
+    small: WirePool,
+}
+
+#[derive(Deserialize)]
+struct WirePool {
+    allocated: u64,
+    reserved: u64,
+    inactive_split: u64,
+    segments: u64,
+}
+
+impl WirePool {
+    // A method of the wire type, not `From` on the model's: the model
+    // module must not depend on this one (scripts/check-cycles).
+    fn into_pool(self) -> TorchPool {
+        TorchPool {
+            allocated: self.allocated,
+            reserved: self.reserved,
+            inactive_split: self.inactive_split,
+            segments: self.segments,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct WireAllocator {
+    backend: WireBackend,
+    expandable_segments: bool,
+    /// Required, `null` for unlimited (a plain `Option` would also take a
+    /// missing field as unlimited).
+    #[serde(deserialize_with = "Option::deserialize")]
+    max_split_size: Option<u64>,
+}
+
+#[derive(Deserialize)]
+enum WireBackend {
+    #[serde(rename = "native")]
+    Native,
+    #[serde(rename = "cudaMallocAsync")]
+    CudaMallocAsync,
 }
 
 /// Parse a document strictly: every device field is required and must be a
@@ -130,6 +194,14 @@ pub fn parse(bytes: &[u8]) -> Result<Document, DropReason> {
     if w.v != PROTOCOL_VERSION {
         return Err(DropReason::Malformed);
     }
+    let allocator = w.allocator.map(|a| AllocatorSettings {
+        backend: match a.backend {
+            WireBackend::Native => AllocatorBackend::Native,
+            WireBackend::CudaMallocAsync => AllocatorBackend::CudaMallocAsync,
+        },
+        expandable_segments: a.expandable_segments,
+        max_split_size: a.max_split_size,
+    });
     Ok(Document {
         devices: w
             .devices
@@ -146,6 +218,13 @@ pub fn parse(bytes: &[u8]) -> Result<Document, DropReason> {
                         inactive_split: d.inactive_split,
                         alloc_retries: d.alloc_retries,
                         ooms: d.ooms,
+                        pools: d.pools.map(|p| TorchPools {
+                            large: p.large.into_pool(),
+                            small: p.small.into_pool(),
+                        }),
+                        limit: d.limit,
+                        allocator,
+                        oom_snapshots: d.oom_snapshots,
                     },
                 )
             })
@@ -461,6 +540,41 @@ mod tests {
             inactive_split: base + 5,
             alloc_retries: base + 6,
             ooms: base + 7,
+            ..TorchStats::default()
+        }
+    }
+
+    /// `dev(uuid, base)` with the optional fields: pools from `base`,
+    /// `extra` appended verbatim (e.g. `,"limit":5`).
+    fn dev_with(uuid: &str, base: u64, extra: &str) -> String {
+        let pool = |b: u64| {
+            format!(
+                r#"{{"allocated":{},"reserved":{},"inactive_split":{},"segments":{}}}"#,
+                b,
+                b + 1,
+                b + 2,
+                b + 3
+            )
+        };
+        let d = dev(uuid, base);
+        format!(
+            r#"{},"pools":{{"large":{},"small":{}}}{extra}}}"#,
+            &d[..d.len() - 1],
+            pool(base + 100),
+            pool(base + 200)
+        )
+    }
+
+    fn pools(base: u64) -> TorchPools {
+        let pool = |b: u64| TorchPool {
+            allocated: b,
+            reserved: b + 1,
+            inactive_split: b + 2,
+            segments: b + 3,
+        };
+        TorchPools {
+            large: pool(base + 100),
+            small: pool(base + 200),
         }
     }
 
@@ -629,6 +743,169 @@ mod tests {
         let at = bytes.iter().position(|b| *b == 1).unwrap();
         bytes[at] = 0xff;
         assert_eq!(parse(&bytes), Err(DropReason::Malformed));
+    }
+
+    #[test]
+    fn optional_fields_table() {
+        let settings = |backend, expandable_segments, max_split_size| {
+            Some(AllocatorSettings {
+                backend,
+                expandable_segments,
+                max_split_size,
+            })
+        };
+        let native = settings(AllocatorBackend::Native, false, None);
+        let full = TorchStats {
+            pools: Some(pools(10)),
+            limit: Some(75_377_410_048),
+            allocator: native,
+            oom_snapshots: Some(2),
+            ..stats(10)
+        };
+        let a_native =
+            r#""allocator":{"backend":"native","expandable_segments":false,"max_split_size":null}"#;
+        let one = |alloc: &str, dev: String| format!(r#"{{"v":1,{alloc}"devices":[{dev}]}}"#);
+        let with = |extra: &str| dev_with(U0, 10, extra);
+        let ok = |s: TorchStats| {
+            Ok(Document {
+                devices: vec![(U0.to_string(), s)],
+            })
+        };
+        let cases: Vec<(&str, String, Result<Document, DropReason>)> = vec![
+            (
+                "everything",
+                one(
+                    &format!("{a_native},"),
+                    with(r#","limit":75377410048,"oom_snapshots":2"#),
+                ),
+                ok(full),
+            ),
+            (
+                "pools only",
+                one("", with("")),
+                ok(TorchStats {
+                    pools: Some(pools(10)),
+                    ..stats(10)
+                }),
+            ),
+            (
+                "null limit and snapshots are absent",
+                one("", dev(U0, 10).replace('}', r#","limit":null,"oom_snapshots":null}"#)),
+                ok(stats(10)),
+            ),
+            (
+                "a limit of 0 is a limit",
+                one("", dev(U0, 10).replace('}', r#","limit":0}"#)),
+                ok(TorchStats {
+                    limit: Some(0),
+                    ..stats(10)
+                }),
+            ),
+            (
+                "settings reach every device",
+                format!(
+                    r#"{{"devices":[{},{}],"allocator":{{"max_split_size":134217728,"expandable_segments":true,"backend":"cudaMallocAsync","future":1}},"v":1}}"#,
+                    dev("GPU-a", 1),
+                    dev("GPU-b", 2)
+                ),
+                Ok(Document {
+                    devices: vec![
+                        (
+                            "GPU-a".into(),
+                            TorchStats {
+                                allocator: settings(
+                                    AllocatorBackend::CudaMallocAsync,
+                                    true,
+                                    Some(134_217_728),
+                                ),
+                                ..stats(1)
+                            },
+                        ),
+                        (
+                            "GPU-b".into(),
+                            TorchStats {
+                                allocator: settings(
+                                    AllocatorBackend::CudaMallocAsync,
+                                    true,
+                                    Some(134_217_728),
+                                ),
+                                ..stats(2)
+                            },
+                        ),
+                    ],
+                }),
+            ),
+            (
+                "a pool missing",
+                one("", dev(U0, 10).replace('}', r#","pools":{"large":{"allocated":1,"reserved":1,"inactive_split":1,"segments":1}}}"#)),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "a pool figure missing",
+                one("", with("").replace(r#","segments":113"#, "")),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "a pool figure negative",
+                one("", with("").replace(r#""segments":213"#, r#""segments":-1"#)),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "pools not an object",
+                one("", dev(U0, 10).replace('}', r#","pools":[1,2]}"#)),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "negative limit",
+                one("", dev(U0, 10).replace('}', r#","limit":-1}"#)),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "fractional snapshot count",
+                one("", dev(U0, 10).replace('}', r#","oom_snapshots":1.5}"#)),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "unknown backend",
+                one(
+                    &format!("{},", a_native.replace("native", "async")),
+                    dev(U0, 10),
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "backend spelled otherwise",
+                one(
+                    &format!("{},", a_native.replace("native", "Native")),
+                    dev(U0, 10),
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "max_split_size missing (null is unlimited, absent is broken)",
+                one(
+                    r#""allocator":{"backend":"native","expandable_segments":false},"#,
+                    dev(U0, 10),
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "expandable_segments as a string",
+                one(
+                    &format!("{},", a_native.replace("false", r#""False""#)),
+                    dev(U0, 10),
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "the raw environment instead of settings",
+                one(r#""allocator":"expandable_segments:True","#, dev(U0, 10)),
+                Err(DropReason::Malformed),
+            ),
+        ];
+        for (name, input, want) in cases {
+            assert_eq!(parse(input.as_bytes()), want, "case {name:?}: {input}");
+        }
     }
 
     #[test]

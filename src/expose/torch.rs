@@ -1,5 +1,6 @@
 //! PyTorch allocator families (`gpu_process_torch_*`), from the torch
-//! bridge, with the labels of `gpu_process_memory_used_bytes`.
+//! bridge, with the labels of `gpu_process_memory_used_bytes` (per pool
+//! families add `pool`, the settings info series its settings).
 
 use std::fmt;
 
@@ -8,81 +9,188 @@ use prometheus_client::metrics::MetricType;
 
 use super::encoder::id_label;
 use super::process::process_labels;
-use crate::model::{Snapshot, TorchStats};
+use crate::model::{Snapshot, TorchPool, TorchStats};
+
+/// Calls `f` with the labels of `gpu_process_memory_used_bytes` and the
+/// figures of every process that published torch figures for a GPU.
+fn each_process(
+    s: &Snapshot,
+    mut f: impl FnMut(&[(&'static str, &str)], &TorchStats) -> fmt::Result,
+) -> fmt::Result {
+    for d in &s.devices {
+        for p in d.processes.iter() {
+            let Some(t) = &p.torch else { continue };
+            let pid = p.pid.to_string();
+            let (gi, ci) = (id_label(p.gpu_instance_id), id_label(p.compute_instance_id));
+            let labels: Vec<(&'static str, &str)> =
+                process_labels(d, p, &pid, &gi, &ci).into_iter().collect();
+            f(&labels, t)?;
+        }
+    }
+    Ok(())
+}
 
 /// PyTorch allocator figures a process published (torch bridge), with the
 /// labels of `gpu_process_memory_used_bytes`. Only processes that publish
 /// have series; there is no `pid="other"` rollup (torch figures of the
-/// processes left out are not read at all).
+/// processes left out are not read at all). The optional figures (pools,
+/// limit, settings, OOM snapshots) have series only where the bridge sent
+/// them.
 pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
-    type Pick = fn(&TorchStats) -> u64;
+    type Pick = fn(&TorchStats) -> Option<u64>;
     let families: [(&str, &str, MetricType, Pick); 8] = [
         (
             "gpu_process_torch_allocated_bytes",
             "Bytes in live tensors of this process on this GPU, from torch.cuda.memory_stats() (allocated_bytes.all.current), published by the process through the torch bridge.",
             MetricType::Gauge,
-            |t| t.allocated,
+            |t| Some(t.allocated),
         ),
         (
             "gpu_process_torch_reserved_bytes",
             "Bytes the PyTorch caching allocator holds from CUDA on this GPU: allocated plus cached (reserved_bytes.all.current). gpu_process_memory_used_bytes minus this is the non-torch part (CUDA context, libraries).",
             MetricType::Gauge,
-            |t| t.reserved,
+            |t| Some(t.reserved),
         ),
         (
             "gpu_process_torch_allocated_peak_bytes",
             "Peak of gpu_process_torch_allocated_bytes since the process started or reset its peaks (allocated_bytes.all.peak).",
             MetricType::Gauge,
-            |t| t.allocated_peak,
+            |t| Some(t.allocated_peak),
         ),
         (
             "gpu_process_torch_reserved_peak_bytes",
             "Peak of gpu_process_torch_reserved_bytes since the process started or reset its peaks (reserved_bytes.all.peak).",
             MetricType::Gauge,
-            |t| t.reserved_peak,
+            |t| Some(t.reserved_peak),
         ),
         (
             "gpu_process_torch_active_bytes",
             "Bytes in active memory blocks of the PyTorch allocator, including blocks still used by pending streams (active_bytes.all.current).",
             MetricType::Gauge,
-            |t| t.active,
+            |t| Some(t.active),
         ),
         (
             "gpu_process_torch_inactive_split_bytes",
             "Bytes in inactive, split blocks of the PyTorch allocator: cached memory that fragmentation keeps from being released (inactive_split_bytes.all.current).",
             MetricType::Gauge,
-            |t| t.inactive_split,
+            |t| Some(t.inactive_split),
         ),
         (
             "gpu_process_torch_alloc_retries",
             "Allocations the PyTorch allocator retried after freeing its cache (num_alloc_retries); a rising count means memory pressure.",
             MetricType::Counter,
-            |t| t.alloc_retries,
+            |t| Some(t.alloc_retries),
         ),
         (
             "gpu_process_torch_ooms",
             "Out-of-memory errors the PyTorch allocator raised in this process (num_ooms).",
             MetricType::Counter,
-            |t| t.ooms,
+            |t| Some(t.ooms),
         ),
     ];
     for (name, help, kind, pick) in families {
-        let mut m = enc.encode_descriptor(name, help, None, kind)?;
-        for d in &s.devices {
-            for p in d.processes.iter() {
-                let Some(t) = &p.torch else { continue };
-                let pid = p.pid.to_string();
-                let (gi, ci) = (id_label(p.gpu_instance_id), id_label(p.compute_instance_id));
-                let labels = process_labels(d, p, &pid, &gi, &ci);
-                let v = pick(t);
-                match kind {
-                    MetricType::Counter => m
-                        .encode_family(&labels)?
-                        .encode_counter::<NoLabelSet, _, u64>(&v, None)?,
-                    _ => m.encode_family(&labels)?.encode_gauge(&v)?,
-                }
-            }
-        }
+        simple(enc, s, name, help, kind, pick)?;
     }
-    Ok(())
+
+    type PickPool = fn(&TorchPool) -> u64;
+    let pools: [(&str, &str, PickPool); 4] = [
+        (
+            "gpu_process_torch_pool_allocated_bytes",
+            "Bytes in live tensors per allocator pool (pool=\"large\": blocks over 1 MiB, \"small\": the rest), from allocated_bytes.<pool>_pool.current. The two pools sum to gpu_process_torch_allocated_bytes.",
+            |p| p.allocated,
+        ),
+        (
+            "gpu_process_torch_pool_reserved_bytes",
+            "Bytes the PyTorch caching allocator holds from CUDA per pool (reserved_bytes.<pool>_pool.current); reserved minus allocated of a pool is its cache.",
+            |p| p.reserved,
+        ),
+        (
+            "gpu_process_torch_pool_inactive_split_bytes",
+            "Bytes in inactive, split blocks per pool (inactive_split_bytes.<pool>_pool.current): the pool's fragmentation.",
+            |p| p.inactive_split,
+        ),
+        (
+            "gpu_process_torch_pool_segments",
+            "Segments (cudaMalloc allocations) the allocator holds per pool (segment.<pool>_pool.current); many segments with inactive split bytes is fragmentation.",
+            |p| p.segments,
+        ),
+    ];
+    for (name, help, pick) in pools {
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        each_process(s, |labels, t| {
+            let Some(p) = &t.pools else { return Ok(()) };
+            for (pool, figures) in [("large", &p.large), ("small", &p.small)] {
+                let mut l = labels.to_vec();
+                l.push(("pool", pool));
+                m.encode_family(&l)?.encode_gauge(&pick(figures))?;
+            }
+            Ok(())
+        })?;
+    }
+
+    simple(
+        enc,
+        s,
+        "gpu_process_torch_memory_limit_bytes",
+        "Bytes the PyTorch allocator may reserve on this GPU: torch.cuda.set_per_process_memory_fraction() times the GPU's memory. Present only while a fraction below 1 is set (torch >= 2.6 tells it).",
+        MetricType::Gauge,
+        |t| t.limit,
+    )?;
+    simple(
+        enc,
+        s,
+        "gpu_process_torch_oom_snapshots",
+        "Allocator snapshots (torch.cuda.memory._snapshot() pickles, for memory_viz) the torch bridge wrote for out-of-memory errors on this GPU. Present only when the process set GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR.",
+        MetricType::Counter,
+        |t| t.oom_snapshots,
+    )?;
+
+    let mut m = enc.encode_descriptor(
+        "gpu_process_torch_allocator_info",
+        "PyTorch caching-allocator settings of this process, parsed by the torch bridge from PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF: backend, expandable_segments, max_split_size_bytes (\"unlimited\" unless max_split_size_mb is set). Value is always 1; absent when the setting is malformed.",
+        None,
+        MetricType::Gauge,
+    )?;
+    each_process(s, |labels, t| {
+        let Some(a) = &t.allocator else {
+            return Ok(());
+        };
+        let split = a
+            .max_split_size
+            .map_or_else(|| "unlimited".to_string(), |b| b.to_string());
+        let mut l = labels.to_vec();
+        l.push(("backend", a.backend.as_str()));
+        l.push((
+            "expandable_segments",
+            if a.expandable_segments {
+                "true"
+            } else {
+                "false"
+            },
+        ));
+        l.push(("max_split_size_bytes", &split));
+        m.encode_family(&l)?.encode_gauge(&1u64)?;
+        Ok(())
+    })
+}
+
+/// One family with a series per process for which `pick` gives a figure.
+fn simple(
+    enc: &mut DescriptorEncoder,
+    s: &Snapshot,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    pick: fn(&TorchStats) -> Option<u64>,
+) -> fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, kind)?;
+    each_process(s, |labels, t| {
+        let Some(v) = pick(t) else { return Ok(()) };
+        match kind {
+            MetricType::Counter => m
+                .encode_family(&labels)?
+                .encode_counter::<NoLabelSet, _, u64>(&v, None),
+            _ => m.encode_family(&labels)?.encode_gauge(&v),
+        }
+    })
 }

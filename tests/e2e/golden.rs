@@ -19,9 +19,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use gpumem_exporter::expose::{self, Format};
 use gpumem_exporter::model::{
-    DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ExporterCounters, KubeState,
-    MemoryInfo, MigInfo, MigSample, OtherProcesses, ProcIdentity, ProcessSample, Snapshot,
-    TorchCounters, TorchStats,
+    AllocatorBackend, AllocatorSettings, DeviceInfo, DeviceSample, DriverInfo, DurationHistogram,
+    ExporterCounters, KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses, ProcIdentity,
+    ProcessSample, Snapshot, TorchCounters, TorchPool, TorchPools, TorchStats,
 };
 use gpumem_exporter::sample::SAMPLE_DURATION_BUCKETS;
 
@@ -103,6 +103,27 @@ fn fixed_snapshot() -> Snapshot {
             inactive_split: 3 * MIB,
             alloc_retries: 2,
             ooms: 1,
+            pools: Some(TorchPools {
+                large: TorchPool {
+                    allocated: 10 * GIB - 40 * MIB,
+                    reserved: 11 * GIB - 64 * MIB,
+                    inactive_split: 2 * MIB,
+                    segments: 37,
+                },
+                small: TorchPool {
+                    allocated: 40 * MIB,
+                    reserved: 64 * MIB,
+                    inactive_split: MIB,
+                    segments: 32,
+                },
+            }),
+            limit: Some(75_377_410_048),
+            allocator: Some(AllocatorSettings {
+                backend: AllocatorBackend::Native,
+                expandable_segments: false,
+                max_split_size: Some(256 * MIB),
+            }),
+            oom_snapshots: Some(1),
         }),
         utilization: None,
     };

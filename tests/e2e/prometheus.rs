@@ -161,11 +161,14 @@ fn stale_scenario(delay_ms: u64) -> String {
 /// The trainer pod's process: `python3` running the torch bridge with the
 /// stub torch (tests/torch_stub), whose figures come from a state file this
 /// test rewrites; its allocation retries grow by one every RETRY_EVERY (and
-/// it had one OOM). Killed, and the rewriting stopped, on drop.
+/// it had one OOM, of which the bridge writes a snapshot into `dir`: OOM
+/// snapshots are on, as is a memory fraction of 0.5). Killed, and the
+/// rewriting stopped, on drop.
 struct Trainer {
     py: Py,
     stop: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
+    _dir: tempfile::TempDir,
 }
 
 /// `torch.cuda.memory_stats()` of GPU 0 as the stub returns them.
@@ -179,6 +182,15 @@ fn torch_stats(retries: u64) -> Value {
         "inactive_split_bytes.all.current": 3_000_000_000u64,
         "num_alloc_retries": retries,
         "num_ooms": 1,
+        // The pools: 35 GB + 1 GB allocated, 46 GB + 2 GB reserved.
+        "allocated_bytes.large_pool.current": TORCH_ALLOCATED - 1_000_000_000u64,
+        "allocated_bytes.small_pool.current": 1_000_000_000u64,
+        "reserved_bytes.large_pool.current": TORCH_RESERVED - 2_000_000_000u64,
+        "reserved_bytes.small_pool.current": 2_000_000_000u64,
+        "inactive_split_bytes.large_pool.current": 2_500_000_000u64,
+        "inactive_split_bytes.small_pool.current": 500_000_000u64,
+        "segment.large_pool.current": 700,
+        "segment.small_pool.current": 950,
     })
 }
 
@@ -188,8 +200,18 @@ impl Trainer {
         // A pid the fake /proc already uses would mix two processes up: try
         // again (the other child is killed when dropped, after the loop).
         let mut discarded = Vec::new();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let snapshots = dir.path().join("snapshots");
         let py = loop {
-            let py = Py::bridge(&state, "");
+            let py = Py::bridge_to(
+                &state,
+                "torch.cuda.set_per_process_memory_fraction(0.5, 0)",
+                &[(
+                    "GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR",
+                    snapshots.to_str().unwrap(),
+                )],
+                &dir.path().join("stderr"),
+            );
             if !FAKE_PIDS.contains(&py.pid) {
                 break py;
             }
@@ -211,6 +233,7 @@ impl Trainer {
             py,
             stop,
             ticker: Some(ticker),
+            _dir: dir,
         }
     }
 }

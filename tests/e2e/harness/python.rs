@@ -3,7 +3,7 @@
 //! stub's state file, which says what `torch.cuda` reports.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -28,10 +28,15 @@ pub struct StubState {
 
 impl StubState {
     pub fn new(devices: &[(&str, Value)]) -> StubState {
+        Self::new_with(devices, json!({}))
+    }
+
+    /// With more top-level keys of the state (e.g. `snapshot_pad`).
+    pub fn new_with(devices: &[(&str, Value)], extra: Value) -> StubState {
         let s = StubState {
             dir: tempfile::tempdir().expect("tempdir"),
         };
-        s.write(devices);
+        s.write_with(devices, extra);
         s
     }
 
@@ -43,16 +48,21 @@ impl StubState {
     /// NVML's): each CUDA UUID (bare, without `GPU-`) with what
     /// `torch.cuda.memory_stats()` returns for it.
     pub fn write(&self, devices: &[(&str, Value)]) {
+        self.write_with(devices, json!({}));
+    }
+
+    /// `write`, with more top-level keys.
+    pub fn write_with(&self, devices: &[(&str, Value)], extra: Value) {
         let devs: Vec<Value> = devices
             .iter()
             .map(|(uuid, stats)| json!({"uuid": uuid, "stats": stats}))
             .collect();
+        let mut state = json!({"initialized": true, "devices": devs});
+        if let (Some(state), Value::Object(extra)) = (state.as_object_mut(), extra) {
+            state.extend(extra);
+        }
         let tmp = self.dir.path().join("torch-state.tmp");
-        std::fs::write(
-            &tmp,
-            json!({"initialized": true, "devices": devs}).to_string(),
-        )
-        .expect("write stub state");
+        std::fs::write(&tmp, state.to_string()).expect("write stub state");
         std::fs::rename(&tmp, self.path()).expect("rename stub state");
     }
 }
@@ -69,6 +79,11 @@ impl Py {
     /// bridge publishing every 0.1 s, and `env`. `code` must print
     /// `ready <pid>`.
     pub fn spawn(code: &str, env: &[(&str, &str)]) -> Py {
+        Py::spawn_to(code, env, None)
+    }
+
+    /// `spawn`, the child's stderr into the file `stderr` (else inherited).
+    pub fn spawn_to(code: &str, env: &[(&str, &str)], stderr: Option<&Path>) -> Py {
         let pythonpath = format!(
             "{}:{}",
             repo().join("python").display(),
@@ -81,7 +96,24 @@ impl Py {
             .env("GPUMEM_BRIDGE_INTERVAL", "0.1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(match stderr {
+                Some(path) => {
+                    Stdio::from(std::fs::File::create(path).expect("child's stderr file"))
+                }
+                None => Stdio::inherit(),
+            });
+        // What the test does not set, the child does not inherit.
+        for k in [
+            "PYTORCH_ALLOC_CONF",
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR",
+            "GPUMEM_BRIDGE_OOM_SNAPSHOT_MAX_FILES",
+            "GPUMEM_BRIDGE_OOM_SNAPSHOT_MAX_BYTES",
+            "GPUMEM_BRIDGE_OOM_HISTORY",
+            "GPUMEM_BRIDGE_OOM_HISTORY_ENTRIES",
+        ] {
+            cmd.env_remove(k);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -100,21 +132,37 @@ impl Py {
         let Some(pid) = pid else {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("python child did not get ready (said {line:?})");
+            let err = stderr
+                .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+                .unwrap_or_default();
+            panic!("python child did not get ready (said {line:?}); stderr:\n{err}");
         };
         Py { child, pid }
+    }
+
+    /// The code of a process running the bridge: `extra` runs after it
+    /// started, then it says ready and waits.
+    fn bridge_code(extra: &str) -> String {
+        format!(
+            "import os, sys, torch, gpumem_bridge\nassert gpumem_bridge.start()\n{extra}\nprint('ready', os.getpid(), flush=True)\nsys.stdin.read()\n"
+        )
     }
 
     /// A process running the bridge (`extra`: more Python run after it
     /// started), its figures from the stub's state file.
     pub fn bridge(state: &StubState, extra: &str) -> Py {
-        let code = format!(
-            "import os, sys, torch, gpumem_bridge\nassert gpumem_bridge.start()\n{extra}\nprint('ready', os.getpid(), flush=True)\nsys.stdin.read()\n"
-        );
         Py::spawn(
-            &code,
+            &Py::bridge_code(extra),
             &[("TORCH_STUB_STATE", state.path().to_str().unwrap())],
         )
+    }
+
+    /// `bridge` with more environment (`env`), its stderr into `stderr`.
+    pub fn bridge_to(state: &StubState, extra: &str, env: &[(&str, &str)], stderr: &Path) -> Py {
+        let path = state.path();
+        let mut all = vec![("TORCH_STUB_STATE", path.to_str().unwrap())];
+        all.extend_from_slice(env);
+        Py::spawn_to(&Py::bridge_code(extra), &all, Some(stderr))
     }
 
     /// A process that publishes `payload` itself, as a hostile or broken
