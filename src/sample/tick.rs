@@ -235,19 +235,22 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
     /// its family out for that GPU, logged once and not counted; any other
     /// failure is counted.
     fn collector_failures(&mut self, gpu: usize) {
+        let mut unsupported: Vec<&'static str> = Vec::new();
         for e in self.failed.drain(..) {
             if NOT_SUPPORTED.contains(&e.error) {
                 if self.unsupported_logged.insert((gpu, e.operation)) {
-                    tracing::info!(
-                        gpu,
-                        operation = e.operation,
-                        error = e.error,
-                        "not supported by this GPU; the families of this call are not exported for it"
-                    );
+                    unsupported.push(e.operation);
                 }
             } else {
                 self.errors.count(e);
             }
+        }
+        if !unsupported.is_empty() {
+            tracing::info!(
+                gpu,
+                calls = unsupported.join(","),
+                "not supported by this GPU; the families of these calls are not exported for it"
+            );
         }
     }
 

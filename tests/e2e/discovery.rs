@@ -144,6 +144,9 @@ fn a_gpu_lost_from_the_start_is_down_while_the_others_serve_then_joins() {
         let info = m.find("gpu_info", &[("gpu", "2"), ("uuid", UUIDS[2])]);
         assert_eq!(info.len(), 1, "{}", m.text);
         assert_eq!(up_unknown(&m, "2"), None, "no unknown-uuid series left");
+        wait_for(Duration::from_secs(5), "the join logged", || {
+            ex.stderr().contains("GPU answered").then_some(())
+        });
         ex.assert_logged_once("GPU answered; its series start now");
     }
 }
@@ -346,6 +349,10 @@ fn a_driver_reloaded_at_run_time_is_followed_without_a_restart() {
         assert_eq!(ex.get("/readyz").status, 200);
         assert_eq!(ex.child.id(), pid, "no restart");
         ex.assert_logged_once(needle);
+        // The log is read by another thread: wait for the line, then count.
+        wait_for(Duration::from_secs(5), "the re-open logged", || {
+            ex.stderr().contains("NVML re-opened").then_some(())
+        });
         ex.assert_logged_once("NVML re-opened");
     }
 }
