@@ -101,6 +101,8 @@ pub struct FakeGpu {
     /// Collector calls so far, all devices: utilization, power_thermal,
     /// health, process_utilization, xid_events.
     pub collector_calls: [u64; 5],
+    /// `energy` and `ecc_mode` calls so far, all devices.
+    pub slow_calls: u64,
     /// Devices registered for Xid events.
     pub xid_watched: Vec<usize>,
     /// Set by `close`: every call fails with `uninitialized` from then on.
@@ -244,7 +246,10 @@ impl GpuSource for FakeGpu {
                 if d.power.temperature_c.is_none() {
                     failed.push(unsupported("temperature"));
                 }
-                d.power
+                PowerThermal {
+                    energy_mj: None,
+                    ..d.power
+                }
             }
             Err(e) => {
                 failed.push(e);
@@ -253,14 +258,36 @@ impl GpuSource for FakeGpu {
         }
     }
 
-    fn health(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Health {
+    fn energy(&mut self, device: usize) -> Result<u64, GpuError> {
+        self.slow_calls += 1;
+        self.device(device, "total_energy_consumption")?
+            .power
+            .energy_mj
+            .ok_or(unsupported("total_energy_consumption"))
+    }
+
+    fn ecc_mode(&mut self, device: usize) -> Result<bool, GpuError> {
+        self.slow_calls += 1;
+        self.device(device, "ecc_mode")?
+            .health
+            .ecc_enabled
+            .ok_or(unsupported("ecc_mode"))
+    }
+
+    fn health(&mut self, device: usize, ecc_enabled: bool, failed: &mut Vec<GpuError>) -> Health {
         self.collector_calls[2] += 1;
-        match self.device(device, "ecc_mode") {
+        match self.device(device, "remapped_rows") {
             Ok(d) => {
                 if d.health.remapped_rows.is_none() {
                     failed.push(unsupported("remapped_rows"));
                 }
                 Health {
+                    ecc_enabled: None,
+                    ecc_errors: if ecc_enabled {
+                        d.health.ecc_errors
+                    } else {
+                        [None; 4]
+                    },
                     xid_errors: None,
                     ..d.health.clone()
                 }

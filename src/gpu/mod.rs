@@ -72,10 +72,17 @@ pub trait GpuSource {
     /// `utilization` collector. Each call that fails leaves its field `None`
     /// and is pushed to `failed` (`not_supported` included).
     fn utilization(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Utilization;
-    /// `power_thermal` collector, as [`GpuSource::utilization`].
+    /// `power_thermal` collector without the energy counter, as
+    /// [`GpuSource::utilization`].
     fn power_thermal(&mut self, device: usize, failed: &mut Vec<GpuError>) -> PowerThermal;
-    /// `health` collector without Xid events, as [`GpuSource::utilization`].
-    fn health(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Health;
+    /// Energy since the driver loaded, mJ (slow on the H200: 4.1 ms).
+    fn energy(&mut self, device: usize) -> Result<u64, GpuError>;
+    /// Whether ECC is on (slow on the H200: 134 µs).
+    fn ecc_mode(&mut self, device: usize) -> Result<bool, GpuError>;
+    /// `health` collector without the ECC mode and Xid events, as
+    /// [`GpuSource::utilization`]; the ECC counters are read only when
+    /// `ecc_enabled`.
+    fn health(&mut self, device: usize, ecc_enabled: bool, failed: &mut Vec<GpuError>) -> Health;
     /// Process utilisation samples newer than `since_us` (NVML's sample
     /// timestamps, µs), appended to `out`; none newer is `Ok` and empty.
     fn process_utilization(

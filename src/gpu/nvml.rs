@@ -452,11 +452,7 @@ impl GpuSource for NvmlSource {
             ),
             power_mw: keep(dev.power_usage(), "power_usage", failed),
             power_limit_mw: keep(dev.enforced_power_limit(), "enforced_power_limit", failed),
-            energy_mj: keep(
-                dev.total_energy_consumption(),
-                "total_energy_consumption",
-                failed,
-            ),
+            energy_mj: None,
             clocks_mhz: [
                 clock(Clock::Graphics, "clock_info_graphics", failed),
                 clock(Clock::SM, "clock_info_sm", failed),
@@ -469,7 +465,20 @@ impl GpuSource for NvmlSource {
         }
     }
 
-    fn health(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Health {
+    fn energy(&mut self, device: usize) -> Result<u64, GpuError> {
+        self.handle(device, "total_energy_consumption")?
+            .total_energy_consumption()
+            .map_err(gpu_err("total_energy_consumption"))
+    }
+
+    fn ecc_mode(&mut self, device: usize) -> Result<bool, GpuError> {
+        self.handle(device, "ecc_mode")?
+            .is_ecc_enabled()
+            .map(|m| m.currently_enabled)
+            .map_err(gpu_err("ecc_mode"))
+    }
+
+    fn health(&mut self, device: usize, ecc_enabled: bool, failed: &mut Vec<GpuError>) -> Health {
         let dev = match self.handle(device, "ecc_mode") {
             Ok(d) => d,
             Err(e) => {
@@ -477,12 +486,10 @@ impl GpuSource for NvmlSource {
                 return Health::default();
             }
         };
-        let ecc_enabled =
-            keep(dev.is_ecc_enabled(), "ecc_mode", failed).map(|m| m.currently_enabled);
         let mut ecc_errors = [None; 4];
         // Counters only mean something with ECC on (NVML answers
         // NOT_SUPPORTED otherwise); ask only then.
-        if ecc_enabled == Some(true) {
+        if ecc_enabled {
             let kinds = [
                 (MemoryError::Corrected, EccCounter::Volatile),
                 (MemoryError::Corrected, EccCounter::Aggregate),
@@ -525,7 +532,7 @@ impl GpuSource for NvmlSource {
             None
         };
         Health {
-            ecc_enabled,
+            ecc_enabled: None,
             ecc_errors,
             remapped_rows: remapped,
             retired_pages,

@@ -26,6 +26,13 @@ pub const SAMPLE_DURATION_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
 
+/// The energy counter and the ECC mode are read this often, not at every
+/// full sample: on the H200 nvmlDeviceGetTotalEnergyConsumption takes
+/// 4.1 ms and nvmlDeviceGetEccMode 134 µs, 25× the rest of a full sample's
+/// NVML time (docs/results/gpu-collectors-h200-run1.txt). The energy counter
+/// is exact as of its read; `rate()` over minutes is unaffected.
+pub const SLOW_READ_INTERVAL: Duration = Duration::from_secs(30);
+
 struct DeviceState {
     info: Arc<DeviceInfo>,
     memory: Option<MemoryInfo>,
@@ -45,6 +52,11 @@ struct DeviceState {
     xid_watched: Option<bool>,
     /// Critical Xid events seen, by Xid.
     xid_errors: Arc<BTreeMap<u64, u64>>,
+    /// The slow reads (energy, ECC mode), refreshed every
+    /// [`SLOW_READ_INTERVAL`]: when, and what they answered.
+    slow_read_at: Option<Instant>,
+    energy_mj: Option<u64>,
+    ecc_enabled: Option<bool>,
     /// Failed identity reads in a row (the first one is logged).
     identify_failures: u32,
 }
@@ -67,6 +79,9 @@ impl DeviceState {
             putil_since: 0,
             xid_watched: None,
             xid_errors: Arc::new(BTreeMap::new()),
+            slow_read_at: None,
+            energy_mj: None,
+            ecc_enabled: None,
         }
     }
 
@@ -255,14 +270,29 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
     }
 
     /// The utilization, power_thermal and health collectors of GPU `i`.
-    fn read_collectors(&mut self, i: usize) {
+    fn read_collectors(&mut self, i: usize, now: Instant) {
         let c = self.collectors;
         let mut failed = std::mem::take(&mut self.failed);
+        let slow_due = (c.power_thermal || c.health)
+            && self.devices[i]
+                .slow_read_at
+                .is_none_or(|at| now.duration_since(at) >= SLOW_READ_INTERVAL);
+        if slow_due {
+            let energy = self.gpu.energy(i).map_err(|e| failed.push(e)).ok();
+            let ecc = self.gpu.ecc_mode(i).map_err(|e| failed.push(e)).ok();
+            let dev = &mut self.devices[i];
+            (dev.energy_mj, dev.ecc_enabled, dev.slow_read_at) = (energy, ecc, Some(now));
+        }
+        let (energy_mj, ecc_enabled) = (self.devices[i].energy_mj, self.devices[i].ecc_enabled);
         let utilization = c.utilization.then(|| self.gpu.utilization(i, &mut failed));
-        let power = c
-            .power_thermal
-            .then(|| self.gpu.power_thermal(i, &mut failed));
-        let health = c.health.then(|| self.gpu.health(i, &mut failed));
+        let power = c.power_thermal.then(|| PowerThermal {
+            energy_mj,
+            ..self.gpu.power_thermal(i, &mut failed)
+        });
+        let health = c.health.then(|| Health {
+            ecc_enabled,
+            ..self.gpu.health(i, ecc_enabled == Some(true), &mut failed)
+        });
         self.failed = failed;
         self.collector_failures(i);
         let dev = &mut self.devices[i];
@@ -504,7 +534,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             {
                 self.rescan_mig(i, started);
             }
-            self.read_collectors(i);
+            self.read_collectors(i, started);
             let listed = if self.collectors.processes {
                 self.gpu.processes(i, &mut self.scratch)
             } else {
@@ -1124,7 +1154,7 @@ mod tests {
         assert_eq!(d.health.as_ref().and_then(|h| h.xid_errors.clone()), None);
         assert!(d.processes.is_empty());
         assert!(snap.nvml_errors.is_empty(), "{:?}", snap.nvml_errors);
-        assert_eq!(s.unsupported_logged.len(), 9, "{:?}", s.unsupported_logged);
+        assert_eq!(s.unsupported_logged.len(), 12, "{:?}", s.unsupported_logged);
         // The next sample asks only for newer process samples: pid 7 idle.
         let snap = s.tick();
         assert_eq!(
@@ -1132,6 +1162,16 @@ mod tests {
             Some(0)
         );
         assert_eq!(s.gpu_mut().xid_watched, vec![0], "watched once");
+        assert_eq!(
+            s.gpu_mut().slow_calls,
+            4,
+            "energy and ECC mode once per GPU within SLOW_READ_INTERVAL"
+        );
+        assert_eq!(
+            snap.devices[0].health.as_ref().and_then(|h| h.ecc_enabled),
+            Some(true),
+            "the ECC mode is kept between slow reads"
+        );
     }
 
     #[test]
