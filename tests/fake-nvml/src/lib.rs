@@ -58,6 +58,37 @@
 //!         compute_instance_id: 0     # required
 //!         memory: {total: 19000000000, reserved: 0, used: 1000}   # required
 //!         processes: [{pid: 500, used: 1000, type: compute}]
+//!     # Telemetry and health (issue 12). Every key is optional: a value left
+//!     # out makes its call NOT_SUPPORTED on this GPU (as on hardware without
+//!     # it); MIG device handles answer NOT_SUPPORTED to all of them.
+//!     utilization:                   # percent, 0..=100, each key optional
+//!       gpu: 99                      # nvmlDeviceGetUtilizationRates needs gpu and memory
+//!       memory: 22
+//!       encoder: 0                   # nvmlDeviceGetEncoderUtilization (period 167000 µs)
+//!       decoder: 0                   # nvmlDeviceGetDecoderUtilization (period 167000 µs)
+//!     process_utilization:           # nvmlDeviceGetProcessUtilization; [] = no samples
+//!       - {pid: 436, sm: 97, memory: 22, encoder: 0, decoder: 0}   # percent, default 0
+//!     temperature_c: 62              # nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)
+//!     power_mw: 692700               # nvmlDeviceGetPowerUsage
+//!     power_limit_mw: 700000         # nvmlDeviceGetEnforcedPowerLimit
+//!     energy_mj: 81234567890         # nvmlDeviceGetTotalEnergyConsumption
+//!     clocks_mhz: {graphics: 1470, sm: 1470, memory: 3201, video: 1305}   # nvmlDeviceGetClockInfo
+//!     performance_state: 0           # 0..=15, nvmlDeviceGetPerformanceState
+//!     clock_event_reasons: 0x4       # bitmask, nvmlDeviceGetCurrentClocks{Event,Throttle}Reasons
+//!     ecc:                           # nvmlDeviceGetEccMode, nvmlDeviceGetTotalEccErrors
+//!       enabled: true                # default true; counters are NOT_SUPPORTED while false
+//!       pending_enabled: true        # default: enabled (the mode after a reboot)
+//!       corrected_volatile: 0        # the four counters default to 0
+//!       corrected_aggregate: 0
+//!       uncorrected_volatile: 0
+//!       uncorrected_aggregate: 0
+//!     remapped_rows: {correctable: 0, uncorrectable: 0, pending: false, failed: false}
+//!                                    # nvmlDeviceGetRemappedRows; each defaults to 0/false
+//!     retired_pages: {single_bit_ecc: 0, double_bit_ecc: 0, pending: false}
+//!                                    # nvmlDeviceGetRetiredPages(_v2) page counts and
+//!                                    # nvmlDeviceGetRetiredPagesPendingStatus (an H200 has
+//!                                    # none of it: leave it out)
+//!     xid_events: [79, 48]           # critical Xids, each delivered once per event set
 //! ```
 //!
 //! ## Behaviour worth knowing
@@ -91,6 +122,40 @@
 //!   answer name (`<GPU name> MIG`), UUID, memory, processes, the parent's PCI
 //!   info, instance ids and their parent; `nvmlDeviceGetIndex`, MIG mode and
 //!   max MIG count on them are `NOT_SUPPORTED`.
+//! - Telemetry and health calls check their arguments first (NULL
+//!   out-pointers, a sensor other than `NVML_TEMPERATURE_GPU`, a clock type
+//!   past VIDEO, an ECC error/counter type or retirement cause out of range:
+//!   `INVALID_ARGUMENT`), then whether the scenario has the value
+//!   (`NOT_SUPPORTED` if not). A real MIG-enabled GPU answers NOT_SUPPORTED
+//!   to utilisation and process utilisation; leave those keys out there.
+//! - Process utilisation: sample i of a GPU has timeStamp = the scenario
+//!   file's mtime in µs since the epoch + i (never below the last scenario's
+//!   timestamps, so even a rewrite within one mtime tick is newer). Only
+//!   samples newer than `lastSeenTimeStamp` are returned; none (or `[]`) is
+//!   `NVML_ERROR_NOT_FOUND`, as real NVML answers; NULL buffer or `*count`
+//!   too small → `*count` = needed, `INSUFFICIENT_SIZE`. So a caller that
+//!   carries the last timestamp it saw gets each scenario write's samples once.
+//! - Retired pages: no pages → `SUCCESS` with `*pageCount = 0`; addresses NULL
+//!   or `*pageCount` too small → `*pageCount` = needed, `INSUFFICIENT_SIZE`;
+//!   addresses are distinct fake page addresses, `_v2` timestamps fake times.
+//! - Xid events: `nvmlDeviceGetSupportedEventTypes` answers
+//!   `nvmlEventTypeXidCriticalError` (0x8) on a GPU with `xid_events` (even
+//!   `[]`), and `nvmlDeviceRegisterEvents` accepts only that type there
+//!   (other bits or no `xid_events`: NOT_SUPPORTED; no bits: INVALID_ARGUMENT).
+//!   `nvmlEventSetWait_v2` (and v1) delivers each listed Xid once per set, in
+//!   list order, GPUs in registration order: eventType 0x8, eventData the Xid,
+//!   device the GPU's handle, instance ids 0xFFFFFFFF. Appending to the list
+//!   in a rewrite delivers the new ones. Nothing pending: a registered GPU's
+//!   `error` if it has one, else it sleeps `timeoutms` (at most 100 ms) and
+//!   answers `NVML_ERROR_TIMEOUT`. The wait first sleeps the largest
+//!   `delay_ms` of its GPUs. Sets die at nvmlEventSetFree and the last
+//!   nvmlShutdown.
+//! - Call counting: every export counts its calls (failed ones too). With
+//!   `FAKE_NVML_CALLS=<file>` the counts are written there as sorted lines
+//!   `nvmlDeviceGetTemperature 42` (temp file renamed over it), on the first
+//!   call, then on the first call at least 100 ms after the last write, and at
+//!   every `nvmlShutdown`: a test proves a switched-off collector makes no
+//!   call by the name's absence (or an unchanged count).
 //! - Every call before `nvmlInit*` or after the last `nvmlShutdown` is
 //!   `NVML_ERROR_UNINITIALIZED` (init is reference counted). No call panics
 //!   across the FFI boundary: a panic would become `NVML_ERROR_UNKNOWN`.
