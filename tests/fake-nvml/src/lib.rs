@@ -58,6 +58,37 @@
 //!         compute_instance_id: 0     # required
 //!         memory: {total: 19000000000, reserved: 0, used: 1000}   # required
 //!         processes: [{pid: 500, used: 1000, type: compute}]
+//!     # Telemetry and health (issue 12). Every key is optional: a value left
+//!     # out makes its call NOT_SUPPORTED on this GPU (as on hardware without
+//!     # it); MIG device handles answer NOT_SUPPORTED to all of them.
+//!     utilization:                   # percent, 0..=100, each key optional
+//!       gpu: 99                      # nvmlDeviceGetUtilizationRates needs gpu and memory
+//!       memory: 22
+//!       encoder: 0                   # nvmlDeviceGetEncoderUtilization (period 167000 µs)
+//!       decoder: 0                   # nvmlDeviceGetDecoderUtilization (period 167000 µs)
+//!     process_utilization:           # nvmlDeviceGetProcessUtilization; [] = no samples
+//!       - {pid: 436, sm: 97, memory: 22, encoder: 0, decoder: 0}   # percent, default 0
+//!     temperature_c: 62              # nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)
+//!     power_mw: 692700               # nvmlDeviceGetPowerUsage
+//!     power_limit_mw: 700000         # nvmlDeviceGetEnforcedPowerLimit
+//!     energy_mj: 81234567890         # nvmlDeviceGetTotalEnergyConsumption
+//!     clocks_mhz: {graphics: 1470, sm: 1470, memory: 3201, video: 1305}   # nvmlDeviceGetClockInfo
+//!     performance_state: 0           # 0..=15, nvmlDeviceGetPerformanceState
+//!     clock_event_reasons: 0x4       # bitmask, nvmlDeviceGetCurrentClocks{Event,Throttle}Reasons
+//!     ecc:                           # nvmlDeviceGetEccMode, nvmlDeviceGetTotalEccErrors
+//!       enabled: true                # default true; counters are NOT_SUPPORTED while false
+//!       pending_enabled: true        # default: enabled (the mode after a reboot)
+//!       corrected_volatile: 0        # the four counters default to 0
+//!       corrected_aggregate: 0
+//!       uncorrected_volatile: 0
+//!       uncorrected_aggregate: 0
+//!     remapped_rows: {correctable: 0, uncorrectable: 0, pending: false, failed: false}
+//!                                    # nvmlDeviceGetRemappedRows; each defaults to 0/false
+//!     retired_pages: {single_bit_ecc: 0, double_bit_ecc: 0, pending: false}
+//!                                    # nvmlDeviceGetRetiredPages(_v2) page counts and
+//!                                    # nvmlDeviceGetRetiredPagesPendingStatus (an H200 has
+//!                                    # none of it: leave it out)
+//!     xid_events: [79, 48]           # critical Xids, each delivered once per event set
 //! ```
 //!
 //! ## Behaviour worth knowing
@@ -91,6 +122,40 @@
 //!   answer name (`<GPU name> MIG`), UUID, memory, processes, the parent's PCI
 //!   info, instance ids and their parent; `nvmlDeviceGetIndex`, MIG mode and
 //!   max MIG count on them are `NOT_SUPPORTED`.
+//! - Telemetry and health calls check their arguments first (NULL
+//!   out-pointers, a sensor other than `NVML_TEMPERATURE_GPU`, a clock type
+//!   past VIDEO, an ECC error/counter type or retirement cause out of range:
+//!   `INVALID_ARGUMENT`), then whether the scenario has the value
+//!   (`NOT_SUPPORTED` if not). A real MIG-enabled GPU answers NOT_SUPPORTED
+//!   to utilisation and process utilisation; leave those keys out there.
+//! - Process utilisation: sample i of a GPU has timeStamp = the scenario
+//!   file's mtime in µs since the epoch + i (never below the last scenario's
+//!   timestamps, so even a rewrite within one mtime tick is newer). Only
+//!   samples newer than `lastSeenTimeStamp` are returned; none (or `[]`) is
+//!   `NVML_ERROR_NOT_FOUND`, as real NVML answers; NULL buffer or `*count`
+//!   too small → `*count` = needed, `INSUFFICIENT_SIZE`. So a caller that
+//!   carries the last timestamp it saw gets each scenario write's samples once.
+//! - Retired pages: no pages → `SUCCESS` with `*pageCount = 0`; addresses NULL
+//!   or `*pageCount` too small → `*pageCount` = needed, `INSUFFICIENT_SIZE`;
+//!   addresses are distinct fake page addresses, `_v2` timestamps fake times.
+//! - Xid events: `nvmlDeviceGetSupportedEventTypes` answers
+//!   `nvmlEventTypeXidCriticalError` (0x8) on a GPU with `xid_events` (even
+//!   `[]`), and `nvmlDeviceRegisterEvents` accepts only that type there
+//!   (other bits or no `xid_events`: NOT_SUPPORTED; no bits: INVALID_ARGUMENT).
+//!   `nvmlEventSetWait_v2` (and v1) delivers each listed Xid once per set, in
+//!   list order, GPUs in registration order: eventType 0x8, eventData the Xid,
+//!   device the GPU's handle, instance ids 0xFFFFFFFF. Appending to the list
+//!   in a rewrite delivers the new ones. Nothing pending: a registered GPU's
+//!   `error` if it has one, else it sleeps `timeoutms` (at most 100 ms) and
+//!   answers `NVML_ERROR_TIMEOUT`. The wait first sleeps the largest
+//!   `delay_ms` of its GPUs. Sets die at nvmlEventSetFree and the last
+//!   nvmlShutdown.
+//! - Call counting: every export counts its calls (failed ones too). With
+//!   `FAKE_NVML_CALLS=<file>` the counts are written there as sorted lines
+//!   `nvmlDeviceGetTemperature 42` (temp file renamed over it), on the first
+//!   call, then on the first call at least 100 ms after the last write, and at
+//!   every `nvmlShutdown`: a test proves a switched-off collector makes no
+//!   call by the name's absence (or an unchanged count).
 //! - Every call before `nvmlInit*` or after the last `nvmlShutdown` is
 //!   `NVML_ERROR_UNINITIALIZED` (init is reference counted). No call panics
 //!   across the FFI boundary: a panic would become `NVML_ERROR_UNKNOWN`.
@@ -99,8 +164,12 @@
 // documented buffer/struct. Repeating that on every export adds nothing.
 #![allow(clippy::missing_safety_doc)]
 
+mod calls;
+mod events;
+mod health;
 mod scenario;
 mod state;
+mod telemetry;
 #[cfg(test)]
 mod tests;
 
@@ -109,27 +178,33 @@ use std::panic::{self, AssertUnwindSafe};
 
 use nvml_wrapper_sys::bindings::*;
 
-use crate::scenario::{MAX_MIG_DEVICES, Query, Scenario, Target};
+use crate::scenario::{Gpu, MAX_MIG_DEVICES, Query, Scenario, Target};
 
 const SUCCESS: nvmlReturn_t = nvmlReturn_enum_NVML_SUCCESS;
 const INVALID_ARGUMENT: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
 const NOT_SUPPORTED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
 const INSUFFICIENT_SIZE: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
 const UNKNOWN: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+const NOT_FOUND: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
 
 /// `NVML_STRUCT_VERSION(Memory, 2)` from nvml.h.
 const MEMORY_V2_VERSION: c_uint = (std::mem::size_of::<nvmlMemory_v2_t>() as c_uint) | (2 << 24);
 
 // ------------------------------------------------------------------ helpers
 
-/// A panic must not unwind into C: it becomes NVML_ERROR_UNKNOWN.
-fn guard(f: impl FnOnce() -> nvmlReturn_t) -> nvmlReturn_t {
-    panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or(UNKNOWN)
+/// Counts the call, and keeps a panic from unwinding into C: it becomes
+/// NVML_ERROR_UNKNOWN. Every export goes through here.
+fn guard(name: &'static str, f: impl FnOnce() -> nvmlReturn_t) -> nvmlReturn_t {
+    panic::catch_unwind(AssertUnwindSafe(|| {
+        calls::hit(name);
+        f()
+    }))
+    .unwrap_or(UNKNOWN)
 }
 
 /// Calls that need an initialised library but no device.
-fn with_scenario(f: impl FnOnce(&Scenario) -> nvmlReturn_t) -> nvmlReturn_t {
-    guard(|| match state::enter() {
+fn with_scenario(name: &'static str, f: impl FnOnce(&Scenario) -> nvmlReturn_t) -> nvmlReturn_t {
+    guard(name, || match state::enter() {
         Ok(scenario) => match scenario.runtime_error {
             Some(code) => code,
             None => f(&scenario),
@@ -141,10 +216,11 @@ fn with_scenario(f: impl FnOnce(&Scenario) -> nvmlReturn_t) -> nvmlReturn_t {
 /// Calls on a device: resolve the handle, then the GPU's injected delay and
 /// error, then the call itself.
 fn with_device(
+    name: &'static str,
     device: nvmlDevice_t,
     f: impl FnOnce(&Scenario, Target<'_>) -> nvmlReturn_t,
 ) -> nvmlReturn_t {
-    with_scenario(|scenario| {
+    with_scenario(name, |scenario| {
         let Some(target) = scenario.resolve(device.addr()) else {
             return INVALID_ARGUMENT;
         };
@@ -157,6 +233,32 @@ fn with_device(
         }
         f(scenario, target)
     })
+}
+
+/// Calls a MIG device handle does not answer (NOT_SUPPORTED there): the
+/// closure gets the physical GPU and its index.
+fn with_gpu(
+    name: &'static str,
+    device: nvmlDevice_t,
+    f: impl FnOnce(usize, &Gpu) -> nvmlReturn_t,
+) -> nvmlReturn_t {
+    with_device(name, device, |_, t| match t {
+        Target::Gpu { index, gpu } => f(index, gpu),
+        Target::Mig { .. } => NOT_SUPPORTED,
+    })
+}
+
+/// Writes a value the scenario may lack: NOT_SUPPORTED when it does, after
+/// the NULL check (NVML checks its arguments first).
+unsafe fn put_some<T>(ptr: *mut T, value: Option<T>) -> nvmlReturn_t {
+    if ptr.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    match value {
+        // SAFETY: non-null, valid per NVML's contract.
+        Some(v) => unsafe { put(ptr, v) },
+        None => NOT_SUPPORTED,
+    }
 }
 
 fn handle(value: usize) -> nvmlDevice_t {
@@ -224,23 +326,29 @@ unsafe fn put_processes(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
-    guard(state::init)
+    guard("nvmlInit_v2", state::init)
 }
 
 /// Flags (NO_GPUS, NO_ATTACH) change nothing here.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
-    guard(state::init)
+    guard("nvmlInitWithFlags", state::init)
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
-    guard(state::shutdown)
+    guard("nvmlShutdown", || {
+        let code = state::shutdown();
+        calls::flush();
+        code
+    })
 }
 
 /// The strings libnvidia-ml returns; valid without init, never freed.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    // Counting cannot panic in practice; if it did, the string still comes back.
+    let _ = panic::catch_unwind(|| calls::hit("nvmlErrorString"));
     let s: &'static CStr = match result {
         0 => c"Success",
         1 => c"Uninitialized",
@@ -284,7 +392,9 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
     version: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    with_scenario(|s| unsafe { put_str(version, length, &s.driver_version) })
+    with_scenario("nvmlSystemGetDriverVersion", |s| unsafe {
+        put_str(version, length, &s.driver_version)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -292,24 +402,30 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
     version: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    with_scenario(|s| unsafe { put_str(version, length, &s.nvml_version) })
+    with_scenario("nvmlSystemGetNVMLVersion", |s| unsafe {
+        put_str(version, length, &s.nvml_version)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> nvmlReturn_t {
-    with_scenario(|s| unsafe { put(version, s.cuda_driver_version) })
+    with_scenario("nvmlSystemGetCudaDriverVersion", |s| unsafe {
+        put(version, s.cuda_driver_version)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> nvmlReturn_t {
-    with_scenario(|s| unsafe { put(version, s.cuda_driver_version) })
+    with_scenario("nvmlSystemGetCudaDriverVersion_v2", |s| unsafe {
+        put(version, s.cuda_driver_version)
+    })
 }
 
 // ---------------------------------------------------------- device handles
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
-    with_scenario(|s| {
+    with_scenario("nvmlDeviceGetCount_v2", |s| {
         let visible = s.gpus.len().min(state::gpus_at_init());
         unsafe { put(count, c_uint::try_from(visible).unwrap_or(0)) }
     })
@@ -322,7 +438,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    with_scenario(|s| {
+    with_scenario("nvmlDeviceGetHandleByIndex_v2", |s| {
         let i = index as usize;
         let Some(gpu) = s.gpus.get(i).filter(|_| i < state::gpus_at_init()) else {
             return INVALID_ARGUMENT;
@@ -340,7 +456,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    with_scenario(|s| {
+    with_scenario("nvmlDeviceGetHandleByUUID", |s| {
         if uuid.is_null() || device.is_null() {
             return INVALID_ARGUMENT;
         }
@@ -348,7 +464,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
         let wanted = unsafe { CStr::from_ptr(uuid) };
         match s.handle_by_uuid(wanted.to_bytes()) {
             Some(h) => unsafe { put(device, handle(h)) },
-            None => nvmlReturn_enum_NVML_ERROR_NOT_FOUND,
+            None => NOT_FOUND,
         }
     })
 }
@@ -358,7 +474,7 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
     device: nvmlDevice_t,
     index: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| match t {
+    with_device("nvmlDeviceGetIndex", device, |_, t| match t {
         Target::Gpu { index: i, .. } => unsafe { put(index, c_uint::try_from(i).unwrap_or(0)) },
         Target::Mig { .. } => NOT_SUPPORTED,
     })
@@ -372,7 +488,9 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| unsafe { put_str(name, length, t.name()) })
+    with_device("nvmlDeviceGetName", device, |_, t| unsafe {
+        put_str(name, length, t.name())
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -381,7 +499,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| unsafe { put_str(uuid, length, t.uuid()) })
+    with_device("nvmlDeviceGetUUID", device, |_, t| unsafe {
+        put_str(uuid, length, t.uuid())
+    })
 }
 
 /// A MIG handle reports its GPU's PCI identity.
@@ -390,7 +510,9 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     device: nvmlDevice_t,
     pci: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| unsafe { put(pci, t.gpu().pci) })
+    with_device("nvmlDeviceGetPciInfo_v3", device, |_, t| unsafe {
+        put(pci, t.gpu().pci)
+    })
 }
 
 /// v1 counts reserved memory as used, like libnvidia-ml does.
@@ -399,7 +521,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| {
+    with_device("nvmlDeviceGetMemoryInfo", device, |_, t| {
         let m = t.memory();
         let used = m.used.saturating_add(m.reserved).min(m.total);
         let info = nvmlMemory_t {
@@ -416,7 +538,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| {
+    with_device("nvmlDeviceGetMemoryInfo_v2", device, |_, t| {
         if memory.is_null() {
             return INVALID_ARGUMENT;
         }
@@ -445,9 +567,11 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     info_count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| unsafe {
-        put_processes(info_count, infos, &t.processes(Query::Compute))
-    })
+    with_device(
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        device,
+        |_, t| unsafe { put_processes(info_count, infos, &t.processes(Query::Compute)) },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -456,9 +580,11 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
     info_count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| unsafe {
-        put_processes(info_count, infos, &t.processes(Query::Graphics))
-    })
+    with_device(
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        device,
+        |_, t| unsafe { put_processes(info_count, infos, &t.processes(Query::Graphics)) },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -467,9 +593,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
     info_count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| unsafe {
-        put_processes(info_count, infos, &t.processes(Query::Mps))
-    })
+    with_device(
+        "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+        device,
+        |_, t| unsafe { put_processes(info_count, infos, &t.processes(Query::Mps)) },
+    )
 }
 
 // -------------------------------------------------------------------- MIG
@@ -480,7 +608,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current_mode: *mut c_uint,
     pending_mode: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| {
+    with_device("nvmlDeviceGetMigMode", device, |_, t| {
         let Target::Gpu { gpu, .. } = t else {
             return NOT_SUPPORTED;
         };
@@ -504,7 +632,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: nvmlDevice_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| match t {
+    with_device("nvmlDeviceGetMaxMigDeviceCount", device, |_, t| match t {
         Target::Gpu { gpu, .. } => {
             let max = gpu.migs.len().max(MAX_MIG_DEVICES);
             unsafe { put(count, c_uint::try_from(max).unwrap_or(c_uint::MAX)) }
@@ -519,7 +647,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     index: c_uint,
     mig_device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| {
+    with_device("nvmlDeviceGetMigDeviceHandleByIndex", device, |_, t| {
         let Target::Gpu {
             index: gpu_index,
             gpu,
@@ -534,7 +662,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
             return NOT_SUPPORTED;
         }
         if index as usize >= gpu.migs.len() {
-            return nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
+            return NOT_FOUND;
         }
         unsafe {
             put(
@@ -554,7 +682,7 @@ pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
     device: nvmlDevice_t,
     is_mig_device: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| {
+    with_device("nvmlDeviceIsMigDeviceHandle", device, |_, t| {
         let is_mig = matches!(t, Target::Mig { .. });
         unsafe { put(is_mig_device, c_uint::from(is_mig)) }
     })
@@ -565,7 +693,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
     device: nvmlDevice_t,
     id: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| match t {
+    with_device("nvmlDeviceGetGpuInstanceId", device, |_, t| match t {
         Target::Mig { mig, .. } => unsafe { put(id, mig.gpu_instance_id) },
         Target::Gpu { .. } => NOT_SUPPORTED,
     })
@@ -576,7 +704,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     device: nvmlDevice_t,
     id: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, |_, t| match t {
+    with_device("nvmlDeviceGetComputeInstanceId", device, |_, t| match t {
         Target::Mig { mig, .. } => unsafe { put(id, mig.compute_instance_id) },
         Target::Gpu { .. } => NOT_SUPPORTED,
     })
@@ -587,10 +715,14 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
     mig_device: nvmlDevice_t,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    with_device(mig_device, |_, t| match t {
-        Target::Mig { parent_index, .. } => unsafe {
-            put(device, handle(scenario::gpu_handle(parent_index)))
+    with_device(
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        mig_device,
+        |_, t| match t {
+            Target::Mig { parent_index, .. } => unsafe {
+                put(device, handle(scenario::gpu_handle(parent_index)))
+            },
+            Target::Gpu { .. } => INVALID_ARGUMENT,
         },
-        Target::Gpu { .. } => INVALID_ARGUMENT,
-    })
+    )
 }

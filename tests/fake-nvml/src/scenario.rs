@@ -118,6 +118,120 @@ struct DeviceFile {
     delay_ms: u64,
     #[serde(default)]
     mig_devices: Vec<MigFile>,
+    // Telemetry and health: absent means the GPU answers NOT_SUPPORTED.
+    #[serde(default)]
+    utilization: UtilizationFile,
+    #[serde(default)]
+    process_utilization: Option<Vec<ProcessUtilizationFile>>,
+    #[serde(default)]
+    temperature_c: Option<u32>,
+    #[serde(default)]
+    power_mw: Option<u32>,
+    #[serde(default)]
+    power_limit_mw: Option<u32>,
+    #[serde(default)]
+    energy_mj: Option<u64>,
+    #[serde(default)]
+    clocks_mhz: ClocksFile,
+    #[serde(default)]
+    performance_state: Option<u32>,
+    #[serde(default)]
+    clock_event_reasons: Option<u64>,
+    #[serde(default)]
+    ecc: Option<EccFile>,
+    #[serde(default)]
+    remapped_rows: Option<RemappedRowsFile>,
+    #[serde(default)]
+    retired_pages: Option<RetiredPagesFile>,
+    #[serde(default)]
+    xid_events: Option<Vec<u64>>,
+}
+
+/// Percentages; each missing one makes its call NOT_SUPPORTED.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct UtilizationFile {
+    #[serde(default)]
+    gpu: Option<u32>,
+    #[serde(default)]
+    memory: Option<u32>,
+    #[serde(default)]
+    encoder: Option<u32>,
+    #[serde(default)]
+    decoder: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProcessUtilizationFile {
+    pid: u32,
+    #[serde(default)]
+    sm: u32,
+    #[serde(default)]
+    memory: u32,
+    #[serde(default)]
+    encoder: u32,
+    #[serde(default)]
+    decoder: u32,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ClocksFile {
+    #[serde(default)]
+    graphics: Option<u32>,
+    #[serde(default)]
+    sm: Option<u32>,
+    #[serde(default)]
+    memory: Option<u32>,
+    #[serde(default)]
+    video: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EccFile {
+    #[serde(default = "default_true")]
+    enabled: bool,
+    /// The mode after the next reboot; defaults to `enabled`.
+    #[serde(default)]
+    pending_enabled: Option<bool>,
+    #[serde(default)]
+    corrected_volatile: u64,
+    #[serde(default)]
+    corrected_aggregate: u64,
+    #[serde(default)]
+    uncorrected_volatile: u64,
+    #[serde(default)]
+    uncorrected_aggregate: u64,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemappedRowsFile {
+    #[serde(default)]
+    correctable: u32,
+    #[serde(default)]
+    uncorrectable: u32,
+    #[serde(default)]
+    pending: bool,
+    #[serde(default)]
+    failed: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetiredPagesFile {
+    #[serde(default)]
+    single_bit_ecc: u32,
+    #[serde(default)]
+    double_bit_ecc: u32,
+    #[serde(default)]
+    pending: bool,
 }
 
 #[derive(Deserialize)]
@@ -185,6 +299,9 @@ impl ProcessKind {
 // ------------------------------------------------------------- runtime types
 
 pub struct Scenario {
+    /// µs since the epoch: the timeStamp of this scenario's first process
+    /// utilisation sample (set by the loader from the file's mtime).
+    pub sample_base_us: u64,
     pub driver_version: String,
     pub nvml_version: String,
     pub cuda_driver_version: i32,
@@ -207,6 +324,72 @@ pub struct Gpu {
     pub handle_error: Option<nvmlReturn_t>,
     pub delay: Duration,
     pub migs: Vec<Mig>,
+    pub telemetry: Telemetry,
+    pub health: Health,
+    /// `xid_events`: None = events NOT_SUPPORTED.
+    pub xid_events: Option<Vec<u64>>,
+}
+
+/// Utilisation, power, thermal and clocks; `None` = NOT_SUPPORTED.
+#[derive(Clone, Debug, Default)]
+pub struct Telemetry {
+    pub gpu_util: Option<u32>,
+    pub memory_util: Option<u32>,
+    pub encoder_util: Option<u32>,
+    pub decoder_util: Option<u32>,
+    pub process_utilization: Option<Vec<ProcessUtilization>>,
+    pub temperature_c: Option<u32>,
+    pub power_mw: Option<u32>,
+    pub power_limit_mw: Option<u32>,
+    pub energy_mj: Option<u64>,
+    pub clock_graphics: Option<u32>,
+    pub clock_sm: Option<u32>,
+    pub clock_memory: Option<u32>,
+    pub clock_video: Option<u32>,
+    pub performance_state: Option<u32>,
+    pub clock_event_reasons: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessUtilization {
+    pub pid: u32,
+    pub sm: u32,
+    pub memory: u32,
+    pub encoder: u32,
+    pub decoder: u32,
+}
+
+/// Memory health; `None` = NOT_SUPPORTED.
+#[derive(Clone, Debug, Default)]
+pub struct Health {
+    pub ecc: Option<Ecc>,
+    pub remapped_rows: Option<RemappedRows>,
+    pub retired_pages: Option<RetiredPages>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ecc {
+    pub enabled: bool,
+    pub pending_enabled: bool,
+    pub corrected_volatile: u64,
+    pub corrected_aggregate: u64,
+    pub uncorrected_volatile: u64,
+    pub uncorrected_aggregate: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemappedRows {
+    pub correctable: u32,
+    pub uncorrectable: u32,
+    pub pending: bool,
+    pub failed: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetiredPages {
+    pub single_bit_ecc: u32,
+    pub double_bit_ecc: u32,
+    pub pending: bool,
 }
 
 pub struct Mig {
@@ -427,6 +610,8 @@ fn validate(file: ScenarioFile) -> Result<Scenario, String> {
             &d.name,
             NVML_DEVICE_NAME_V2_BUFFER_SIZE,
         )?;
+        let telemetry = telemetry(&at, &d)?;
+        let health = health(&d);
         let bus_id = d
             .pci_bus_id
             .unwrap_or_else(|| format!("00000000:{:02X}:00.0", (i + 1) & 0xFF));
@@ -469,6 +654,9 @@ fn validate(file: ScenarioFile) -> Result<Scenario, String> {
             });
         }
         gpus.push(Gpu {
+            telemetry,
+            health,
+            xid_events: d.xid_events,
             uuid: d.uuid,
             name: d.name,
             pci,
@@ -481,6 +669,7 @@ fn validate(file: ScenarioFile) -> Result<Scenario, String> {
         });
     }
     Ok(Scenario {
+        sample_base_us: 0,
         driver_version: file.driver_version,
         nvml_version: file.nvml_version,
         cuda_driver_version: file.cuda_driver_version,
@@ -502,6 +691,97 @@ fn validate(file: ScenarioFile) -> Result<Scenario, String> {
         }),
         gpus,
     })
+}
+
+fn percent(what: &str, v: Option<u32>) -> Result<Option<u32>, String> {
+    at_most(what, v, 100)
+}
+
+fn at_most(what: &str, v: Option<u32>, max: u32) -> Result<Option<u32>, String> {
+    match v {
+        Some(v) if v > max => Err(format!("{what}: {v} is above {max}")),
+        v => Ok(v),
+    }
+}
+
+fn telemetry(at: &str, d: &DeviceFile) -> Result<Telemetry, String> {
+    let u = &d.utilization;
+    let process_utilization = match &d.process_utilization {
+        None => None,
+        Some(list) => {
+            let mut out = Vec::with_capacity(list.len());
+            for (i, p) in list.iter().enumerate() {
+                let at = format!("{at}.process_utilization[{i}]");
+                let pct = |key: &str, v: u32| percent(&format!("{at}.{key}"), Some(v));
+                pct("sm", p.sm)?;
+                pct("memory", p.memory)?;
+                pct("encoder", p.encoder)?;
+                pct("decoder", p.decoder)?;
+                out.push(ProcessUtilization {
+                    pid: p.pid,
+                    sm: p.sm,
+                    memory: p.memory,
+                    encoder: p.encoder,
+                    decoder: p.decoder,
+                });
+            }
+            Some(out)
+        }
+    };
+    Ok(Telemetry {
+        gpu_util: percent(&format!("{at}.utilization.gpu"), u.gpu)?,
+        memory_util: percent(&format!("{at}.utilization.memory"), u.memory)?,
+        encoder_util: percent(&format!("{at}.utilization.encoder"), u.encoder)?,
+        decoder_util: percent(&format!("{at}.utilization.decoder"), u.decoder)?,
+        process_utilization,
+        temperature_c: d.temperature_c,
+        power_mw: d.power_mw,
+        power_limit_mw: d.power_limit_mw,
+        energy_mj: d.energy_mj,
+        clock_graphics: d.clocks_mhz.graphics,
+        clock_sm: d.clocks_mhz.sm,
+        clock_memory: d.clocks_mhz.memory,
+        clock_video: d.clocks_mhz.video,
+        performance_state: at_most(&format!("{at}.performance_state"), d.performance_state, 15)?,
+        clock_event_reasons: d.clock_event_reasons,
+    })
+}
+
+fn health(d: &DeviceFile) -> Health {
+    Health {
+        ecc: d.ecc.as_ref().map(|e| Ecc {
+            enabled: e.enabled,
+            pending_enabled: e.pending_enabled.unwrap_or(e.enabled),
+            corrected_volatile: e.corrected_volatile,
+            corrected_aggregate: e.corrected_aggregate,
+            uncorrected_volatile: e.uncorrected_volatile,
+            uncorrected_aggregate: e.uncorrected_aggregate,
+        }),
+        remapped_rows: d.remapped_rows.as_ref().map(|r| RemappedRows {
+            correctable: r.correctable,
+            uncorrectable: r.uncorrectable,
+            pending: r.pending,
+            failed: r.failed,
+        }),
+        retired_pages: d.retired_pages.as_ref().map(|r| RetiredPages {
+            single_bit_ecc: r.single_bit_ecc,
+            double_bit_ecc: r.double_bit_ecc,
+            pending: r.pending,
+        }),
+    }
+}
+
+impl Scenario {
+    /// The longest process utilisation list of any GPU: how many sample
+    /// timestamps from `sample_base_us` on this scenario hands out.
+    pub fn sample_span(&self) -> u64 {
+        self.gpus
+            .iter()
+            .filter_map(|g| g.telemetry.process_utilization.as_ref())
+            .map(|l| l.len() as u64)
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 fn device_error(e: DeviceErrorFile) -> nvmlReturn_t {

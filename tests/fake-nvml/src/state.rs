@@ -55,6 +55,9 @@ struct State {
     /// GPUs the scenario had when the library was first initialised: like
     /// NVML, the device count is fixed until the next init.
     gpus_at_init: usize,
+    /// One past the last process utilisation timeStamp any scenario handed
+    /// out, so a rewrite within the same mtime tick still gives new samples.
+    next_sample_us: u64,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
@@ -65,6 +68,7 @@ static STATE: Mutex<State> = Mutex::new(State {
     scenario: None,
     stat_failing: false,
     gpus_at_init: 0,
+    next_sample_us: 0,
 });
 
 fn lock() -> MutexGuard<'static, State> {
@@ -117,7 +121,10 @@ impl State {
             .map_err(|e| e.to_string())
             .and_then(|text| scenario::parse(&text));
         match parsed {
-            Ok(s) => {
+            Ok(mut s) => {
+                let mtime_us = u64::try_from(id.mtime_ns / 1000).unwrap_or(0);
+                s.sample_base_us = mtime_us.max(self.next_sample_us);
+                self.next_sample_us = s.sample_base_us.saturating_add(s.sample_span());
                 self.scenario = Some(Arc::new(s));
                 Ok(())
             }
@@ -198,6 +205,10 @@ pub fn shutdown() -> nvmlReturn_t {
         return nvmlReturn_enum_NVML_ERROR_UNINITIALIZED;
     }
     st.refcount -= 1;
+    if st.refcount == 0 {
+        // Like NVML's, event sets do not outlive the library.
+        crate::events::clear();
+    }
     nvmlReturn_enum_NVML_SUCCESS
 }
 
@@ -213,4 +224,6 @@ pub fn reset_for_test(path: Option<PathBuf>) {
     st.scenario = None;
     st.stat_failing = false;
     st.gpus_at_init = 0;
+    st.next_sample_us = 0;
+    crate::events::clear();
 }

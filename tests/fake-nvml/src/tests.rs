@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use nvml_wrapper_sys::bindings::*;
 
+use crate::events::*;
+use crate::health::*;
+use crate::telemetry::*;
 use crate::*;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -188,7 +191,33 @@ fn signatures_match_nvml_wrapper_sys() {
             nvmlDeviceGetGpuInstanceId,
             nvmlDeviceGetComputeInstanceId,
             nvmlDeviceGetDeviceHandleFromMigDeviceHandle,
+            nvmlDeviceGetUtilizationRates,
+            nvmlDeviceGetEncoderUtilization,
+            nvmlDeviceGetDecoderUtilization,
+            nvmlDeviceGetProcessUtilization,
+            nvmlDeviceGetTemperature,
+            nvmlDeviceGetPowerUsage,
+            nvmlDeviceGetEnforcedPowerLimit,
+            nvmlDeviceGetTotalEnergyConsumption,
+            nvmlDeviceGetClockInfo,
+            nvmlDeviceGetPerformanceState,
+            nvmlDeviceGetCurrentClocksEventReasons,
+            nvmlDeviceGetCurrentClocksThrottleReasons,
+            nvmlDeviceGetEccMode,
+            nvmlDeviceGetTotalEccErrors,
+            nvmlDeviceGetRemappedRows,
+            nvmlDeviceGetRetiredPages,
+            nvmlDeviceGetRetiredPages_v2,
+            nvmlDeviceGetRetiredPagesPendingStatus,
+            nvmlEventSetCreate,
+            nvmlEventSetFree,
+            nvmlDeviceGetSupportedEventTypes,
+            nvmlDeviceRegisterEvents,
+            nvmlEventSetWait_v2,
         );
+        // v1 is loaded only with nvml-wrapper-sys's `legacy-functions`
+        // feature; its C type is v2's.
+        same(&lib.nvmlEventSetWait_v2, nvmlEventSetWait);
     }
     let _ = check as fn(&NvmlLib);
     assert_eq!(MEMORY_V2_VERSION, 0x0200_0028);
@@ -686,6 +715,40 @@ fn validation_rejects_mistakes() {
         ("devices: [{uuid: GPU-1, error: melted}]", "melted"),
         ("init_error: gpu_lost", "gpu_lost"),
         (
+            "devices: [{uuid: GPU-1}, {uuid: GPU-2, utilization: {gpu: 101}}]",
+            "devices[1].utilization.gpu: 101 is above 100",
+        ),
+        (
+            "devices: [{uuid: GPU-1, utilization: {decoder: 200}}]",
+            "devices[0].utilization.decoder: 200 is above 100",
+        ),
+        (
+            "devices: [{uuid: GPU-1, process_utilization: [{pid: 1}, {pid: 2, memory: 101}]}]",
+            "devices[0].process_utilization[1].memory: 101 is above 100",
+        ),
+        (
+            "devices: [{uuid: GPU-1, process_utilization: [{sm: 1}]}]",
+            "pid",
+        ),
+        (
+            "devices: [{uuid: GPU-1, performance_state: 16}]",
+            "devices[0].performance_state: 16 is above 15",
+        ),
+        (
+            "devices: [{uuid: GPU-1, clocks_mhz: {shader: 1}}]",
+            "unknown field",
+        ),
+        ("devices: [{uuid: GPU-1, ecc: {sbe: 1}}]", "unknown field"),
+        (
+            "devices: [{uuid: GPU-1, remapped_rows: {pending: 3}}]",
+            "line 1 column 50: invalid boolean",
+        ),
+        ("devices: [{uuid: GPU-1, temperature_c: -5}]", "invalid u32"),
+        (
+            "devices: [{uuid: GPU-1, mig_devices: [{uuid: MIG-1, gpu_instance_id: 1, compute_instance_id: 0, memory: {total: 1}, temperature_c: 3}]}]",
+            "unknown field",
+        ),
+        (
             "devices: [{uuid: GPU-1, processes: [{pid: 1}], mig_devices: [{uuid: MIG-1, gpu_instance_id: 1, compute_instance_id: 0, memory: {total: 1}}]}]",
             "mig",
         ),
@@ -705,8 +768,12 @@ fn validation_rejects_mistakes() {
 fn shipped_scenarios_parse() {
     let s = scenario::parse(include_str!("../scenarios/example.yaml")).expect("example.yaml");
     assert_eq!(s.gpus.len(), 2);
+    assert_eq!(s.gpus[0].telemetry.clock_event_reasons, Some(0x4));
     let s = scenario::parse(include_str!("../scenarios/mig.yaml")).expect("mig.yaml");
     assert_eq!(s.gpus[0].migs.len(), 2);
+    let s = scenario::parse(include_str!("../scenarios/unhealthy.yaml")).expect("unhealthy.yaml");
+    assert_eq!(s.gpus[0].xid_events, Some(vec![48, 63]));
+    assert!(s.gpus[1].health.remapped_rows.is_none());
 }
 
 #[test]
@@ -807,4 +874,735 @@ fn a_destroyed_mig_instance_leaves_a_stale_handle() {
         "devices:\n  - uuid: GPU-11111111-0000-0000-0000-000000000000\n  - uuid: GPU-22222222-0000-0000-0000-000000000000\n",
     );
     assert_eq!(memory_v2(m0).map(|_| ()), Err(INVALID_ARGUMENT));
+}
+
+// ------------------------------------------------- telemetry and health
+
+/// GPU 0 answers everything, GPU 1 a few things, GPU 2 is in MIG mode with
+/// every value set (so its MIG handle's NOT_SUPPORTED is about MIG).
+const TELEMETRY: &str = r#"
+devices:
+  - uuid: GPU-aaaaaaaa-0000-0000-0000-000000000000
+    utilization: {gpu: 99, memory: 22, encoder: 3, decoder: 4}
+    process_utilization:
+      - {pid: 436, sm: 97, memory: 21, encoder: 1, decoder: 2}
+      - {pid: 437, sm: 2}
+    temperature_c: 62
+    power_mw: 692700
+    power_limit_mw: 700000
+    energy_mj: 123456789012
+    clocks_mhz: {graphics: 1980, sm: 1470, memory: 3201, video: 1650}
+    performance_state: 0
+    clock_event_reasons: 0x4
+    ecc: {enabled: true, corrected_volatile: 1, corrected_aggregate: 2, uncorrected_volatile: 3, uncorrected_aggregate: 4}
+    remapped_rows: {correctable: 5, uncorrectable: 1, pending: true, failed: false}
+    retired_pages: {single_bit_ecc: 3, double_bit_ecc: 0, pending: true}
+    xid_events: [79, 48]
+  - uuid: GPU-bbbbbbbb-0000-0000-0000-000000000000
+    utilization: {gpu: 5, encoder: 0}
+    clocks_mhz: {sm: 345}
+    ecc: {enabled: false, pending_enabled: true, uncorrected_volatile: 9}
+  - uuid: GPU-cccccccc-0000-0000-0000-000000000000
+    utilization: {gpu: 1, memory: 1, encoder: 1, decoder: 1}
+    process_utilization: []
+    temperature_c: 30
+    power_mw: 1
+    power_limit_mw: 1
+    energy_mj: 1
+    clocks_mhz: {graphics: 1, sm: 1, memory: 1, video: 1}
+    performance_state: 1
+    clock_event_reasons: 1
+    ecc: {}
+    remapped_rows: {}
+    retired_pages: {}
+    xid_events: []
+    mig_devices:
+      - uuid: MIG-cccccccc-0000-0000-0000-000000000001
+        gpu_instance_id: 1
+        compute_instance_id: 0
+        memory: {total: 100}
+"#;
+
+fn util(d: nvmlDevice_t) -> Result<(u32, u32), nvmlReturn_t> {
+    let mut u = nvmlUtilization_t { gpu: 0, memory: 0 };
+    match unsafe { nvmlDeviceGetUtilizationRates(d, &mut u) } {
+        SUCCESS => Ok((u.gpu, u.memory)),
+        code => Err(code),
+    }
+}
+
+type CodecFn = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut c_uint) -> nvmlReturn_t;
+
+fn codec(f: CodecFn, d: nvmlDevice_t) -> Result<(u32, u32), nvmlReturn_t> {
+    let (mut u, mut period) = (0, 0);
+    match unsafe { f(d, &mut u, &mut period) } {
+        SUCCESS => Ok((u, period)),
+        code => Err(code),
+    }
+}
+
+/// A getter of one scalar through an out-pointer, as a Result.
+fn get<T: Default>(f: impl FnOnce(*mut T) -> nvmlReturn_t) -> Result<T, nvmlReturn_t> {
+    let mut v = T::default();
+    match f(&mut v) {
+        SUCCESS => Ok(v),
+        code => Err(code),
+    }
+}
+
+fn clock(d: nvmlDevice_t, kind: nvmlClockType_t) -> Result<u32, nvmlReturn_t> {
+    get(|p| unsafe { nvmlDeviceGetClockInfo(d, kind, p) })
+}
+
+#[test]
+fn utilization_rates_and_codecs() {
+    let f = Fixture::new(TELEMETRY);
+    f.init();
+    let (d0, d1, d2) = (dev(0), dev(1), dev(2));
+    assert_eq!(util(d0), Ok((99, 22)));
+    assert_eq!(
+        codec(nvmlDeviceGetEncoderUtilization, d0),
+        Ok((3, CODEC_SAMPLING_PERIOD_US))
+    );
+    assert_eq!(codec(nvmlDeviceGetDecoderUtilization, d0), Ok((4, 167_000)));
+    // Only some keys: the rest NOT_SUPPORTED; the rates need gpu and memory.
+    assert_eq!(util(d1), Err(NOT_SUPPORTED));
+    assert_eq!(codec(nvmlDeviceGetEncoderUtilization, d1), Ok((0, 167_000)));
+    assert_eq!(
+        codec(nvmlDeviceGetDecoderUtilization, d1),
+        Err(NOT_SUPPORTED)
+    );
+    // A MIG device handle answers none of it.
+    let m = mig(d2, 0);
+    assert_eq!(util(d2), Ok((1, 1)));
+    assert_eq!(util(m), Err(NOT_SUPPORTED));
+    assert_eq!(
+        codec(nvmlDeviceGetEncoderUtilization, m),
+        Err(NOT_SUPPORTED)
+    );
+    // NULL out-pointers.
+    assert_eq!(
+        unsafe { nvmlDeviceGetUtilizationRates(d0, ptr::null_mut()) },
+        INVALID_ARGUMENT
+    );
+    let mut u = 0;
+    assert_eq!(
+        unsafe { nvmlDeviceGetEncoderUtilization(d0, &mut u, ptr::null_mut()) },
+        INVALID_ARGUMENT
+    );
+    assert_eq!(
+        unsafe { nvmlDeviceGetDecoderUtilization(d1, ptr::null_mut(), &mut u) },
+        INVALID_ARGUMENT
+    );
+}
+
+#[test]
+fn thermal_power_clocks_and_pstate() {
+    let f = Fixture::new(TELEMETRY);
+    f.init();
+    let (d0, d1) = (dev(0), dev(1));
+    let temp = |d, sensor| get(|p| unsafe { nvmlDeviceGetTemperature(d, sensor, p) });
+    assert_eq!(
+        temp(d0, nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU),
+        Ok(62)
+    );
+    assert_eq!(temp(d0, 1), Err(INVALID_ARGUMENT));
+    assert_eq!(temp(d1, 0), Err(NOT_SUPPORTED));
+    assert_eq!(temp(d1, 1), Err(INVALID_ARGUMENT), "arguments first");
+    let power = |d| get(|p| unsafe { nvmlDeviceGetPowerUsage(d, p) });
+    let limit = |d| get(|p| unsafe { nvmlDeviceGetEnforcedPowerLimit(d, p) });
+    let energy = |d| get(|p| unsafe { nvmlDeviceGetTotalEnergyConsumption(d, p) });
+    assert_eq!(power(d0), Ok(692_700));
+    assert_eq!(limit(d0), Ok(700_000));
+    assert_eq!(energy(d0), Ok(123_456_789_012));
+    assert_eq!(power(d1), Err(NOT_SUPPORTED));
+    assert_eq!(limit(d1), Err(NOT_SUPPORTED));
+    assert_eq!(energy(d1), Err(NOT_SUPPORTED));
+
+    assert_eq!(clock(d0, nvmlClockType_enum_NVML_CLOCK_GRAPHICS), Ok(1980));
+    assert_eq!(clock(d0, nvmlClockType_enum_NVML_CLOCK_SM), Ok(1470));
+    assert_eq!(clock(d0, nvmlClockType_enum_NVML_CLOCK_MEM), Ok(3201));
+    assert_eq!(clock(d0, nvmlClockType_enum_NVML_CLOCK_VIDEO), Ok(1650));
+    assert_eq!(
+        clock(d0, nvmlClockType_enum_NVML_CLOCK_COUNT),
+        Err(INVALID_ARGUMENT)
+    );
+    assert_eq!(clock(d1, nvmlClockType_enum_NVML_CLOCK_SM), Ok(345));
+    assert_eq!(
+        clock(d1, nvmlClockType_enum_NVML_CLOCK_MEM),
+        Err(NOT_SUPPORTED)
+    );
+
+    let pstate = |d| get(|p| unsafe { nvmlDeviceGetPerformanceState(d, p) });
+    assert_eq!(pstate(d0), Ok(nvmlPStates_enum_NVML_PSTATE_0));
+    assert_eq!(pstate(d1), Err(NOT_SUPPORTED));
+    let reasons = |d| get(|p| unsafe { nvmlDeviceGetCurrentClocksEventReasons(d, p) });
+    let throttle = |d| get(|p| unsafe { nvmlDeviceGetCurrentClocksThrottleReasons(d, p) });
+    assert_eq!(reasons(d0), Ok(0x4), "YAML hex");
+    assert_eq!(throttle(d0), Ok(0x4));
+    assert_eq!(reasons(d1), Err(NOT_SUPPORTED));
+    assert_eq!(throttle(d1), Err(NOT_SUPPORTED));
+
+    let m = mig(dev(2), 0);
+    assert_eq!(temp(m, 0), Err(NOT_SUPPORTED));
+    assert_eq!(power(m), Err(NOT_SUPPORTED));
+    assert_eq!(energy(m), Err(NOT_SUPPORTED));
+    assert_eq!(clock(m, 1), Err(NOT_SUPPORTED));
+    assert_eq!(pstate(m), Err(NOT_SUPPORTED));
+    assert_eq!(reasons(m), Err(NOT_SUPPORTED));
+    assert_eq!(pstate(dev(2)), Ok(1));
+
+    for null in [
+        unsafe { nvmlDeviceGetTemperature(d0, 0, ptr::null_mut()) },
+        unsafe { nvmlDeviceGetPowerUsage(d0, ptr::null_mut()) },
+        unsafe { nvmlDeviceGetPowerUsage(d1, ptr::null_mut()) },
+        unsafe { nvmlDeviceGetEnforcedPowerLimit(d0, ptr::null_mut()) },
+        unsafe { nvmlDeviceGetTotalEnergyConsumption(d0, ptr::null_mut()) },
+        unsafe { nvmlDeviceGetClockInfo(d0, 0, ptr::null_mut()) },
+        unsafe { nvmlDeviceGetPerformanceState(d0, ptr::null_mut()) },
+        unsafe { nvmlDeviceGetCurrentClocksEventReasons(d0, ptr::null_mut()) },
+        unsafe { nvmlDeviceGetCurrentClocksThrottleReasons(d0, ptr::null_mut()) },
+    ] {
+        assert_eq!(null, INVALID_ARGUMENT);
+    }
+}
+
+#[test]
+fn new_calls_honour_device_and_runtime_errors() {
+    let f = Fixture::new(TELEMETRY);
+    f.init();
+    let d0 = dev(0);
+    f.write(&TELEMETRY.replacen(
+        "    utilization: {gpu: 99",
+        "    error: gpu_lost\n    delay_ms: 30\n    utilization: {gpu: 99",
+        1,
+    ));
+    let start = Instant::now();
+    assert_eq!(util(d0), Err(nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST));
+    assert!(start.elapsed() >= Duration::from_millis(30));
+    assert_eq!(
+        get(|p| unsafe { nvmlDeviceGetTemperature(d0, 0, p) }),
+        Err(nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST)
+    );
+    let mut n: c_uint = 0;
+    assert_eq!(
+        unsafe { nvmlDeviceGetProcessUtilization(d0, ptr::null_mut(), &mut n, 0) },
+        nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST
+    );
+    assert_eq!(util(dev(1)), Err(NOT_SUPPORTED), "the others answer");
+    f.write(&format!("runtime_error: driver_not_loaded\n{TELEMETRY}"));
+    assert_eq!(util(d0), Err(nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED));
+    let mut set = ptr::null_mut();
+    assert_eq!(
+        unsafe { nvmlEventSetCreate(&mut set) },
+        nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED
+    );
+    f.write(TELEMETRY);
+    assert_eq!(util(d0), Ok((99, 22)));
+}
+
+type Sample = (u32, u64, u32, u32, u32, u32);
+
+/// As nvml-wrapper does it: count with a NULL buffer, then exactly that many.
+fn process_util(d: nvmlDevice_t, last_seen: u64) -> Result<Vec<Sample>, nvmlReturn_t> {
+    let mut count: c_uint = 0;
+    let rc = unsafe { nvmlDeviceGetProcessUtilization(d, ptr::null_mut(), &mut count, last_seen) };
+    if rc != INSUFFICIENT_SIZE {
+        return Err(rc);
+    }
+    let zero = nvmlProcessUtilizationSample_t {
+        pid: 0,
+        timeStamp: 0,
+        smUtil: 0,
+        memUtil: 0,
+        encUtil: 0,
+        decUtil: 0,
+    };
+    let mut buf = vec![zero; count as usize];
+    let mut n = count;
+    let rc = unsafe { nvmlDeviceGetProcessUtilization(d, buf.as_mut_ptr(), &mut n, last_seen) };
+    if rc != SUCCESS {
+        return Err(rc);
+    }
+    assert_eq!(n, count);
+    Ok(buf
+        .iter()
+        .map(|s| {
+            (
+                s.pid,
+                s.timeStamp,
+                s.smUtil,
+                s.memUtil,
+                s.encUtil,
+                s.decUtil,
+            )
+        })
+        .collect())
+}
+
+fn mtime_us(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).expect("stat");
+    m.mtime() as u64 * 1_000_000 + m.mtime_nsec() as u64 / 1000
+}
+
+#[test]
+fn process_utilization_samples_are_new_once_per_write() {
+    let f = Fixture::new(TELEMETRY);
+    f.init();
+    let d0 = dev(0);
+    let base = mtime_us(&f.path);
+    let all = process_util(d0, 0).expect("samples");
+    assert_eq!(
+        all,
+        [(436, base, 97, 21, 1, 2), (437, base + 1, 2, 0, 0, 0)],
+        "timeStamp = the file's mtime in µs + index"
+    );
+    // Carrying the last timestamp seen, as NVML asks: only newer samples.
+    assert_eq!(
+        process_util(d0, base).expect("newer"),
+        [(437, base + 1, 2, 0, 0, 0)]
+    );
+    assert_eq!(process_util(d0, base + 1), Err(NOT_FOUND));
+    // A buffer that is too small: the needed count and INSUFFICIENT_SIZE.
+    let mut one = [nvmlProcessUtilizationSample_t {
+        pid: 0,
+        timeStamp: 0,
+        smUtil: 0,
+        memUtil: 0,
+        encUtil: 0,
+        decUtil: 0,
+    }];
+    let mut n: c_uint = 1;
+    assert_eq!(
+        unsafe { nvmlDeviceGetProcessUtilization(d0, one.as_mut_ptr(), &mut n, 0) },
+        INSUFFICIENT_SIZE
+    );
+    assert_eq!((n, one[0].pid), (2, 0));
+    assert_eq!(
+        unsafe { nvmlDeviceGetProcessUtilization(d0, one.as_mut_ptr(), ptr::null_mut(), 0) },
+        INVALID_ARGUMENT
+    );
+
+    // A rewrite (even within the same mtime tick) gives fresh samples.
+    f.write(&TELEMETRY.replace("{pid: 437, sm: 2}", "{pid: 437, sm: 50}"));
+    let fresh = process_util(d0, base + 1).expect("fresh samples");
+    assert_eq!(fresh.len(), 2);
+    assert!(fresh[0].1 > base + 1 && fresh[1].1 == fresh[0].1 + 1);
+    assert_eq!(fresh[1].2, 50);
+    assert!(fresh[0].1 >= mtime_us(&f.path));
+
+    // Empty list: no samples (NOT_FOUND); absent: NOT_SUPPORTED; MIG: NOT_SUPPORTED.
+    let d2 = dev(2);
+    assert_eq!(process_util(d2, 0), Err(NOT_FOUND));
+    assert_eq!(process_util(dev(1), 0), Err(NOT_SUPPORTED));
+    assert_eq!(process_util(mig(d2, 0), 0), Err(NOT_SUPPORTED));
+}
+
+#[test]
+fn ecc_mode_and_counters() {
+    let f = Fixture::new(TELEMETRY);
+    f.init();
+    let (d0, d1, d2) = (dev(0), dev(1), dev(2));
+    let mode = |d| {
+        let (mut cur, mut pend) = (9, 9);
+        match unsafe { nvmlDeviceGetEccMode(d, &mut cur, &mut pend) } {
+            SUCCESS => Ok((cur, pend)),
+            code => Err(code),
+        }
+    };
+    assert_eq!(mode(d0), Ok((1, 1)));
+    assert_eq!(mode(d1), Ok((0, 1)), "pending_enabled");
+    assert_eq!(mode(d2), Ok((1, 1)), "ecc: {{}} means enabled");
+    let errors =
+        |d, kind, counter| get(|p| unsafe { nvmlDeviceGetTotalEccErrors(d, kind, counter, p) });
+    const C: nvmlMemoryErrorType_t = nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_CORRECTED;
+    const U: nvmlMemoryErrorType_t = nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED;
+    const V: nvmlEccCounterType_t = nvmlEccCounterType_enum_NVML_VOLATILE_ECC;
+    const A: nvmlEccCounterType_t = nvmlEccCounterType_enum_NVML_AGGREGATE_ECC;
+    assert_eq!(errors(d0, C, V), Ok(1));
+    assert_eq!(errors(d0, C, A), Ok(2));
+    assert_eq!(errors(d0, U, V), Ok(3));
+    assert_eq!(errors(d0, U, A), Ok(4));
+    assert_eq!(errors(d2, U, A), Ok(0), "counters default to 0");
+    assert_eq!(errors(d1, U, V), Err(NOT_SUPPORTED), "ECC off: no counters");
+    assert_eq!(errors(d0, 2, V), Err(INVALID_ARGUMENT));
+    assert_eq!(errors(d0, C, 2), Err(INVALID_ARGUMENT));
+    let m = mig(d2, 0);
+    assert_eq!(mode(m), Err(NOT_SUPPORTED));
+    assert_eq!(errors(m, C, V), Err(NOT_SUPPORTED));
+    f.write("devices: [{uuid: GPU-1}]");
+    assert_eq!(mode(dev(0)), Err(NOT_SUPPORTED));
+    assert_eq!(errors(dev(0), C, V), Err(NOT_SUPPORTED));
+    assert_eq!(
+        unsafe { nvmlDeviceGetEccMode(dev(0), ptr::null_mut(), ptr::null_mut()) },
+        INVALID_ARGUMENT
+    );
+}
+
+#[test]
+fn remapped_rows_and_retired_pages() {
+    let f = Fixture::new(TELEMETRY);
+    f.init();
+    let (d0, d1, d2) = (dev(0), dev(1), dev(2));
+    let rows = |d| {
+        let (mut c, mut u, mut p, mut x) = (9, 9, 9, 9);
+        match unsafe { nvmlDeviceGetRemappedRows(d, &mut c, &mut u, &mut p, &mut x) } {
+            SUCCESS => Ok((c, u, p, x)),
+            code => Err(code),
+        }
+    };
+    assert_eq!(rows(d0), Ok((5, 1, 1, 0)));
+    assert_eq!(rows(d2), Ok((0, 0, 0, 0)));
+    assert_eq!(rows(d1), Err(NOT_SUPPORTED));
+    assert_eq!(rows(mig(d2, 0)), Err(NOT_SUPPORTED));
+    let mut c = 0;
+    assert_eq!(
+        unsafe { nvmlDeviceGetRemappedRows(d0, &mut c, &mut c, ptr::null_mut(), ptr::null_mut()) },
+        INVALID_ARGUMENT
+    );
+
+    const SBE: nvmlPageRetirementCause_t =
+        nvmlPageRetirementCause_enum_NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS;
+    const DBE: nvmlPageRetirementCause_t =
+        nvmlPageRetirementCause_enum_NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR;
+    // Count query as nvml-wrapper makes it: count 0 and a one-entry buffer.
+    let mut scratch = 0u64;
+    let mut n: c_uint = 0;
+    assert_eq!(
+        unsafe { nvmlDeviceGetRetiredPages(d0, SBE, &mut n, &mut scratch) },
+        INSUFFICIENT_SIZE
+    );
+    assert_eq!(n, 3);
+    let mut n: c_uint = 0;
+    assert_eq!(
+        unsafe { nvmlDeviceGetRetiredPages(d0, SBE, &mut n, ptr::null_mut()) },
+        INSUFFICIENT_SIZE
+    );
+    assert_eq!(n, 3);
+    let (mut addrs, mut times) = ([0u64; 4], [0u64; 4]);
+    let mut n: c_uint = 4;
+    assert_eq!(
+        unsafe {
+            nvmlDeviceGetRetiredPages_v2(d0, SBE, &mut n, addrs.as_mut_ptr(), times.as_mut_ptr())
+        },
+        SUCCESS
+    );
+    assert_eq!(n, 3);
+    let (addrs, times) = (&addrs[..3], &times[..3]);
+    assert!(addrs.iter().all(|&a| a != 0) && addrs[0] != addrs[1] && addrs[1] != addrs[2]);
+    assert!(times.iter().all(|&t| t != 0));
+    let mut v1 = [0u64; 3];
+    let mut n: c_uint = 3;
+    assert_eq!(
+        unsafe { nvmlDeviceGetRetiredPages(d0, SBE, &mut n, v1.as_mut_ptr()) },
+        SUCCESS
+    );
+    assert_eq!(v1, addrs);
+    let mut n: c_uint = 2;
+    assert_eq!(
+        unsafe { nvmlDeviceGetRetiredPages(d0, SBE, &mut n, v1.as_mut_ptr()) },
+        INSUFFICIENT_SIZE
+    );
+    assert_eq!(n, 3);
+    // No pages: SUCCESS and 0, whatever the buffer.
+    let mut n: c_uint = 5;
+    assert_eq!(
+        unsafe { nvmlDeviceGetRetiredPages(d0, DBE, &mut n, ptr::null_mut()) },
+        SUCCESS
+    );
+    assert_eq!(n, 0);
+    assert_eq!(
+        unsafe { nvmlDeviceGetRetiredPages(d0, 2, &mut n, &mut scratch) },
+        INVALID_ARGUMENT
+    );
+    assert_eq!(
+        unsafe { nvmlDeviceGetRetiredPages(d0, SBE, ptr::null_mut(), &mut scratch) },
+        INVALID_ARGUMENT
+    );
+    assert_eq!(
+        unsafe { nvmlDeviceGetRetiredPages(d1, SBE, &mut n, &mut scratch) },
+        NOT_SUPPORTED
+    );
+    assert_eq!(
+        unsafe {
+            nvmlDeviceGetRetiredPages_v2(mig(d2, 0), SBE, &mut n, &mut scratch, &mut scratch)
+        },
+        NOT_SUPPORTED
+    );
+    let pending = |d| get(|p| unsafe { nvmlDeviceGetRetiredPagesPendingStatus(d, p) });
+    assert_eq!(pending(d0), Ok(nvmlEnableState_enum_NVML_FEATURE_ENABLED));
+    assert_eq!(pending(d2), Ok(nvmlEnableState_enum_NVML_FEATURE_DISABLED));
+    assert_eq!(pending(d1), Err(NOT_SUPPORTED));
+}
+
+fn event_set() -> nvmlEventSet_t {
+    let mut set = ptr::null_mut();
+    assert_eq!(unsafe { nvmlEventSetCreate(&mut set) }, SUCCESS);
+    assert!(!set.is_null());
+    set
+}
+
+/// (xid, device) of the next event, or the code.
+fn next_event(set: nvmlEventSet_t) -> Result<(u64, nvmlDevice_t), nvmlReturn_t> {
+    let mut data = nvmlEventData_t {
+        device: ptr::null_mut(),
+        eventType: 0,
+        eventData: 0,
+        gpuInstanceId: 0,
+        computeInstanceId: 0,
+    };
+    match unsafe { nvmlEventSetWait_v2(set, &mut data, 0) } {
+        SUCCESS => {
+            assert_eq!(data.eventType, XID);
+            assert_eq!((data.gpuInstanceId, data.computeInstanceId), (NO_ID, NO_ID));
+            Ok((data.eventData, data.device))
+        }
+        code => Err(code),
+    }
+}
+
+const TIMEOUT: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_TIMEOUT;
+
+#[test]
+fn xid_events_are_delivered_once_per_set() {
+    let f = Fixture::new(TELEMETRY);
+    f.init();
+    let (d0, d1, d2) = (dev(0), dev(1), dev(2));
+    let supported = |d| get(|p| unsafe { nvmlDeviceGetSupportedEventTypes(d, p) });
+    assert_eq!(supported(d0), Ok(0x8));
+    assert_eq!(supported(d2), Ok(0x8), "xid_events: [] is supported");
+    assert_eq!(supported(d1), Err(NOT_SUPPORTED));
+    assert_eq!(supported(mig(d2, 0)), Err(NOT_SUPPORTED));
+
+    let set = event_set();
+    let register = |d, types, set| unsafe { nvmlDeviceRegisterEvents(d, types, set) };
+    assert_eq!(register(d1, XID, set), NOT_SUPPORTED);
+    assert_eq!(register(mig(d2, 0), XID, set), NOT_SUPPORTED);
+    assert_eq!(
+        register(d0, XID | 0x1, set),
+        NOT_SUPPORTED,
+        "only Xid events"
+    );
+    assert_eq!(register(d0, 0, set), INVALID_ARGUMENT);
+    assert_eq!(register(d0, XID, ptr::null_mut()), INVALID_ARGUMENT);
+    assert_eq!(
+        register(d0, XID, ptr::without_provenance_mut(0x1234)),
+        INVALID_ARGUMENT
+    );
+    // Nothing registered yet: nothing to wait for.
+    assert_eq!(next_event(set), Err(TIMEOUT));
+    assert_eq!(register(d0, XID, set), SUCCESS);
+    assert_eq!(register(d2, XID, set), SUCCESS);
+    assert_eq!(register(d0, XID, set), SUCCESS, "again: no duplicates");
+
+    assert_eq!(next_event(set), Ok((79, d0)));
+    assert_eq!(next_event(set), Ok((48, d0)));
+    assert_eq!(next_event(set), Err(TIMEOUT));
+    // Another set sees them all again.
+    let other = event_set();
+    assert_eq!(register(d0, XID, other), SUCCESS);
+    assert_eq!(next_event(other), Ok((79, d0)));
+
+    // Appending delivers only the new ones; GPU 2 gets its first.
+    f.write(
+        &TELEMETRY
+            .replace("xid_events: [79, 48]", "xid_events: [79, 48, 94]")
+            .replace("xid_events: []", "xid_events: [31]"),
+    );
+    assert_eq!(next_event(set), Ok((94, d0)));
+    assert_eq!(next_event(set), Ok((31, d2)));
+    assert_eq!(next_event(set), Err(TIMEOUT));
+    assert_eq!(next_event(other), Ok((48, d0)));
+
+    // A registered GPU that is lost: its error once nothing is pending.
+    f.write(&TELEMETRY.replacen(
+        "    xid_events: [79, 48]",
+        "    xid_events: [79, 48, 94, 79]\n    error: gpu_lost",
+        1,
+    ));
+    assert_eq!(next_event(set), Ok((79, d0)), "the Xid comes first");
+    assert_eq!(next_event(set), Err(nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST));
+    f.write(TELEMETRY);
+
+    // An empty wait sleeps its timeout, capped.
+    let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
+    let start = Instant::now();
+    assert_eq!(unsafe { nvmlEventSetWait_v2(set, &mut data, 30) }, TIMEOUT);
+    assert!(start.elapsed() >= Duration::from_millis(30));
+    let start = Instant::now();
+    assert_eq!(unsafe { nvmlEventSetWait(set, &mut data, 60_000) }, TIMEOUT);
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        unsafe { nvmlEventSetWait_v2(set, ptr::null_mut(), 0) },
+        INVALID_ARGUMENT
+    );
+
+    assert_eq!(unsafe { nvmlEventSetFree(set) }, SUCCESS);
+    assert_eq!(unsafe { nvmlEventSetFree(set) }, INVALID_ARGUMENT);
+    assert_eq!(next_event(set), Err(INVALID_ARGUMENT));
+    // The last shutdown drops every set.
+    assert_eq!(nvmlShutdown(), SUCCESS);
+    f.init();
+    assert_eq!(next_event(other), Err(INVALID_ARGUMENT));
+}
+
+#[test]
+fn calls_are_counted_and_written_to_a_file() {
+    let f = Fixture::new(TELEMETRY);
+    let out = f.path.with_extension("calls");
+    calls::reset_for_test(Some(out.clone()));
+    f.init();
+    let d0 = dev(0);
+    for _ in 0..3 {
+        let _ = get(|p| unsafe { nvmlDeviceGetTemperature(d0, 0, p) });
+    }
+    let _ = util(d0);
+    // The first call wrote the file at once.
+    let first = std::fs::read_to_string(&out).expect("written at the first call");
+    assert_eq!(first, "nvmlInit_v2 1\n");
+    assert_eq!(nvmlShutdown(), SUCCESS);
+    let text = std::fs::read_to_string(&out).expect("written at shutdown");
+    assert_eq!(
+        text,
+        "nvmlDeviceGetHandleByIndex_v2 1\n\
+         nvmlDeviceGetTemperature 3\n\
+         nvmlDeviceGetUtilizationRates 1\n\
+         nvmlInit_v2 1\n\
+         nvmlShutdown 1\n"
+    );
+    // Failing calls count too (here: before init).
+    let _ = util(d0);
+    assert_eq!(
+        calls::snapshot().get("nvmlDeviceGetUtilizationRates"),
+        Some(&2)
+    );
+    // Calls after WRITE_EVERY rewrite the file.
+    std::thread::sleep(calls::WRITE_EVERY);
+    let _ = util(d0);
+    let text = std::fs::read_to_string(&out).expect("rewritten");
+    assert!(text.contains("nvmlDeviceGetUtilizationRates 3\n"), "{text}");
+    calls::reset_for_test(None);
+    let _ = std::fs::remove_file(&out);
+}
+
+/// Each export counts under its own name (called before init, so every
+/// argument may be NULL: nothing is dereferenced).
+#[test]
+fn every_export_counts_under_its_name() {
+    let _f = Fixture::new("devices: []");
+    calls::reset_for_test(None);
+    let d = ptr::null_mut();
+    let (u, ull, set) = (ptr::null_mut(), ptr::null_mut(), ptr::null_mut());
+    unsafe {
+        let _ = nvmlErrorString(0);
+        let _ = nvmlShutdown();
+        let _ = nvmlSystemGetDriverVersion(ptr::null_mut(), 0);
+        let _ = nvmlSystemGetNVMLVersion(ptr::null_mut(), 0);
+        let _ = nvmlSystemGetCudaDriverVersion(ptr::null_mut());
+        let _ = nvmlSystemGetCudaDriverVersion_v2(ptr::null_mut());
+        let _ = nvmlDeviceGetCount_v2(u);
+        let _ = nvmlDeviceGetHandleByIndex_v2(0, ptr::null_mut());
+        let _ = nvmlDeviceGetHandleByUUID(ptr::null(), ptr::null_mut());
+        let _ = nvmlDeviceGetIndex(d, u);
+        let _ = nvmlDeviceGetName(d, ptr::null_mut(), 0);
+        let _ = nvmlDeviceGetUUID(d, ptr::null_mut(), 0);
+        let _ = nvmlDeviceGetPciInfo_v3(d, ptr::null_mut());
+        let _ = nvmlDeviceGetMemoryInfo(d, ptr::null_mut());
+        let _ = nvmlDeviceGetMemoryInfo_v2(d, ptr::null_mut());
+        let _ = nvmlDeviceGetComputeRunningProcesses_v3(d, u, ptr::null_mut());
+        let _ = nvmlDeviceGetGraphicsRunningProcesses_v3(d, u, ptr::null_mut());
+        let _ = nvmlDeviceGetMPSComputeRunningProcesses_v3(d, u, ptr::null_mut());
+        let _ = nvmlDeviceGetMigMode(d, u, u);
+        let _ = nvmlDeviceGetMaxMigDeviceCount(d, u);
+        let _ = nvmlDeviceGetMigDeviceHandleByIndex(d, 0, ptr::null_mut());
+        let _ = nvmlDeviceIsMigDeviceHandle(d, u);
+        let _ = nvmlDeviceGetGpuInstanceId(d, u);
+        let _ = nvmlDeviceGetComputeInstanceId(d, u);
+        let _ = nvmlDeviceGetDeviceHandleFromMigDeviceHandle(d, ptr::null_mut());
+        let _ = nvmlDeviceGetUtilizationRates(d, ptr::null_mut());
+        let _ = nvmlDeviceGetEncoderUtilization(d, u, u);
+        let _ = nvmlDeviceGetDecoderUtilization(d, u, u);
+        let _ = nvmlDeviceGetProcessUtilization(d, ptr::null_mut(), u, 0);
+        let _ = nvmlDeviceGetTemperature(d, 0, u);
+        let _ = nvmlDeviceGetPowerUsage(d, u);
+        let _ = nvmlDeviceGetEnforcedPowerLimit(d, u);
+        let _ = nvmlDeviceGetTotalEnergyConsumption(d, ull);
+        let _ = nvmlDeviceGetClockInfo(d, 0, u);
+        let _ = nvmlDeviceGetPerformanceState(d, u);
+        let _ = nvmlDeviceGetCurrentClocksEventReasons(d, ull);
+        let _ = nvmlDeviceGetCurrentClocksThrottleReasons(d, ull);
+        let _ = nvmlDeviceGetEccMode(d, u, u);
+        let _ = nvmlDeviceGetTotalEccErrors(d, 0, 0, ull);
+        let _ = nvmlDeviceGetRemappedRows(d, u, u, u, u);
+        let _ = nvmlDeviceGetRetiredPages(d, 0, u, ull);
+        let _ = nvmlDeviceGetRetiredPages_v2(d, 0, u, ull, ull);
+        let _ = nvmlDeviceGetRetiredPagesPendingStatus(d, u);
+        let _ = nvmlEventSetCreate(ptr::null_mut());
+        let _ = nvmlEventSetFree(set);
+        let _ = nvmlDeviceGetSupportedEventTypes(d, ull);
+        let _ = nvmlDeviceRegisterEvents(d, XID, set);
+        let _ = nvmlEventSetWait_v2(set, ptr::null_mut(), 0);
+        let _ = nvmlEventSetWait(set, ptr::null_mut(), 0);
+    }
+    let _ = nvmlInit_v2();
+    let _ = nvmlInitWithFlags(0);
+    let counted = calls::snapshot();
+    let names = [
+        "nvmlInit_v2",
+        "nvmlInitWithFlags",
+        "nvmlShutdown",
+        "nvmlErrorString",
+        "nvmlSystemGetDriverVersion",
+        "nvmlSystemGetNVMLVersion",
+        "nvmlSystemGetCudaDriverVersion",
+        "nvmlSystemGetCudaDriverVersion_v2",
+        "nvmlDeviceGetCount_v2",
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetHandleByUUID",
+        "nvmlDeviceGetIndex",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetPciInfo_v3",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlDeviceIsMigDeviceHandle",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetEncoderUtilization",
+        "nvmlDeviceGetDecoderUtilization",
+        "nvmlDeviceGetProcessUtilization",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetPerformanceState",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetEccMode",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetRetiredPages",
+        "nvmlDeviceGetRetiredPages_v2",
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        "nvmlEventSetCreate",
+        "nvmlEventSetFree",
+        "nvmlDeviceGetSupportedEventTypes",
+        "nvmlDeviceRegisterEvents",
+        "nvmlEventSetWait_v2",
+        "nvmlEventSetWait",
+    ];
+    for name in names {
+        assert_eq!(counted.get(name), Some(&1), "{name}");
+    }
+    assert_eq!(counted.len(), names.len(), "{counted:?}");
 }
