@@ -7,6 +7,8 @@
 //! - `core`: values to the byte, endpoints, formats, signals, bad configs.
 //! - `peaks`: windowed peaks from fast memory samples; gzip.
 //! - `faults`: NVML not ready, every GPU lost, a hung call, SIGHUP reload.
+//! - `collectors`: utilisation, per-process utilisation, power/thermal and
+//!   memory health: exact values, absent when unsupported, switched off.
 //! - `discovery`: a GPU dead from the start, MIG layouts changing at run
 //!   time, a driver upgraded or unloaded under the running exporter.
 //! - `attribution`: pods, users, command lines, MIG and MPS on a fake node.
@@ -35,6 +37,7 @@
 mod harness;
 
 mod attribution;
+mod collectors;
 mod config_corpus;
 mod core;
 mod discovery;
