@@ -27,7 +27,7 @@ const NAMESPACE: &str = "gpumem-exporter";
 /// Where links into this repository's files start; the rest of such a
 /// link is the file's path and maybe `#anchor`.
 const REPO_BLOB: &str = "https://github.com/gpumem-exporter/gpumem-exporter/blob/main/";
-const ALERTS: [&str; 8] = [
+const ALERTS: [&str; 12] = [
     "GpuMemoryHigh",
     "GpuMemoryExhaustionPredicted",
     "GpuProcessMemoryLeakSuspected",
@@ -36,6 +36,10 @@ const ALERTS: [&str; 8] = [
     "GpuMemExporterSamplesStale",
     "NvmlErrorsRising",
     "GpuTorchAllocRetriesRising",
+    "GpuMemoryRowRemapPending",
+    "GpuMemoryRowRemapFailed",
+    "GpuUncorrectableEccErrors",
+    "GpuXidCritical",
 ];
 /// What the torch bridge needs to read other users' /proc/<pid>/fd, and
 /// nothing more.

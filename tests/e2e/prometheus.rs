@@ -117,7 +117,11 @@ fn fake_proc(root: &Path, trainer_pid: u32) {
 }
 
 /// The main exporter's GPUs; GPU 2 is lost (every call on it fails).
-fn main_scenario(trainer_pid: u32) -> String {
+/// GPU 0 is busy and unhealthy (uncorrectable ECC errors, a pending and a
+/// failed row remap, `xids` critical Xid 79 events so far); GPU 1 holds
+/// memory while idle and retires pages (a GPU before Ampere).
+fn main_scenario(trainer_pid: u32, xids: usize) -> String {
+    let xid_list = vec!["79"; xids].join(", ");
     format!(
         "devices:
   - uuid: {GPU0}
@@ -128,8 +132,32 @@ fn main_scenario(trainer_pid: u32) -> String {
       - {{pid: 4104, used: 300000000}}
       - {{pid: 6000, used: 50000000}}
       - {{pid: 6100, used: null}}
+    utilization: {{gpu: 97, memory: 55, encoder: 3, decoder: 1}}
+    process_utilization:
+      - {{pid: {trainer_pid}, sm: 80, memory: 45, encoder: 0, decoder: 0}}
+      - {{pid: 4102, sm: 15, memory: 9, encoder: 3, decoder: 1}}
+    temperature_c: 71
+    power_mw: 612000
+    power_limit_mw: 700000
+    energy_mj: 9876543210
+    clocks_mhz: {{graphics: 1755, sm: 1755, memory: 2619, video: 1620}}
+    performance_state: 0
+    clock_event_reasons: 0x4
+    ecc: {{enabled: true, corrected_volatile: 12, corrected_aggregate: 40, uncorrected_volatile: 1, uncorrected_aggregate: 1}}
+    remapped_rows: {{correctable: 2, uncorrectable: 1, pending: true, failed: true}}
+    xid_events: [{xid_list}]
   - uuid: {GPU1}
     memory: {{total: 85899345920, reserved: 536870912, used: 9000000000}}
+    utilization: {{gpu: 2, memory: 1, encoder: 0, decoder: 0}}
+    temperature_c: 35
+    power_mw: 90000
+    power_limit_mw: 700000
+    energy_mj: 1234567890
+    clocks_mhz: {{graphics: 345, sm: 345, memory: 2619, video: 540}}
+    performance_state: 8
+    clock_event_reasons: 0x1
+    ecc: {{enabled: true}}
+    retired_pages: {{single_bit_ecc: 1, double_bit_ecc: 0, pending: true}}
     mig_devices:
       - uuid: MIG-11111111-0000-0000-0000-000000000000
         gpu_instance_id: 1
@@ -340,6 +368,20 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
             ("pod", "trainer-0".into()),
         ]]),
         "GpuMemExporterDown" => Expect::Now(vec![vec![i(&t.down)]]),
+        "GpuMemoryRowRemapPending" | "GpuMemoryRowRemapFailed" => {
+            Expect::Now(vec![vec![i(&t.main), ("gpu", "0".into())]])
+        }
+        "GpuUncorrectableEccErrors" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "0".into()),
+            ("type", "uncorrected".into()),
+            ("scope", "volatile".into()),
+        ]]),
+        "GpuXidCritical" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "0".into()),
+            ("xid", "79".into()),
+        ]]),
         "GpuMemExporterSamplesStale" => Expect::Ahead(STALE_AHEAD_S, vec![vec![i(&t.stale)]]),
         "GpuMemoryExhaustionPredicted" => {
             Expect::SelectorsOnly("needs a 30-minute decline of free memory")
@@ -770,8 +812,9 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
     // GPU 2 is lost from the start (fell off the bus before the exporter
     // started): the exporter serves the two others at once and GPU 2 as
     // gpu_up 0 with no uuid, so every panel has data and GpuDown is pending.
-    let scenario = Scenario::new(&main_scenario(trainer.py.pid));
-    let config = node.config(&scenario, "  min_bytes: 1000000000\n  top_n: 2\n");
+    let scenario = Scenario::new(&main_scenario(trainer.py.pid, 1));
+    let config = node.config(&scenario, "  min_bytes: 1000000000\n  top_n: 2\n")
+        + "collectors:\n  process_utilization: true\n";
     let main = Exporter::with_config(&scenario, &config, &[]);
     wait_for(
         Duration::from_secs(10),
@@ -840,6 +883,22 @@ scrape_configs:
     );
     let prom = Prometheus::start(&config);
     let ready_at = Instant::now();
+    // A critical Xid every 2 s on GPU 0, so its counter grows while this
+    // Prometheus watches (GpuXidCritical's increase() branch).
+    let xid_stop = Arc::new(AtomicBool::new(false));
+    let xid_ticker = {
+        let (stop, path, pid) = (Arc::clone(&xid_stop), scenario.path.clone(), trainer.py.pid);
+        std::thread::spawn(move || {
+            let mut n = 1;
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_secs(2));
+                n += 1;
+                let tmp = path.with_extension("xid.tmp");
+                std::fs::write(&tmp, main_scenario(pid, n)).unwrap();
+                std::fs::rename(&tmp, &path).unwrap();
+            }
+        })
+    };
 
     let mut checks = Checks {
         prom: &prom,
@@ -878,6 +937,8 @@ scrape_configs:
         ready_at.duration_since(started),
         ready_at.elapsed()
     );
+    xid_stop.store(true, Ordering::Relaxed);
+    xid_ticker.join().unwrap();
     drop(down_socket);
 }
 
