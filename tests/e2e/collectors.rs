@@ -46,6 +46,9 @@ fn scenario(xids: &str) -> String {
     )
 }
 
+/// Labels of a series.
+type Labels = Vec<(&'static str, &'static str)>;
+
 fn g(gpu: &'static str, uuid: &'static str) -> Vec<(&'static str, &'static str)> {
     vec![("gpu", gpu), ("uuid", uuid)]
 }
@@ -160,7 +163,7 @@ fn every_collector_family_has_exact_values_and_is_absent_where_unsupported() {
         ) == Some(2.0))
         .then_some(m)
     });
-    let want: Vec<(&str, Vec<(&str, &str)>, f64)> = vec![
+    let want: Vec<(&str, Labels, f64)> = vec![
         ("gpu_utilization_ratio", g("0", H200), 0.93),
         ("gpu_memory_utilization_ratio", g("0", H200), 0.41),
         ("gpu_encoder_utilization_ratio", g("0", H200), 0.07),
