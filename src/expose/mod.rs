@@ -3,8 +3,10 @@
 //! file per family group, in the order a scrape shows them: `gpu`,
 //! `process`, `torch`, `mig`, then the exporter's own families
 //! (`exporter`) last. Encoding reads only the [`Snapshot`]: no NVML, no
-//! /proc, no HTTP state. The golden files in `tests/fixtures/` are the
-//! whole output for one fixed snapshot.
+//! /proc, no HTTP state. No series carries a label with an empty value:
+//! every label set goes through `encoder::Labels`, which leaves those
+//! out (for Prometheus they are the same series). The golden files in
+//! `tests/fixtures/` are the whole output for one fixed snapshot.
 
 mod encoder;
 mod exporter;

@@ -5,19 +5,20 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::encoder::{gauge, gpu_labels, id_label};
+use super::encoder::{Labels, gauge, gpu_labels, id_label};
 use crate::model::{DeviceSample, OtherProcesses, ProcessSample, Snapshot};
 
 /// Labels of every per-process value series: the GPU (and MIG instance),
-/// the pid, its name and its pod.
+/// the pid, its name and its pod; those not known (no pod, no MIG, no
+/// name) are left out.
 pub(super) fn process_labels<'a>(
     d: &'a DeviceSample,
     p: &'a ProcessSample,
     pid: &'a str,
     gi: &'a str,
     ci: &'a str,
-) -> [(&'static str, &'a str); 9] {
-    [
+) -> Labels<'a, 9> {
+    Labels([
         ("gpu", d.info.gpu.as_str()),
         ("uuid", d.info.uuid.as_str()),
         ("pid", pid),
@@ -27,7 +28,7 @@ pub(super) fn process_labels<'a>(
         ("container", &*p.ident.container),
         ("gpu_instance_id", gi),
         ("compute_instance_id", ci),
-    ]
+    ])
 }
 
 /// One gauge family with a series per (GPU, process) for which `value`
@@ -122,7 +123,7 @@ pub(super) fn rollup_and_identity(
         for p in d.processes.iter() {
             let pid = p.pid.to_string();
             let i = &p.ident;
-            let base = [
+            let labels = Labels([
                 ("gpu", d.info.gpu.as_str()),
                 ("uuid", d.info.uuid.as_str()),
                 ("pid", pid.as_str()),
@@ -130,13 +131,9 @@ pub(super) fn rollup_and_identity(
                 ("user", &*i.user),
                 ("container_id", &*i.container_id),
                 ("pod_uid", &*i.pod_uid),
-            ];
-            match &i.cmdline {
-                Some(c) => m
-                    .encode_family(&(base, [("cmdline", &**c)]))?
-                    .encode_gauge(&1u32)?,
-                None => m.encode_family(&base)?.encode_gauge(&1u32)?,
-            }
+                ("cmdline", i.cmdline.as_deref().unwrap_or("")),
+            ]);
+            m.encode_family(&labels)?.encode_gauge(&1u32)?;
         }
     }
     Ok(())
