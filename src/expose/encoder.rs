@@ -1,5 +1,5 @@
 //! What every family file needs: a gauge descriptor, the label set every
-//! series is written with, the labels of a GPU, an optional id as label
+//! series is written with, the labels of a GPU, a process's ids as label
 //! text.
 
 use std::fmt;
@@ -9,7 +9,7 @@ use prometheus_client::encoding::{
 };
 use prometheus_client::metrics::MetricType;
 
-use crate::model::DeviceSample;
+use crate::model::{DeviceSample, ProcessSample};
 
 pub(super) fn gauge<'a>(
     enc: &'a mut DescriptorEncoder,
@@ -50,7 +50,36 @@ pub(super) fn gpu_labels(d: &DeviceSample) -> Labels<'_, 2> {
     Labels([("gpu", d.info.gpu.as_str()), ("uuid", d.info.uuid.as_str())])
 }
 
-/// An optional id as label text ("", so no label, when absent).
-pub(super) fn id_label(v: Option<u32>) -> String {
-    v.map(|v| v.to_string()).unwrap_or_default()
+/// A process's pid and MIG instance ids as label text, formatted on the
+/// stack: a `to_string()` of each per series was an allocation each, three
+/// per process series. One `Ids` serves a whole family, series after
+/// series.
+#[derive(Default)]
+pub(super) struct Ids {
+    pid: itoa::Buffer,
+    gi: itoa::Buffer,
+    ci: itoa::Buffer,
+}
+
+impl Ids {
+    /// The pid.
+    pub(super) fn pid(&mut self, p: &ProcessSample) -> &str {
+        self.pid.format(p.pid)
+    }
+
+    /// The pid, the GPU instance id and the compute instance id ("", so no
+    /// label, outside MIG).
+    pub(super) fn all(&mut self, p: &ProcessSample) -> (&str, &str, &str) {
+        (
+            self.pid.format(p.pid),
+            match p.gpu_instance_id {
+                Some(v) => self.gi.format(v),
+                None => "",
+            },
+            match p.compute_instance_id {
+                Some(v) => self.ci.format(v),
+                None => "",
+            },
+        )
+    }
 }

@@ -5,7 +5,7 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::encoder::{Labels, gauge, gpu_labels, id_label};
+use super::encoder::{Ids, Labels, gauge, gpu_labels};
 use crate::model::{DeviceSample, OtherProcesses, ProcessSample, Snapshot};
 
 /// Labels of every per-process value series: the GPU (and MIG instance),
@@ -51,12 +51,12 @@ fn process_family(
         used_peak_bytes: None,
         torch: None,
     };
+    let mut ids = Ids::default();
     for d in &s.devices {
         for p in d.processes.iter() {
             if let Some(v) = value(p) {
-                let pid = p.pid.to_string();
-                let (gi, ci) = (id_label(p.gpu_instance_id), id_label(p.compute_instance_id));
-                let labels = process_labels(d, p, &pid, &gi, &ci);
+                let (pid, gi, ci) = ids.all(p);
+                let labels = process_labels(d, p, pid, gi, ci);
                 m.encode_family(&labels)?.encode_gauge(&v)?;
             }
         }
@@ -119,14 +119,15 @@ pub(super) fn rollup_and_identity(
         "gpu_process_info",
         "Identity of a process on a GPU; value is always 1. user from the host's passwd (or the uid), container_id and pod_uid from its cgroup.",
     )?;
+    let mut ids = Ids::default();
     for d in &s.devices {
         for p in d.processes.iter() {
-            let pid = p.pid.to_string();
+            let pid = ids.pid(p);
             let i = &p.ident;
             let labels = Labels([
                 ("gpu", d.info.gpu.as_str()),
                 ("uuid", d.info.uuid.as_str()),
-                ("pid", pid.as_str()),
+                ("pid", pid),
                 ("process", &*i.comm),
                 ("user", &*i.user),
                 ("container_id", &*i.container_id),

@@ -6,7 +6,7 @@ use std::fmt;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
-use super::encoder::id_label;
+use super::encoder::Ids;
 use super::process::process_labels;
 use crate::model::{Snapshot, TorchStats};
 
@@ -66,14 +66,14 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
             |t| t.ooms,
         ),
     ];
+    let mut ids = Ids::default();
     for (name, help, kind, pick) in families {
         let mut m = enc.encode_descriptor(name, help, None, kind)?;
         for d in &s.devices {
             for p in d.processes.iter() {
                 let Some(t) = &p.torch else { continue };
-                let pid = p.pid.to_string();
-                let (gi, ci) = (id_label(p.gpu_instance_id), id_label(p.compute_instance_id));
-                let labels = process_labels(d, p, &pid, &gi, &ci);
+                let (pid, gi, ci) = ids.all(p);
+                let labels = process_labels(d, p, pid, gi, ci);
                 let v = pick(t);
                 match kind {
                     MetricType::Counter => m
