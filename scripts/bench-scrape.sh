@@ -10,6 +10,7 @@
 #   scripts/bench-scrape.sh
 #
 # Knobs (environment): GPUS=8 PROCS=256 WRK_SECONDS=10 IDLE_SECONDS=60 STARTS=5
+# BIN=path/to/gpumem-exporter (default: build and use target/release's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,9 +36,13 @@ done
 # The fake is built in release: it runs inside the exporter's process, so
 # its own cost (a stat of the scenario file per NVML call) shows in the CPU
 # figures; in release it is small next to the exporter's.
-cargo build -q --release -p gpumem-exporter
+# BIN=path measures that binary instead (e.g. one built from an older
+# commit, for a before/after comparison on the same fake).
+if [[ -z ${BIN:-} ]]; then
+    cargo build -q --release -p gpumem-exporter
+    BIN=$TARGET/release/gpumem-exporter
+fi
 cargo build -q --release -p fake-nvml --lib
-BIN=$TARGET/release/gpumem-exporter
 LIB=$TARGET/release/libfake_nvml.so
 [[ -x $BIN && -f $LIB ]] || die "$BIN or $LIB missing after the build"
 

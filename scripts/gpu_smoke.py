@@ -64,6 +64,17 @@ print("\n--- scrape (gpu_memory_* and gpu_process_*) ---")
 for line in text.splitlines():
     if line.startswith(("gpu_memory", "gpu_process", "gpu_up", "gpu_info", "gpu_driver_info")):
         print(line)
+# Body size of this scrape (the torch holder listed), plain and as the
+# exporter gzips it: the figure issue 18 compares before / after.
+req = urllib.request.Request(f"http://127.0.0.1:{PORT}/metrics", headers={"Accept-Encoding": "gzip"})
+with urllib.request.urlopen(req, timeout=5) as r:
+    gz = r.read()
+    gz_enc = r.headers.get("Content-Encoding")
+print(f"--- /metrics body: {len(text.encode())} bytes plain, {len(gz)} bytes {gz_enc or 'identity'} "
+      f"({sum(1 for l in text.splitlines() if l and not l.startswith('#'))} series) ---")
+if os.environ.get("OUT"):
+    with open(os.path.join(os.environ["OUT"], "smoke-metrics.prom"), "w") as f:
+        f.write(text)
 print("--- nvidia-smi --query-gpu ---")
 for g in gpus:
     print(", ".join(g))

@@ -9,7 +9,7 @@ use std::time::UNIX_EPOCH;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
-use super::encoder::gauge;
+use super::encoder::{Labels, gauge};
 use crate::model::{DurationHistogram, Snapshot};
 
 /// `version` and `revision` labels of `gpumem_exporter_build_info`.
@@ -39,7 +39,7 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         "gpumem_exporter_build_info",
         "Version and git revision of the running gpumem-exporter; value is always 1.",
     )?;
-    let labels = [("version", VERSION), ("revision", REVISION)];
+    let labels = Labels([("version", VERSION), ("revision", REVISION)]);
     m.encode_family(&labels)?.encode_gauge(&1u32)?;
 
     histogram(
@@ -80,7 +80,7 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         ("success", s.exporter.config_reloads_success),
         ("failure", s.exporter.config_reloads_failure),
     ] {
-        m.encode_family(&[("result", result)])?
+        m.encode_family(&Labels([("result", result)]))?
             .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
     }
 
@@ -111,7 +111,7 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
             ("oversized", t.oversized),
             ("permission", t.permission),
         ] {
-            m.encode_family(&[("reason", reason)])?
+            m.encode_family(&Labels([("reason", reason)]))?
                 .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
         }
     }
@@ -170,7 +170,7 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         MetricType::Counter,
     )?;
     for ((op, err), n) in s.nvml_errors.iter() {
-        let labels = [("operation", *op), ("error", *err)];
+        let labels = Labels([("operation", *op), ("error", *err)]);
         m.encode_family(&labels)?
             .encode_counter::<NoLabelSet, _, u64>(n, None)?;
     }
@@ -188,7 +188,7 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         ("success", own.web_config_reloads_success),
         ("failure", own.web_config_reloads_failure),
     ] {
-        m.encode_family(&[("result", result)])?
+        m.encode_family(&Labels([("result", result)]))?
             .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
     }
     gauge(

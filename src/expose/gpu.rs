@@ -5,7 +5,7 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::encoder::{gauge, gpu_labels};
+use super::encoder::{Labels, gauge, gpu_labels};
 use crate::model::{DeviceSample, Snapshot};
 
 /// `gpu_info`, `gpu_up` and `gpu_memory_*_bytes`.
@@ -18,12 +18,12 @@ pub(super) fn devices(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), f
     // A GPU whose identity could not be read yet has only gpu_up 0.
     for d in s.devices.iter().filter(|d| d.info.is_known()) {
         let i = &d.info;
-        let labels = [
+        let labels = Labels([
             ("gpu", i.gpu.as_str()),
             ("uuid", i.uuid.as_str()),
             ("name", i.name.as_str()),
             ("pci_bus_id", i.pci_bus_id.as_str()),
-        ];
+        ]);
         m.encode_family(&labels)?.encode_gauge(&1u32)?;
     }
 
@@ -83,11 +83,11 @@ pub(super) fn driver(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fm
         "gpu_driver_info",
         "NVIDIA driver, NVML and CUDA driver API versions; value is always 1.",
     )?;
-    let labels = [
+    let labels = Labels([
         ("driver_version", s.driver.driver_version.as_str()),
         ("nvml_version", s.driver.nvml_version.as_str()),
         ("cuda_driver_version", s.driver.cuda_driver_version.as_str()),
-    ];
+    ]);
     m.encode_family(&labels)?.encode_gauge(&1u32)?;
     Ok(())
 }

@@ -6,7 +6,7 @@ use std::fmt;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
-use super::encoder::{gauge, gpu_labels};
+use super::encoder::{Labels, gauge, gpu_labels};
 use crate::model::{DeviceSample, ECC_COUNTERS, Health, Snapshot};
 
 fn health(d: &DeviceSample) -> Option<&Health> {
@@ -43,8 +43,8 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
             let Some(h) = health(d) else { continue };
             for ((kind, scope), n) in ECC_COUNTERS.iter().zip(h.ecc_errors) {
                 if let Some(n) = n {
-                    let [g, u] = gpu_labels(d);
-                    m.encode_family(&[g, u, ("type", kind), ("scope", scope)])?
+                    let Labels([g, u]) = gpu_labels(d);
+                    m.encode_family(&Labels([g, u, ("type", kind), ("scope", scope)]))?
                         .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
                 }
             }
@@ -62,8 +62,8 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
                     ("correctable", r.correctable),
                     ("uncorrectable", r.uncorrectable),
                 ] {
-                    let [g, u] = gpu_labels(d);
-                    m.encode_family(&[g, u, ("cause", cause)])?
+                    let Labels([g, u]) = gpu_labels(d);
+                    m.encode_family(&Labels([g, u, ("cause", cause)]))?
                         .encode_gauge(&n)?;
                 }
             }
@@ -107,8 +107,8 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
                     ("double_bit_ecc", p.double_bit_ecc),
                 ] {
                     if let Some(n) = n {
-                        let [g, u] = gpu_labels(d);
-                        m.encode_family(&[g, u, ("cause", cause)])?
+                        let Labels([g, u]) = gpu_labels(d);
+                        m.encode_family(&Labels([g, u, ("cause", cause)]))?
                             .encode_gauge(&n)?;
                     }
                 }
@@ -144,8 +144,8 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
             };
             for (xid, n) in xids.iter() {
                 let xid = xid.to_string();
-                let [g, u] = gpu_labels(d);
-                m.encode_family(&[g, u, ("xid", xid.as_str())])?
+                let Labels([g, u]) = gpu_labels(d);
+                m.encode_family(&Labels([g, u, ("xid", xid.as_str())]))?
                     .encode_counter::<NoLabelSet, _, u64>(n, None)?;
             }
         }

@@ -4,7 +4,7 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::encoder::gauge;
+use super::encoder::{Labels, gauge};
 use crate::model::{MemoryInfo, Snapshot};
 
 /// `gpu_mig_info` and `gpu_mig_memory_*_bytes`.
@@ -18,14 +18,14 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         for g in d.mig.iter() {
             let gi = g.info.gpu_instance_id.to_string();
             let ci = g.info.compute_instance_id.to_string();
-            let labels = [
+            let labels = Labels([
                 ("gpu", d.info.gpu.as_str()),
                 ("uuid", d.info.uuid.as_str()),
                 ("mig_uuid", g.info.mig_uuid.as_str()),
                 ("name", g.info.name.as_str()),
                 ("gpu_instance_id", gi.as_str()),
                 ("compute_instance_id", ci.as_str()),
-            ];
+            ]);
             m.encode_family(&labels)?.encode_gauge(&1u32)?;
         }
     }
@@ -59,12 +59,12 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
                 if let Some(mem) = &g.memory {
                     let gi = g.info.gpu_instance_id.to_string();
                     let ci = g.info.compute_instance_id.to_string();
-                    let labels = [
+                    let labels = Labels([
                         ("gpu", d.info.gpu.as_str()),
                         ("uuid", d.info.uuid.as_str()),
                         ("gpu_instance_id", gi.as_str()),
                         ("compute_instance_id", ci.as_str()),
-                    ];
+                    ]);
                     m.encode_family(&labels)?.encode_gauge(&pick(mem))?;
                 }
             }

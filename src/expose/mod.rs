@@ -4,9 +4,12 @@
 //! `process`, `torch`, `mig`, the collectors `utilization`, `power`
 //! (power_thermal) and `health`, then the exporter's own families
 //! (`exporter`) last. The collectors' families are left out entirely when
-//! no GPU has their figures (collector off, or not supported). Encoding reads only the [`Snapshot`]: no NVML, no
-//! /proc, no HTTP state. The golden files in `tests/fixtures/` are the
-//! whole output for one fixed snapshot.
+//! no GPU has their figures (collector off, or not supported). Encoding
+//! reads only the [`Snapshot`]: no NVML, no /proc, no HTTP state. No series
+//! carries a label with an empty value: every label set goes through
+//! `encoder::Labels`, which leaves those out (for Prometheus they are the
+//! same series). The golden files in `tests/fixtures/` are the whole output
+//! for one fixed snapshot.
 
 mod encoder;
 mod exporter;

@@ -6,7 +6,7 @@ use std::fmt;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
-use super::encoder::{gauge, gpu_labels};
+use super::encoder::{Labels, gauge, gpu_labels};
 use crate::model::{CLOCKS, DeviceSample, PowerThermal, Snapshot};
 
 /// NVML's clocks event reason bits (nvmlClocksEventReason*) and their
@@ -95,8 +95,8 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
             let Some(p) = power(d) else { continue };
             for (clock, mhz) in CLOCKS.iter().zip(p.clocks_mhz) {
                 if let Some(mhz) = mhz {
-                    let [g, u] = gpu_labels(d);
-                    m.encode_family(&[g, u, ("clock", clock)])?
+                    let Labels([g, u]) = gpu_labels(d);
+                    m.encode_family(&Labels([g, u, ("clock", clock)]))?
                         .encode_gauge(&(u64::from(mhz) * 1_000_000))?;
                 }
             }
@@ -117,8 +117,8 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
                 continue;
             };
             for (bit, reason) in CLOCK_EVENT_REASONS {
-                let [g, u] = gpu_labels(d);
-                m.encode_family(&[g, u, ("reason", reason)])?
+                let Labels([g, u]) = gpu_labels(d);
+                m.encode_family(&Labels([g, u, ("reason", reason)]))?
                     .encode_gauge(&u32::from(mask & bit != 0))?;
             }
         }

@@ -5,19 +5,20 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::encoder::{gauge, gpu_labels, id_label};
+use super::encoder::{Ids, Labels, gauge, gpu_labels};
 use crate::model::{DeviceSample, OtherProcesses, ProcessSample, Snapshot};
 
 /// Labels of every per-process value series: the GPU (and MIG instance),
-/// the pid, its name and its pod.
+/// the pid, its name and its pod; those not known (no pod, no MIG, no
+/// name) are left out.
 pub(super) fn process_labels<'a>(
     d: &'a DeviceSample,
     p: &'a ProcessSample,
     pid: &'a str,
     gi: &'a str,
     ci: &'a str,
-) -> [(&'static str, &'a str); 9] {
-    [
+) -> Labels<'a, 9> {
+    Labels([
         ("gpu", d.info.gpu.as_str()),
         ("uuid", d.info.uuid.as_str()),
         ("pid", pid),
@@ -27,7 +28,7 @@ pub(super) fn process_labels<'a>(
         ("container", &*p.ident.container),
         ("gpu_instance_id", gi),
         ("compute_instance_id", ci),
-    ]
+    ])
 }
 
 /// One gauge family with a series per (GPU, process) for which `value`
@@ -51,12 +52,12 @@ fn process_family(
         torch: None,
         utilization: None,
     };
+    let mut ids = Ids::default();
     for d in &s.devices {
         for p in d.processes.iter() {
             if let Some(v) = value(p) {
-                let pid = p.pid.to_string();
-                let (gi, ci) = (id_label(p.gpu_instance_id), id_label(p.compute_instance_id));
-                let labels = process_labels(d, p, &pid, &gi, &ci);
+                let (pid, gi, ci) = ids.all(p);
+                let labels = process_labels(d, p, pid, gi, ci);
                 m.encode_family(&labels)?.encode_gauge(&v)?;
             }
         }
@@ -119,25 +120,22 @@ pub(super) fn rollup_and_identity(
         "gpu_process_info",
         "Identity of a process on a GPU; value is always 1. user from the host's passwd (or the uid), container_id and pod_uid from its cgroup.",
     )?;
+    let mut ids = Ids::default();
     for d in &s.devices {
         for p in d.processes.iter() {
-            let pid = p.pid.to_string();
+            let pid = ids.pid(p);
             let i = &p.ident;
-            let base = [
+            let labels = Labels([
                 ("gpu", d.info.gpu.as_str()),
                 ("uuid", d.info.uuid.as_str()),
-                ("pid", pid.as_str()),
+                ("pid", pid),
                 ("process", &*i.comm),
                 ("user", &*i.user),
                 ("container_id", &*i.container_id),
                 ("pod_uid", &*i.pod_uid),
-            ];
-            match &i.cmdline {
-                Some(c) => m
-                    .encode_family(&(base, [("cmdline", &**c)]))?
-                    .encode_gauge(&1u32)?,
-                None => m.encode_family(&base)?.encode_gauge(&1u32)?,
-            }
+                ("cmdline", i.cmdline.as_deref().unwrap_or("")),
+            ]);
+            m.encode_family(&labels)?.encode_gauge(&1u32)?;
         }
     }
     Ok(())

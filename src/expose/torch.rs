@@ -7,7 +7,7 @@ use std::fmt;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
-use super::encoder::id_label;
+use super::encoder::Ids;
 use super::process::process_labels;
 use crate::model::{Snapshot, TorchPool, TorchStats};
 
@@ -17,13 +17,17 @@ fn each_process(
     s: &Snapshot,
     mut f: impl FnMut(&[(&'static str, &str)], &TorchStats) -> fmt::Result,
 ) -> fmt::Result {
+    let mut ids = Ids::default();
     for d in &s.devices {
         for p in d.processes.iter() {
             let Some(t) = &p.torch else { continue };
-            let pid = p.pid.to_string();
-            let (gi, ci) = (id_label(p.gpu_instance_id), id_label(p.compute_instance_id));
-            let labels: Vec<(&'static str, &str)> =
-                process_labels(d, p, &pid, &gi, &ci).into_iter().collect();
+            let (pid, gi, ci) = ids.all(p);
+            // Labels with an empty value are left out (see encoder::Labels).
+            let labels: Vec<(&'static str, &str)> = process_labels(d, p, pid, gi, ci)
+                .0
+                .into_iter()
+                .filter(|(_, v)| !v.is_empty())
+                .collect();
             f(&labels, t)?;
         }
     }

@@ -6,7 +6,7 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::encoder::{gauge, gpu_labels, id_label};
+use super::encoder::{Ids, gauge, gpu_labels};
 use super::process::process_labels;
 use crate::model::{ProcessUtilization, Snapshot, Utilization};
 
@@ -85,14 +85,14 @@ pub(super) fn processes(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(),
             |u| u.decoder,
         ),
     ];
+    let mut ids = Ids::default();
     for (name, help, pick) in families {
         let mut m = gauge(enc, name, help)?;
         for d in &s.devices {
             for p in d.processes.iter() {
                 if let Some(u) = &p.utilization {
-                    let pid = p.pid.to_string();
-                    let (gi, ci) = (id_label(p.gpu_instance_id), id_label(p.compute_instance_id));
-                    m.encode_family(&process_labels(d, p, &pid, &gi, &ci))?
+                    let (pid, gi, ci) = ids.all(p);
+                    m.encode_family(&process_labels(d, p, pid, gi, ci))?
                         .encode_gauge(&(f64::from(pick(u)) / 100.0))?;
                 }
             }

@@ -3,7 +3,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::harness::tools::assert_promtool_check_metrics_clean;
+use crate::harness::tools::{
+    assert_promtool_check_metrics_clean, assert_strict_parsers_accept, empty_label_lines,
+};
 use crate::harness::*;
 
 const GIB: u64 = 1 << 30;
@@ -283,6 +285,33 @@ fn promtool_check_metrics_is_clean() {
     assert_promtool_check_metrics_clean(&ex.get("/metrics").body);
 }
 
+/// Outside Kubernetes and MIG, with a pid that has no name: the served
+/// bodies (text and OpenMetrics) carry no empty label, only the labels
+/// that are known, and the strict parsers of Python's prometheus_client
+/// read them.
+#[test]
+fn no_empty_labels_and_strict_parsers_accept_the_served_bodies() {
+    let me = std::process::id();
+    let sc = Scenario::new(&scenario(me, true, "null"));
+    let ex = Exporter::start(&sc, &[]);
+    let text = ex.metrics().text;
+    let om = http_get(
+        ex.addr,
+        "/metrics",
+        &[("Accept", "application/openmetrics-text;version=1.0.0")],
+    )
+    .body;
+    for (format, body) in [("text", &text), ("OpenMetrics", &om)] {
+        assert_eq!(empty_label_lines(body), Vec::<&str>::new(), "{format}");
+        let unnamed = "gpu_process_memory_used_bytes{gpu=\"0\",uuid=\"GPU-aaaaaaaa-0000-0000-0000-000000000000\",pid=\"3999999\"} ";
+        assert!(
+            body.contains(unnamed),
+            "{format}: no {unnamed:?} in\n{body}"
+        );
+    }
+    assert_strict_parsers_accept(&text, &om);
+}
+
 #[test]
 fn sigterm_exits_zero_within_a_second() {
     let sc = Scenario::new(&scenario(std::process::id(), false, "null"));
@@ -385,7 +414,7 @@ fn sigterm_mid_scrape_finishes_the_scrape() {
         y.push_str(&format!(
             "  - uuid: GPU-{g:08x}-0000-0000-0000-000000000000\n    memory: {{total: 150754820096, reserved: 0, used: 1000000000}}\n    processes:\n"
         ));
-        for p in 0..2048 {
+        for p in 0..3072 {
             y.push_str(&format!(
                 "      - {{pid: {}, used: {}}}\n",
                 3_000_000 + g * 10_000 + p,

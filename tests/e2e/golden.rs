@@ -25,6 +25,8 @@ use gpumem_exporter::model::{
 };
 use gpumem_exporter::sample::SAMPLE_DURATION_BUCKETS;
 
+use crate::harness::tools::{assert_strict_parsers_accept, empty_label_lines};
+
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
@@ -328,4 +330,37 @@ fn the_fixture_covers_every_family() {
         });
         assert!(has_sample, "{name} has no sample in the fixture");
     }
+}
+
+/// No label with an empty value in either format (issue 18): for
+/// Prometheus an empty label is no label, so the pair would be bytes that
+/// buy nothing. The fixed snapshot has every case that used to write one:
+/// processes outside Kubernetes, outside MIG, without a name (the
+/// `pid="other"` rollup), without a container id or a command line.
+#[test]
+fn no_label_has_an_empty_value() {
+    for format in [Format::Text, Format::OpenMetrics] {
+        let body = encoded(format);
+        let empty = empty_label_lines(&body);
+        assert!(empty.is_empty(), "{format:?}: {empty:#?}");
+        // The snapshot does have those unknowns: the labels are left out,
+        // the series are not.
+        for series in [
+            "gpu_process_memory_used_bytes{gpu=\"0\",uuid=\"GPU-6f1c2a9e-4b1d-8c3e-9a7f-000000000000\",pid=\"other\"} ",
+            "gpu_process_memory_unavailable{gpu=\"0\",uuid=\"GPU-6f1c2a9e-4b1d-8c3e-9a7f-000000000000\",pid=\"5151\",process=\"Xorg\"} ",
+            "gpu_process_info{gpu=\"1\",uuid=\"GPU-6f1c2a9e-4b1d-8c3e-9a7f-000000000001\",pid=\"777\",process=\"vllm\",user=\"1001\"} ",
+        ] {
+            assert!(
+                body.contains(series),
+                "{format:?}: no {series:?} in\n{body}"
+            );
+        }
+    }
+}
+
+/// The strict parsers of Python's prometheus_client read both fixtures,
+/// every sample of them.
+#[test]
+fn strict_parsers_accept_the_fixtures() {
+    assert_strict_parsers_accept(&encoded(Format::Text), &encoded(Format::OpenMetrics));
 }

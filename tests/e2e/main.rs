@@ -15,6 +15,8 @@
 //! - `torch`: the torch bridge with real Python processes and a stub torch.
 //! - `web`: connection limits, TLS, mTLS, basic auth, web config reload.
 //! - `prometheus`: every dashboard query and rule in a real Prometheus.
+//! - `empty_labels`: the same queries answer the same series whether the
+//!   exposition leaves empty labels out (it does) or writes them.
 //! - `kube_watch`: the pod watcher against the list/watch wire format.
 //! - `config_corpus`: every malformed config in tests/config-corpus.
 //! - `fuzz`: the parsers under generated input, for a time budget.
@@ -41,6 +43,7 @@ mod collectors;
 mod config_corpus;
 mod core;
 mod discovery;
+mod empty_labels;
 mod faults;
 mod fuzz;
 mod golden;

@@ -58,7 +58,7 @@ const GPU0_CUDA: &str = "0a0a0a0a-0000-0000-0000-000000000000";
 /// The trainer's memory: NVML's figure, and torch's allocated and reserved
 /// (so 36 GB in tensors, 12 GB cached, 2 GB outside torch).
 const TRAINER_USED: u64 = 50_000_000_000;
-const TORCH_ALLOCATED: u64 = 36_000_000_000;
+pub(super) const TORCH_ALLOCATED: u64 = 36_000_000_000;
 const TORCH_RESERVED: u64 = 48_000_000_000;
 /// The stub's allocation retries grow by one this often.
 const RETRY_EVERY: Duration = Duration::from_millis(500);
@@ -68,7 +68,7 @@ const FAKE_PIDS: [u32; 6] = [4102, 4103, 4104, 6000, 6100, 7002];
 
 /// `$__rate_interval` as Grafana would set it for a 1s scrape interval
 /// (rounded up, so two samples are always in the window).
-const RATE_INTERVAL: &str = "10s";
+pub(super) const RATE_INTERVAL: &str = "10s";
 
 /// The stale-sample alert needs a sample older than 30 s. Waiting that long
 /// in real time would double the test's run time, so its expression is
@@ -76,7 +76,7 @@ const RATE_INTERVAL: &str = "10s";
 /// samples within its 5-minute lookback): true for the hung exporter, whose
 /// sample is already older than 30 s − STALE_AHEAD_S, and not for the
 /// healthy one (its sample is at most a scrape interval old).
-const STALE_AHEAD_S: f64 = 22.0;
+pub(super) const STALE_AHEAD_S: f64 = 22.0;
 
 /// The dashboard panel that splits a torch process's memory.
 const REAL_OR_CACHE: &str = "Real or cache? (PyTorch allocator per process)";
@@ -90,7 +90,7 @@ const DEADLINE: Duration = Duration::from_secs(35);
 /// v2, cgroupfs/cgroup v1) and one host process outside any pod. The
 /// trainer (`trainer_pid`) is a real process: its `fd` directory is its
 /// real one, where the exporter finds the torch bridge's memfd.
-fn fake_proc(root: &Path, trainer_pid: u32) {
+pub(super) fn fake_proc(root: &Path, trainer_pid: u32) {
     write_proc(
         root,
         trainer_pid,
@@ -120,7 +120,7 @@ fn fake_proc(root: &Path, trainer_pid: u32) {
 /// GPU 0 is busy and unhealthy (uncorrectable ECC errors, a pending and a
 /// failed row remap, `xids` critical Xid 79 events so far); GPU 1 holds
 /// memory while idle and retires pages (a GPU before Ampere).
-fn main_scenario(trainer_pid: u32, xids: usize) -> String {
+pub(super) fn main_scenario(trainer_pid: u32, xids: usize) -> String {
     let xid_list = vec!["79"; xids].join(", ");
     format!(
         "devices:
@@ -176,7 +176,7 @@ fn main_scenario(trainer_pid: u32, xids: usize) -> String {
     )
 }
 
-fn stale_scenario(delay_ms: u64) -> String {
+pub(super) fn stale_scenario(delay_ms: u64) -> String {
     format!(
         "devices:
   - uuid: {GPU_STALE}
@@ -192,8 +192,8 @@ fn stale_scenario(delay_ms: u64) -> String {
 /// it had one OOM, of which the bridge writes a snapshot into `dir`: OOM
 /// snapshots are on, as is a memory fraction of 0.5). Killed, and the
 /// rewriting stopped, on drop.
-struct Trainer {
-    py: Py,
+pub(super) struct Trainer {
+    pub(super) py: Py,
     stop: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -223,7 +223,7 @@ fn torch_stats(retries: u64) -> Value {
 }
 
 impl Trainer {
-    fn start() -> Trainer {
+    pub(super) fn start() -> Trainer {
         let state = Arc::new(StubState::new(&[(GPU0_CUDA, torch_stats(0))]));
         // A pid the fake /proc already uses would mix two processes up: try
         // again (the other child is killed when dropped, after the loop).
@@ -288,13 +288,13 @@ struct RuleGroup {
 }
 
 #[derive(Deserialize)]
-struct Rule {
-    record: Option<String>,
-    alert: Option<String>,
-    expr: String,
+pub(super) struct Rule {
+    pub(super) record: Option<String>,
+    pub(super) alert: Option<String>,
+    pub(super) expr: String,
 }
 
-fn rules() -> Vec<Rule> {
+pub(super) fn rules() -> Vec<Rule> {
     let path = repo_file("deploy/prometheus/rules.yml");
     let text = std::fs::read_to_string(&path).expect("read rules.yml");
     let file: RuleFile = serde_saphyr::from_str(&text).expect("parse rules.yml");
@@ -305,7 +305,7 @@ fn rules() -> Vec<Rule> {
 
 /// (panel title, refId, expr) of every query of every panel, rows' nested
 /// panels included.
-fn dashboard_queries() -> Vec<(String, String, String)> {
+pub(super) fn dashboard_queries() -> Vec<(String, String, String)> {
     fn walk(panels: &[Value], out: &mut Vec<(String, String, String)>) {
         for p in panels {
             let title = p["title"].as_str().unwrap_or("?").to_string();

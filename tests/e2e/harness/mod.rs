@@ -290,6 +290,8 @@ fn dechunk(mut s: &str) -> String {
 }
 
 /// Parsed exposition: `name{labels}` (labels as served) → value text.
+/// Label lookups treat an empty label value as an absent label, as
+/// Prometheus does.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     pub text: String,
@@ -317,11 +319,12 @@ impl Metrics {
     pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         self.find(name, labels)
             .into_iter()
-            .find(|(l, _)| l.len() == labels.len())
+            .find(|(l, _)| l.len() == present(labels))
             .map(|(_, v)| v)
     }
 
-    /// All series of `name` whose labels include `labels`.
+    /// All series of `name` whose labels include `labels`. As in PromQL, a
+    /// wanted `("pod", "")` matches a series without `pod`.
     pub fn find(
         &self,
         name: &str,
@@ -330,13 +333,7 @@ impl Metrics {
         let mut out = Vec::new();
         for (series, value) in &self.samples {
             let (n, ls) = split_series(series);
-            if n != name {
-                continue;
-            }
-            if labels
-                .iter()
-                .all(|(k, v)| ls.get(*k).map(String::as_str) == Some(*v))
-            {
+            if n == name && has_labels(&ls, labels) {
                 out.push((ls, value.parse::<f64>().unwrap_or(f64::NAN)));
             }
         }
@@ -347,15 +344,24 @@ impl Metrics {
     pub fn get_u64(&self, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
         self.samples.iter().find_map(|(series, v)| {
             let (n, ls) = split_series(series);
-            (n == name
-                && ls.len() == labels.len()
-                && labels
-                    .iter()
-                    .all(|(k, val)| ls.get(*k).map(String::as_str) == Some(*val)))
-            .then(|| v.parse::<u64>().ok())
-            .flatten()
+            (n == name && ls.len() == present(labels) && has_labels(&ls, labels))
+                .then(|| v.parse::<u64>().ok())
+                .flatten()
         })
     }
+}
+
+/// Number of wanted labels with a value: an empty one means "absent".
+fn present(labels: &[(&str, &str)]) -> usize {
+    labels.iter().filter(|(_, v)| !v.is_empty()).count()
+}
+
+/// `ls` has every wanted label; a wanted empty value means the label is
+/// absent (Prometheus makes no difference between the two).
+fn has_labels(ls: &BTreeMap<String, String>, labels: &[(&str, &str)]) -> bool {
+    labels
+        .iter()
+        .all(|(k, v)| ls.get(*k).map_or("", String::as_str) == *v)
 }
 
 fn split_series(series: &str) -> (&str, BTreeMap<String, String>) {
@@ -385,7 +391,10 @@ fn split_series(series: &str) -> (&str, BTreeMap<String, String>) {
                 c => val.push(c),
             }
         }
-        labels.insert(key.trim_start_matches(',').to_string(), val);
+        // An empty value is no label, as Prometheus stores it.
+        if !val.is_empty() {
+            labels.insert(key.trim_start_matches(',').to_string(), val);
+        }
         if chars.peek() == Some(&',') {
             chars.next();
         }

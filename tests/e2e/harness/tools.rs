@@ -104,3 +104,57 @@ pub fn assert_promtool_check_metrics_clean(exposition: &str) {
         "promtool check metrics: {report}\n{exposition}"
     );
 }
+
+/// Python's `prometheus_client` parsers (the text 0.0.4 one and the strict
+/// OpenMetrics one) read `text` and `openmetrics` without an error, and
+/// find every sample line in them.
+pub fn assert_strict_parsers_accept(text: &str, openmetrics: &str) {
+    const SCRIPT: &str = r#"
+import sys
+try:
+    from prometheus_client.parser import text_string_to_metric_families as text
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om
+except ImportError as e:
+    sys.exit(f"IMPORT {e}")
+body = sys.stdin.read()
+t, o = body.split("\0")
+print(sum(len(f.samples) for f in text(t)), sum(len(f.samples) for f in om(o)))
+"#;
+    let input = format!("{text}\0{openmetrics}");
+    let out = run_tool(
+        super::python::python3(),
+        &["-c", SCRIPT],
+        Some(input.as_bytes()),
+    );
+    let report = output_text(&out);
+    assert!(
+        !report.contains("IMPORT "),
+        "python3 has no prometheus_client ({report}); install it: `apt-get install -y \
+         python3-prometheus-client` (Debian/Ubuntu) or `python3 -m pip install prometheus-client`"
+    );
+    assert!(
+        out.status.success(),
+        "prometheus_client rejects the exposition:\n{report}"
+    );
+    let samples = |body: &str| {
+        body.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .count()
+    };
+    let counts = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(
+        counts,
+        format!("{} {}", samples(text), samples(openmetrics)),
+        "samples parsed (text, OpenMetrics) vs sample lines"
+    );
+}
+
+/// The series lines of an exposition that carry a label with an empty
+/// value. A plain `=""` search is exact: inside a label value every `"`
+/// is escaped, so `=""` can only be a label whose value is empty.
+pub fn empty_label_lines(exposition: &str) -> Vec<&str> {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains("=\"\""))
+        .collect()
+}
