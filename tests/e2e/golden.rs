@@ -20,8 +20,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use gpumem_exporter::expose::{self, Format};
 use gpumem_exporter::model::{
     AllocatorBackend, AllocatorSettings, DeviceInfo, DeviceSample, DriverInfo, DurationHistogram,
-    ExporterCounters, KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses, ProcIdentity,
-    ProcessSample, Snapshot, TorchCounters, TorchPool, TorchPools, TorchStats,
+    ExporterCounters, Health, KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses,
+    PowerThermal, ProcIdentity, ProcessSample, ProcessUtilization, RemappedRows, RetiredPages,
+    Snapshot, TorchCounters, TorchPool, TorchPools, TorchStats, Utilization,
 };
 use gpumem_exporter::sample::SAMPLE_DURATION_BUCKETS;
 
@@ -127,7 +128,12 @@ fn fixed_snapshot() -> Snapshot {
             }),
             oom_snapshots: Some(1),
         }),
-        utilization: None,
+        utilization: Some(ProcessUtilization {
+            sm: 87,
+            memory: 41,
+            encoder: 0,
+            decoder: 2,
+        }),
     };
     let unavailable = ProcessSample {
         pid: 5151,
@@ -153,9 +159,33 @@ fn fixed_snapshot() -> Snapshot {
             used_bytes: 3 * GIB,
         }),
         mig: Arc::from(Vec::new()),
-        utilization: None,
-        power: None,
-        health: None,
+        utilization: Some(Utilization {
+            gpu: Some(93),
+            memory: Some(41),
+            encoder: Some(0),
+            decoder: None,
+        }),
+        power: Some(PowerThermal {
+            temperature_c: Some(62),
+            power_mw: Some(612_345),
+            power_limit_mw: Some(700_000),
+            energy_mj: Some(81_234_567_890),
+            clocks_mhz: [Some(1755), Some(1980), Some(3201), None],
+            performance_state: Some(0),
+            clock_event_reasons: Some(0x4),
+        }),
+        health: Some(Health {
+            ecc_enabled: Some(true),
+            ecc_errors: [Some(12), Some(40), Some(1), Some(1)],
+            remapped_rows: Some(RemappedRows {
+                correctable: 2,
+                uncorrectable: 1,
+                pending: true,
+                failed: false,
+            }),
+            retired_pages: None,
+            xid_errors: Some(Arc::new(BTreeMap::from([(48, 1), (79, 2)]))),
+        }),
     };
     let mig = |gi: u32, ci: u32, uuid: &str, used: Option<u64>| MigSample {
         info: Arc::new(MigInfo {
@@ -201,8 +231,19 @@ fn fixed_snapshot() -> Snapshot {
             mig(2, 0, "MIG-1d2c3b4a-0000-4000-8000-000000000002", None),
         ]),
         utilization: None,
-        power: None,
-        health: None,
+        power: Some(PowerThermal {
+            temperature_c: Some(38),
+            ..PowerThermal::default()
+        }),
+        health: Some(Health {
+            ecc_enabled: Some(false),
+            retired_pages: Some(RetiredPages {
+                single_bit_ecc: Some(2),
+                double_bit_ecc: Some(0),
+                pending: Some(true),
+            }),
+            ..Health::default()
+        }),
     };
     let gpu2 = DeviceSample {
         info: h200(
@@ -219,7 +260,20 @@ fn fixed_snapshot() -> Snapshot {
         power: None,
         health: None,
     };
+    // GPU 3 fell off the bus before the exporter started: no identity.
+    let gpu3 = DeviceSample {
+        info: Arc::new(DeviceInfo::unknown(3)),
+        memory: None,
+        used_peak_bytes: None,
+        processes: Arc::from(Vec::new()),
+        other: None,
+        mig: Arc::from(Vec::new()),
+        utilization: None,
+        power: None,
+        health: None,
+    };
     let mut errors = BTreeMap::new();
+    errors.insert(("device_uuid", "gpu_lost"), 4);
     errors.insert(("memory_info", "gpu_lost"), 7);
     errors.insert(("running_compute_processes", "unknown"), 1);
     Snapshot {
@@ -229,7 +283,7 @@ fn fixed_snapshot() -> Snapshot {
             nvml_version: "13.580.159.04".into(),
             cuda_driver_version: "13.0".into(),
         }),
-        devices: vec![gpu0, gpu1, gpu2],
+        devices: vec![gpu0, gpu1, gpu2, gpu3],
         nvml_errors: Arc::new(errors),
         sample_duration: histogram(&[0.0004, 0.0009, 0.003, 0.02]),
         sample_nvml_duration: histogram(&[0.0002, 0.0003, 0.0011, 0.015]),
