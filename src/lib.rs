@@ -16,6 +16,7 @@ pub mod http;
 pub mod logging;
 pub mod model;
 pub mod publish;
+pub mod record;
 pub mod sample;
 pub mod signals;
 pub mod telemetry;
