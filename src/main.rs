@@ -193,6 +193,18 @@ fn main() -> ExitCode {
 /// nothing could be recorded, else what [`record::run`] says.
 fn record_main(cfg: Config, args: RecordArgs) -> ExitCode {
     let target = Target::parse(&args.output);
+    if let Target::Path(p) = &target
+        && p.is_dir()
+    {
+        // Said before the format, which a directory's name cannot tell.
+        eprintln!(
+            "gpumem-exporter: {}",
+            record::OutputError::Directory {
+                path: p.display().to_string()
+            }
+        );
+        return ExitCode::from(1);
+    }
     let format = match record::Format::for_target(&target, args.format) {
         Ok(f) => f,
         Err(e) => {

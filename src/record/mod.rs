@@ -73,7 +73,8 @@ impl FromStr for Format {
 
 impl Format {
     /// The format asked for, else the one the file name says (`.csv`;
-    /// `.json`, `.trace.json`; `.om`); standard output defaults to CSV.
+    /// `.json`, `.trace.json`; `.om`); standard output and an existing
+    /// device or FIFO (`/dev/stderr`) default to CSV.
     pub fn for_target(target: &Target, asked: Option<Format>) -> Result<Format, String> {
         if let Some(f) = asked {
             return Ok(f);
@@ -82,6 +83,9 @@ impl Format {
             Target::Stdout => return Ok(Format::Csv),
             Target::Path(p) => p,
         };
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+            return Ok(Format::Csv);
+        }
         let ext = path
             .extension()
             .and_then(|e| e.to_str())
