@@ -149,3 +149,37 @@ fn unix_ms(t: SystemTime) -> u64 {
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::sync_channel;
+
+    #[test]
+    fn the_sink_gets_every_snapshot_and_counts_what_did_not_fit() {
+        let shared = Shared::new(Duration::from_secs(1), Arc::new(Telemetry::new()));
+        shared.publish(Snapshot::empty(UNIX_EPOCH));
+        let (tx, rx) = sync_channel(2);
+        shared.set_sink(Some(tx));
+        for s in 1..=3 {
+            shared.publish(Snapshot::empty(UNIX_EPOCH + Duration::from_secs(s)));
+        }
+        assert_eq!(shared.sink_dropped(), 1, "the third did not fit");
+        let got: Vec<SystemTime> = rx.try_iter().map(|s| s.taken_at).collect();
+        assert_eq!(
+            got,
+            [1, 2].map(|s| UNIX_EPOCH + Duration::from_secs(s)),
+            "from set_sink on, in order"
+        );
+        assert_eq!(
+            shared.latest().map(|s| s.taken_at),
+            Some(UNIX_EPOCH + Duration::from_secs(3)),
+            "the latest is published whatever the sink"
+        );
+        shared.set_sink(None);
+        assert!(
+            rx.recv().is_err(),
+            "disconnected once the sink is taken away"
+        );
+    }
+}

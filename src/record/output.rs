@@ -94,7 +94,7 @@ fn kept_text(kept: u64, state: Kept) -> String {
         Kept::NoTrailer => format!(
             "it keeps {kept} bytes, every sample before the failure, but its closing lines could not be written again"
         ),
-        Kept::Stream => format!("{kept} bytes of whole samples had been written to it"),
+        Kept::Stream => format!("{kept} bytes had been written to it before the failed sample"),
     }
 }
 
