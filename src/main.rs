@@ -171,6 +171,15 @@ fn main() -> ExitCode {
     };
     logging::init(&cfg.log);
     if let Some(Sub::Record(args)) = cli.command {
+        let web_flags = [
+            ("--web.listen-address", cli.listen_address.is_some()),
+            ("--web.telemetry-path", cli.telemetry_path.is_some()),
+            ("--web.config.file", cli.web_config_file.is_some()),
+        ];
+        if let Some((flag, _)) = web_flags.iter().find(|(_, given)| *given) {
+            eprintln!("gpumem-exporter: {flag} does not apply to record, which serves no HTTP");
+            return ExitCode::from(2);
+        }
         return record_main(cfg, args);
     }
     let web = match Web::load(cli.web_config_file) {

@@ -222,8 +222,17 @@ pub fn encoder(format: Format, started: &Stamp) -> Box<dyn Encoder> {
     match format {
         Format::Csv => Box::new(csv::Csv::default()),
         Format::Trace => Box::new(trace::Trace::new(started)),
-        Format::OpenMetrics => Box::new(openmetrics::OpenMetrics::default()),
+        Format::OpenMetrics => Box::new(openmetrics::OpenMetrics::new(&host_name())),
     }
+}
+
+/// The kernel's host name (the `instance` of OpenMetrics samples).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".to_string())
 }
 
 /// What a finished recording holds.
@@ -681,12 +690,24 @@ mod encoder_tests {
     fn openmetrics_stamps_every_sample_and_helps_once() {
         let mut s = sampler();
         let snaps = [s.tick(), s.tick_memory(), s.tick()];
-        let mut enc = openmetrics::OpenMetrics::default();
+        let mut enc = openmetrics::OpenMetrics::new("host \"a\"");
         let text = encode_all(&mut enc, &snaps);
+        let target = r#"{instance="host \"a\"",job="gpumem-record""#;
+        assert!(
+            text[0].contains(&format!("\ngpu_up{target},gpu=\"0\",")),
+            "{}",
+            text[0]
+        );
+        assert!(
+            text[0].contains(&format!("\ngpu_driver_info{target},driver_version=")),
+            "{}",
+            text[0]
+        );
         for (block, ts) in text.iter().zip(["1000.000", "1000.100", "1000.200"]) {
             assert!(!block.contains("# EOF"));
             for line in block.lines().filter(|l| !l.starts_with('#')) {
                 assert!(line.ends_with(&format!(" {ts}")), "{line}");
+                assert!(line.contains(target), "{line}");
             }
             assert!(block.contains("# TYPE gpu_memory_used_bytes gauge\n"));
             assert!(!block.contains("gpumem_exporter_"), "no exporter families");

@@ -11,6 +11,12 @@
 //! `# HELP` (optional in OpenMetrics) is written the first time a family
 //! appears only, which keeps a memory sample of one GPU under 1 KiB.
 //!
+//! Every sample gets `instance="<hostname>"` and `job="gpumem-record"`
+//! (what a scrape would add), so the shipped dashboard, whose `instance`
+//! variable comes from `gpu_info`, lists the recording under its host, and
+//! a backfill never collides with the series a live exporter on the same
+//! host was scraped into (their `job` differs).
+//!
 //! So a family appears once per sample rather than once per file: strict
 //! OpenMetrics wants each family (and each series) in one piece, which a
 //! file written as it goes cannot do without holding the whole recording.
@@ -27,13 +33,56 @@ use super::{EncodeError, Encoder, SampleKind, Stamp};
 use crate::expose::{self, Families, Format};
 use crate::model::Snapshot;
 
-#[derive(Default)]
+/// The `job` label of recorded samples.
+pub const JOB: &str = "gpumem-record";
+
 pub struct OpenMetrics {
+    /// `instance="…",job="gpumem-record"`, escaped.
+    target_labels: String,
     last_ms: Option<u64>,
     /// Families whose `# HELP` line is written already.
     helped: HashSet<String>,
     /// Samples left out because the clock did not move forward.
     pub skipped: u64,
+}
+
+impl OpenMetrics {
+    /// Samples labelled with `instance` (the host's name).
+    pub fn new(instance: &str) -> OpenMetrics {
+        OpenMetrics {
+            target_labels: format!("instance=\"{}\",job=\"{JOB}\"", escape(instance)),
+            last_ms: None,
+            helped: HashSet::new(),
+            skipped: 0,
+        }
+    }
+
+    /// `name{a="b"} 1` → `name{instance="h",job="j",a="b"} 1`.
+    fn push_sample(&self, out: &mut Vec<u8>, line: &str) {
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        let (name, rest) = line.split_at(name_end);
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'{');
+        out.extend_from_slice(self.target_labels.as_bytes());
+        match rest.strip_prefix('{') {
+            Some(labels) if labels.starts_with('}') => out.extend_from_slice(labels.as_bytes()),
+            Some(labels) => {
+                out.push(b',');
+                out.extend_from_slice(labels.as_bytes());
+            }
+            None => {
+                out.push(b'}');
+                out.extend_from_slice(rest.as_bytes());
+            }
+        }
+    }
+}
+
+/// A label value as OpenMetrics writes it.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 impl Encoder for OpenMetrics {
@@ -75,8 +124,10 @@ impl Encoder for OpenMetrics {
                 }
                 self.helped.insert(family.to_string());
             }
-            out.extend_from_slice(line.as_bytes());
-            if !line.starts_with('#') {
+            if line.starts_with('#') {
+                out.extend_from_slice(line.as_bytes());
+            } else {
+                self.push_sample(out, line);
                 out.push(b' ');
                 out.extend_from_slice(at.unix_seconds.as_bytes());
                 rows += 1;

@@ -735,7 +735,11 @@ fn openmetrics_backfills_into_prometheus() {
         Some(&data),
         &["--storage.tsdb.retention.time=10y"],
     );
-    let sel = format!("gpu_memory_used_bytes{{gpu=\"0\",uuid=\"{UUID}\"}}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let host = host.trim();
+    let sel = format!(
+        "gpu_memory_used_bytes{{instance=\"{host}\",job=\"gpumem-record\",gpu=\"0\",uuid=\"{UUID}\"}}"
+    );
     // Blocks load at startup; the head is empty, so only they answer.
     for (at, want) in [(at_before, before), (at_after, after)] {
         let q = prom.query_at(&sel, at);
@@ -756,6 +760,16 @@ fn openmetrics_backfills_into_prometheus() {
     assert_eq!(q.labels()[0]["process"], "sleep");
     let q = prom.query_at("gpu_up", at_before);
     assert_eq!(q.values(), vec![1.0]);
+    // The dashboard's instance variable, and one of its joins on it.
+    let q = prom.query_at("count by (instance) (gpu_info)", at_after);
+    assert_eq!(q.labels()[0]["instance"], host, "{:?}", q.result);
+    let q = prom.query_at(
+        &format!(
+            "gpu_info{{instance=~\"{host}\", gpu=~\".*\"}} * on(instance, gpu, uuid) group_left() gpu_memory_total_bytes{{instance=~\"{host}\", gpu=~\".*\"}}"
+        ),
+        at_after,
+    );
+    assert_eq!(q.values(), vec![TOTAL as f64], "{:?}", q.result);
     // The recorder's own families are not in the recording.
     let q = prom.query_at("count({__name__=~\"gpumem_exporter_.*\"})", at_after);
     assert!(q.result.is_empty(), "{:?}", q.result);
