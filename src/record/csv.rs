@@ -2,7 +2,9 @@
 //! one row per process per GPU per full sample, and one per MIG instance
 //! per full sample. Columns (docs/record.md has the table):
 //!
-//!     time,unix_seconds,kind,gpu,uuid,used_bytes,reserved_bytes,free_bytes,total_bytes,pid,process,user,namespace,pod,torch_allocated_bytes,torch_reserved_bytes
+//! ```text
+//! time,unix_seconds,kind,gpu,uuid,used_bytes,reserved_bytes,free_bytes,total_bytes,pid,process,user,namespace,pod,torch_allocated_bytes,torch_reserved_bytes
+//! ```
 //!
 //! `kind` is `gpu`, `process` or `mig`; a column that does not apply to a
 //! row's kind is empty, and so is a figure NVML did not give (a GPU that
