@@ -5,7 +5,9 @@
 //! [`attribute`] saying who each pid is) → [`model::Snapshot`] →
 //! [`publish`] → [`expose`] (encode) → [`http`]. [`config`] turns YAML and
 //! flags into each component's own config; [`signals`] owns the signals;
-//! [`telemetry`] holds the exporter's own counters. See ARCHITECTURE.md.
+//! [`telemetry`] holds the exporter's own counters. [`record`] writes every
+//! snapshot to a file instead of serving it (`gpumem-exporter record`).
+//! See ARCHITECTURE.md.
 
 pub mod attribute;
 pub mod backoff;
@@ -16,6 +18,7 @@ pub mod http;
 pub mod logging;
 pub mod model;
 pub mod publish;
+pub mod record;
 pub mod sample;
 pub mod signals;
 pub mod telemetry;

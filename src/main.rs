@@ -4,13 +4,17 @@
 //!
 //! Exit codes: 0 clean shutdown, 1 NVML could not be loaded or initialised
 //! (or the listen address could not be bound), 2 bad flags, config or web
-//! config file.
+//! config file. `record` (see `gpumem_exporter::record`) exits with its
+//! command's code when it runs one, 127 when that cannot be started, 1 when
+//! the output cannot be written, 2 for bad flags.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
 
 use gpumem_exporter::attribute::ProcCache;
 use gpumem_exporter::attribute::kube::{self, PodIndex};
@@ -18,6 +22,7 @@ use gpumem_exporter::config::{self, Config, HumanDuration, Overrides};
 use gpumem_exporter::gpu::nvml::{InitError, NvmlSource};
 use gpumem_exporter::http::web_config::Web;
 use gpumem_exporter::publish::Shared;
+use gpumem_exporter::record::{self, Target};
 use gpumem_exporter::sample::{self, Control, OpenFailure};
 use gpumem_exporter::signals::{self, Signals};
 use gpumem_exporter::telemetry::Telemetry;
@@ -30,8 +35,10 @@ use gpumem_exporter::{expose, http, logging};
     about = "Prometheus exporter for GPU memory per GPU and per process (NVML)"
 )]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
     /// YAML config file (see config.example.yaml). Flags override its values.
-    #[arg(long = "config.file", value_name = "PATH")]
+    #[arg(long = "config.file", global = true, value_name = "PATH")]
     config_file: Option<PathBuf>,
     /// Address to listen on: host:port, :port or [v6]:port [default: :9877]
     #[arg(long = "web.listen-address", value_name = "ADDR")]
@@ -43,89 +50,171 @@ struct Cli {
     #[arg(long = "web.config.file", value_name = "PATH")]
     web_config_file: Option<PathBuf>,
     /// How often GPUs and their processes are sampled, e.g. 500ms, 2s [default: 1s]
-    #[arg(long = "sample-interval", value_name = "DURATION")]
+    #[arg(long = "sample-interval", global = true, value_name = "DURATION")]
     sample_interval: Option<String>,
     /// Memory-only samples between full samples, for peaks [default: 100ms]
-    #[arg(long = "memory-sample-interval", value_name = "DURATION")]
+    #[arg(
+        long = "memory-sample-interval",
+        global = true,
+        value_name = "DURATION"
+    )]
     memory_sample_interval: Option<String>,
     /// Peaks are the maximum over this window; keep it >= the scrape interval [default: 30s]
-    #[arg(long = "peak-window", value_name = "DURATION")]
+    #[arg(long = "peak-window", global = true, value_name = "DURATION")]
     peak_window: Option<String>,
     /// How often each GPU's MIG mode and instances are read again [default: 30s]
-    #[arg(long = "mig-rescan-interval", value_name = "DURATION")]
+    #[arg(long = "mig-rescan-interval", global = true, value_name = "DURATION")]
     mig_rescan_interval: Option<String>,
     /// Path of libnvidia-ml.so.1 [default: found by the dynamic loader]
-    #[arg(long = "nvml.library", value_name = "PATH")]
+    #[arg(long = "nvml.library", global = true, value_name = "PATH")]
     nvml_library: Option<String>,
     /// Where /proc is, e.g. /host/proc when the host's is mounted there [default: /proc]
-    #[arg(long = "path.procfs", value_name = "PATH")]
+    #[arg(long = "path.procfs", global = true, value_name = "PATH")]
     procfs: Option<String>,
     /// error, warn, info, debug or trace [default: info]
-    #[arg(long = "log.level", value_name = "LEVEL")]
+    #[arg(long = "log.level", global = true, value_name = "LEVEL")]
     log_level: Option<String>,
     /// logfmt or json [default: logfmt]
-    #[arg(long = "log.format", value_name = "FORMAT")]
+    #[arg(long = "log.format", global = true, value_name = "FORMAT")]
     log_format: Option<String>,
     /// Collector memory: device memory and peaks; always on (--no-collector.memory is refused)
-    #[arg(long = "collector.memory", overrides_with = "no_collector_memory")]
+    #[arg(
+        long = "collector.memory",
+        global = true,
+        overrides_with = "no_collector_memory"
+    )]
     collector_memory: bool,
     /// Switch the memory collector off
-    #[arg(long = "no-collector.memory", overrides_with = "collector_memory")]
+    #[arg(
+        long = "no-collector.memory",
+        global = true,
+        overrides_with = "collector_memory"
+    )]
     no_collector_memory: bool,
     /// Collector processes: per-process memory and attribution [default: on]
     #[arg(
         long = "collector.processes",
+        global = true,
         overrides_with = "no_collector_processes"
     )]
     collector_processes: bool,
     /// Switch the processes collector off
     #[arg(
         long = "no-collector.processes",
+        global = true,
         overrides_with = "collector_processes"
     )]
     no_collector_processes: bool,
     /// Collector utilization: GPU, memory-controller, encoder and decoder utilisation [default: on]
     #[arg(
         long = "collector.utilization",
+        global = true,
         overrides_with = "no_collector_utilization"
     )]
     collector_utilization: bool,
     /// Switch the utilization collector off
     #[arg(
         long = "no-collector.utilization",
+        global = true,
         overrides_with = "collector_utilization"
     )]
     no_collector_utilization: bool,
     /// Collector process_utilization: per-process SM, memory, encoder and decoder utilisation, like nvidia-smi pmon [default: off]
     #[arg(
         long = "collector.process_utilization",
+        global = true,
         overrides_with = "no_collector_process_utilization"
     )]
     collector_process_utilization: bool,
     /// Switch the process_utilization collector off
     #[arg(
         long = "no-collector.process_utilization",
+        global = true,
         overrides_with = "collector_process_utilization"
     )]
     no_collector_process_utilization: bool,
     /// Collector power_thermal: temperature, power, energy, clocks, P-state, clock event reasons [default: on]
     #[arg(
         long = "collector.power_thermal",
+        global = true,
         overrides_with = "no_collector_power_thermal"
     )]
     collector_power_thermal: bool,
     /// Switch the power_thermal collector off
     #[arg(
         long = "no-collector.power_thermal",
+        global = true,
         overrides_with = "collector_power_thermal"
     )]
     no_collector_power_thermal: bool,
     /// Collector health: ECC errors, row remapping, retired pages, critical Xid events [default: on]
-    #[arg(long = "collector.health", overrides_with = "no_collector_health")]
+    #[arg(
+        long = "collector.health",
+        global = true,
+        overrides_with = "no_collector_health"
+    )]
     collector_health: bool,
     /// Switch the health collector off
-    #[arg(long = "no-collector.health", overrides_with = "collector_health")]
+    #[arg(
+        long = "no-collector.health",
+        global = true,
+        overrides_with = "collector_health"
+    )]
     no_collector_health: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// Record GPU and process memory to a file (CSV, Chrome trace or
+    /// OpenMetrics) with the daemon's sampler and no HTTP server, for a
+    /// while, until SIGINT/SIGTERM, or while a command runs
+    Record(RecordArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  gpumem-exporter record -o run.csv -- python3 train.py\n  gpumem-exporter record -o run.trace.json --duration 10m\n  gpumem-exporter record -o run.om --duration 1h   # then: promtool tsdb create-blocks-from openmetrics run.om DATA_DIR\n\nFormats, columns and exit codes: docs/record.md"
+)]
+struct RecordArgs {
+    /// File to write, or - for standard output
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: String,
+    /// csv, trace or openmetrics [default: from the file name: .csv; .json, .trace.json; .om]
+    #[arg(long = "format", value_name = "FORMAT", value_parser = parse_format)]
+    format: Option<record::Format>,
+    /// Stop after this long, e.g. 90s, 10m [default: at SIGINT/SIGTERM or when COMMAND exits]
+    #[arg(long = "duration", value_name = "DURATION", value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// Overwrite FILE if it exists
+    #[arg(long = "force")]
+    force: bool,
+    /// Run this command, record while it runs, exit with its code
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+fn parse_format(s: &str) -> Result<record::Format, String> {
+    s.parse()
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = s.parse::<HumanDuration>()?.0;
+    if d.is_zero() {
+        return Err(format!("duration {s:?} must be more than 0"));
+    }
+    Ok(d)
+}
+
+/// Open NVML from `library`; a library that cannot be loaded is fatal,
+/// anything else is retried.
+fn open_nvml(library: Option<&str>) -> Result<NvmlSource, OpenFailure<InitError>> {
+    NvmlSource::open(library).map_err(|e| match e {
+        // A library that cannot be loaded will not appear by itself.
+        InitError::Load { .. } => OpenFailure::Fatal(e),
+        // A driver not loaded yet (boot), a permission not granted
+        // yet (udev), a GPU not answering: keep trying.
+        _ => OpenFailure::Retry(e),
+    })
 }
 
 impl Cli {
@@ -196,6 +285,18 @@ fn main() -> ExitCode {
         }
     };
     logging::init(&cfg.log);
+    if let Some(Sub::Record(args)) = cli.command {
+        let web_flags = [
+            ("--web.listen-address", cli.listen_address.is_some()),
+            ("--web.telemetry-path", cli.telemetry_path.is_some()),
+            ("--web.config.file", cli.web_config_file.is_some()),
+        ];
+        if let Some((flag, _)) = web_flags.iter().find(|(_, given)| *given) {
+            eprintln!("gpumem-exporter: {flag} does not apply to record, which serves no HTTP");
+            return ExitCode::from(2);
+        }
+        return record_main(cfg, args);
+    }
     let web = match Web::load(cli.web_config_file) {
         Ok(w) => w,
         Err(e) => {
@@ -207,6 +308,46 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `gpumem-exporter record`: exit 2 when the format cannot be told, 1 when
+/// nothing could be recorded, else what [`record::run`] says.
+fn record_main(cfg: Config, args: RecordArgs) -> ExitCode {
+    let target = Target::parse(&args.output);
+    if let Target::Path(p) = &target
+        && p.is_dir()
+    {
+        // Said before the format, which a directory's name cannot tell.
+        eprintln!(
+            "gpumem-exporter: {}",
+            record::OutputError::Directory {
+                path: p.display().to_string()
+            }
+        );
+        return ExitCode::from(1);
+    }
+    let format = match record::Format::for_target(&target, args.format) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("gpumem-exporter: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let opts = record::Options {
+        target,
+        format,
+        duration: args.duration,
+        force: args.force,
+        command: args.command,
+    };
+    let library = cfg.nvml_library.clone();
+    match record::run(&cfg, opts, move || open_nvml(library.as_deref())) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("gpumem-exporter: {e}");
             ExitCode::from(1)
         }
     }
@@ -276,15 +417,7 @@ fn run(
     let pods = cfg.kubernetes.as_ref().map(|_| Arc::new(PodIndex::new()));
     let lookup = ProcCache::from_config(&cfg.attribution, pods.clone());
     let _sampler = sample::spawn(
-        move || {
-            NvmlSource::open(library.as_deref()).map_err(|e| match e {
-                // A library that cannot be loaded will not appear by itself.
-                InitError::Load { .. } => OpenFailure::Fatal(e),
-                // A driver not loaded yet (boot), a permission not granted
-                // yet (udev), a GPU not answering: keep trying.
-                _ => OpenFailure::Retry(e),
-            })
-        },
+        move || open_nvml(library.as_deref()),
         lookup,
         cfg.timing,
         cfg.selection,

@@ -5,9 +5,16 @@
 //! half-built one. Before publishing, the exporter's own counters
 //! ([`Telemetry`]) are copied into the snapshot, so one snapshot is
 //! everything a scrape shows, in every format.
+//!
+//! A recorder (`gpumem-exporter record`) also wants every snapshot, not
+//! just the latest: [`Shared::set_sink`] hands each published snapshot to a
+//! bounded channel as well. The sampler never waits for it: when the
+//! channel is full the snapshot is counted as dropped
+//! ([`Shared::sink_dropped`]) instead.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
@@ -29,6 +36,10 @@ pub struct Shared {
     alive: AtomicBool,
     /// The full sample interval in ms (changes on config reload).
     interval_ms: AtomicU64,
+    /// Where every published snapshot also goes, when a recorder is on.
+    sink: Mutex<Option<SyncSender<Arc<Snapshot>>>>,
+    /// Snapshots the sink had no room for.
+    sink_dropped: AtomicU64,
 }
 
 impl Shared {
@@ -39,7 +50,23 @@ impl Shared {
             last_tick_ms: AtomicU64::new(0),
             alive: AtomicBool::new(false),
             interval_ms: AtomicU64::new(interval.as_millis() as u64),
+            sink: Mutex::new(None),
+            sink_dropped: AtomicU64::new(0),
         }
+    }
+
+    /// Also hand every snapshot published from now on to `sink` (`None`:
+    /// stop, which disconnects the receiver once no snapshot is in flight).
+    /// Set it before the sampler starts to get the first snapshot too.
+    pub fn set_sink(&self, sink: Option<SyncSender<Arc<Snapshot>>>) {
+        if let Ok(mut s) = self.sink.lock() {
+            *s = sink;
+        }
+    }
+
+    /// Snapshots not handed to the sink because its channel was full.
+    pub fn sink_dropped(&self) -> u64 {
+        self.sink_dropped.load(Ordering::Acquire)
     }
 
     /// The sampler thread is alive and not stuck (also while it waits for
@@ -70,7 +97,18 @@ impl Shared {
         s.exporter = self.telemetry.read();
         self.last_tick_ms
             .store(unix_ms(s.taken_at), Ordering::Release);
-        self.published.store(Some(Arc::new(s)));
+        let s = Arc::new(s);
+        if let Ok(sink) = self.sink.lock()
+            && let Some(tx) = sink.as_ref()
+        {
+            match tx.try_send(Arc::clone(&s)) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+                Err(TrySendError::Full(_)) => {
+                    self.sink_dropped.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        }
+        self.published.store(Some(s));
     }
 
     /// Ready once NVML is initialised and a snapshot is published in which
@@ -110,4 +148,38 @@ fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::sync_channel;
+
+    #[test]
+    fn the_sink_gets_every_snapshot_and_counts_what_did_not_fit() {
+        let shared = Shared::new(Duration::from_secs(1), Arc::new(Telemetry::new()));
+        shared.publish(Snapshot::empty(UNIX_EPOCH));
+        let (tx, rx) = sync_channel(2);
+        shared.set_sink(Some(tx));
+        for s in 1..=3 {
+            shared.publish(Snapshot::empty(UNIX_EPOCH + Duration::from_secs(s)));
+        }
+        assert_eq!(shared.sink_dropped(), 1, "the third did not fit");
+        let got: Vec<SystemTime> = rx.try_iter().map(|s| s.taken_at).collect();
+        assert_eq!(
+            got,
+            [1, 2].map(|s| UNIX_EPOCH + Duration::from_secs(s)),
+            "from set_sink on, in order"
+        );
+        assert_eq!(
+            shared.latest().map(|s| s.taken_at),
+            Some(UNIX_EPOCH + Duration::from_secs(3)),
+            "the latest is published whatever the sink"
+        );
+        shared.set_sink(None);
+        assert!(
+            rx.recv().is_err(),
+            "disconnected once the sink is taken away"
+        );
+    }
 }

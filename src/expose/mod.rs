@@ -66,24 +66,73 @@ pub fn encode(snapshot: &Arc<Snapshot>, format: Format) -> Result<String, fmt::E
     Ok(out)
 }
 
+/// Which families [`encode_families`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Families {
+    /// Everything a scrape shows.
+    All,
+    /// Everything but the exporter's own families (`gpumem_exporter_*`):
+    /// what the GPUs and their processes did. The recorder writes these at
+    /// each full sample.
+    Gpus,
+    /// Only `gpu_info`, `gpu_up` and `gpu_memory_*_bytes`: all that a
+    /// memory-only sample changes. The recorder writes these in between.
+    Devices,
+}
+
+/// Encode some of one snapshot's families (see [`Families`]), in the
+/// order and with the names a scrape has.
+pub fn encode_families(
+    snapshot: &Arc<Snapshot>,
+    format: Format,
+    families: Families,
+) -> Result<String, fmt::Error> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(FamiliesCollector(Arc::clone(snapshot), families)));
+    let mut out = String::with_capacity(4096);
+    match format {
+        Format::Text => prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?,
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &registry)?,
+    }
+    Ok(out)
+}
+
+#[derive(Debug)]
+struct FamiliesCollector(Arc<Snapshot>, Families);
+
+impl Collector for FamiliesCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        match self.1 {
+            Families::All => SnapshotCollector(Arc::clone(&self.0)).encode(enc),
+            Families::Gpus => gpu_families(&mut enc, &self.0),
+            Families::Devices => gpu::devices(&mut enc, &self.0),
+        }
+    }
+}
+
+/// Every family but the exporter's own, in scrape order.
+fn gpu_families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    gpu::devices(enc, s)?;
+    process::memory(enc, s)?;
+    if s.torch.is_some() {
+        torch::families(enc, s)?;
+    }
+    process::rollup_and_identity(enc, s)?;
+    mig::families(enc, s)?;
+    utilization::devices(enc, s)?;
+    utilization::processes(enc, s)?;
+    power::families(enc, s)?;
+    health::families(enc, s)?;
+    gpu::driver(enc, s)
+}
+
 #[derive(Debug)]
 struct SnapshotCollector(Arc<Snapshot>);
 
 impl Collector for SnapshotCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
         let s = &*self.0;
-        gpu::devices(&mut enc, s)?;
-        process::memory(&mut enc, s)?;
-        if s.torch.is_some() {
-            torch::families(&mut enc, s)?;
-        }
-        process::rollup_and_identity(&mut enc, s)?;
-        mig::families(&mut enc, s)?;
-        utilization::devices(&mut enc, s)?;
-        utilization::processes(&mut enc, s)?;
-        power::families(&mut enc, s)?;
-        health::families(&mut enc, s)?;
-        gpu::driver(&mut enc, s)?;
+        gpu_families(&mut enc, s)?;
         exporter::families(&mut enc, s)
     }
 }

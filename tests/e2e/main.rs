@@ -24,6 +24,8 @@
 //! - `ops_artifacts`: rules, manifests, systemd unit, Dockerfile, dashboard,
 //!   checked with the tools that consume them.
 //! - `golden`: golden exposition files (tests/fixtures).
+//! - `record`: `gpumem-exporter record` — CSV, Chrome trace, OpenMetrics
+//!   backfilled into a real Prometheus, signals, commands, bad output.
 //!
 //! Run everything with `cargo test --test e2e`, one area with its module
 //! path as the filter:
@@ -51,6 +53,7 @@ mod kube_watch;
 mod ops_artifacts;
 mod peaks;
 mod prometheus;
+mod record;
 mod soak;
 mod torch;
 mod web;

@@ -73,8 +73,18 @@ impl Prometheus {
     /// Start with this configuration (YAML; relative paths in it resolve
     /// against the temporary directory) and wait until `/-/ready`.
     pub fn start(config: &str) -> Prometheus {
+        Self::start_with(config, None, &[])
+    }
+
+    /// Like [`Prometheus::start`], on the TSDB at `tsdb` when given (e.g.
+    /// blocks made by `promtool tsdb create-blocks-from`, which a server
+    /// loads only at startup) and with `extra` flags.
+    pub fn start_with(config: &str, tsdb: Option<&std::path::Path>, extra: &[&str]) -> Prometheus {
         let bin = prometheus_binary();
         let dir = tempfile::tempdir().expect("tempdir");
+        let data = tsdb
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_else(|| dir.path().join("data"));
         let config_path = dir.path().join("prometheus.yml");
         std::fs::write(&config_path, config).expect("write prometheus.yml");
         // The port is picked before the server binds it: retry if another
@@ -84,11 +94,9 @@ impl Prometheus {
             let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
             let mut child = Command::new(bin)
                 .arg(format!("--config.file={}", config_path.display()))
-                .arg(format!(
-                    "--storage.tsdb.path={}",
-                    dir.path().join("data").display()
-                ))
+                .arg(format!("--storage.tsdb.path={}", data.display()))
                 .arg(format!("--web.listen-address={addr}"))
+                .args(extra)
                 .current_dir(dir.path())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())

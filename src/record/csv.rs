@@ -1,0 +1,197 @@
+//! The CSV format: one row per GPU per sample (memory and full samples),
+//! one row per process per GPU per full sample, and one per MIG instance
+//! per full sample. Columns (docs/record.md has the table):
+//!
+//! ```text
+//! time,unix_seconds,kind,gpu,uuid,used_bytes,reserved_bytes,free_bytes,total_bytes,pid,process,user,namespace,pod,torch_allocated_bytes,torch_reserved_bytes
+//! ```
+//!
+//! `kind` is `gpu`, `process` or `mig`; a column that does not apply to a
+//! row's kind is empty, and so is a figure NVML did not give (a GPU that
+//! did not answer has a `gpu` row with empty byte columns). Quoting is the
+//! `csv` crate's (RFC 4180), since process and user names may hold commas
+//! or quotes.
+
+use std::sync::Arc;
+
+use super::{EncodeError, Encoder, SampleKind, Stamp};
+use crate::model::Snapshot;
+
+/// The header row, column by column.
+pub const COLUMNS: [&str; 16] = [
+    "time",
+    "unix_seconds",
+    "kind",
+    "gpu",
+    "uuid",
+    "used_bytes",
+    "reserved_bytes",
+    "free_bytes",
+    "total_bytes",
+    "pid",
+    "process",
+    "user",
+    "namespace",
+    "pod",
+    "torch_allocated_bytes",
+    "torch_reserved_bytes",
+];
+
+pub struct Csv {
+    builder: ::csv::WriterBuilder,
+}
+
+impl Default for Csv {
+    fn default() -> Csv {
+        let mut builder = ::csv::WriterBuilder::new();
+        builder.terminator(::csv::Terminator::Any(b'\n'));
+        Csv { builder }
+    }
+}
+
+type Rows<'a> = ::csv::Writer<&'a mut Vec<u8>>;
+
+fn row(w: &mut Rows, fields: [&str; 16]) -> Result<(), EncodeError> {
+    w.write_record(fields)
+        .map_err(|e| EncodeError(e.to_string()))
+}
+
+fn done(mut w: Rows) -> Result<(), EncodeError> {
+    w.flush().map_err(|e| EncodeError(e.to_string()))
+}
+
+fn opt(v: Option<u64>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_default()
+}
+
+impl Encoder for Csv {
+    fn header(&mut self) -> Result<Vec<u8>, EncodeError> {
+        let mut out = Vec::new();
+        let mut w = self.builder.from_writer(&mut out);
+        row(&mut w, COLUMNS)?;
+        done(w)?;
+        Ok(out)
+    }
+
+    fn trailer(&self) -> &'static [u8] {
+        b""
+    }
+
+    fn sample(
+        &mut self,
+        s: &Arc<Snapshot>,
+        kind: SampleKind,
+        at: &Stamp,
+        out: &mut Vec<u8>,
+    ) -> Result<u64, EncodeError> {
+        let mut rows = 0;
+        let mut w = self.builder.from_writer(out);
+        let (time, unix) = (at.rfc3339.as_str(), at.unix_seconds.as_str());
+        for d in &s.devices {
+            let m = d.memory;
+            row(
+                &mut w,
+                [
+                    time,
+                    unix,
+                    "gpu",
+                    &d.info.gpu,
+                    &d.info.uuid,
+                    &opt(m.map(|m| m.used)),
+                    &opt(m.map(|m| m.reserved)),
+                    &opt(m.map(|m| m.free)),
+                    &opt(m.map(|m| m.total)),
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                ],
+            )?;
+            rows += 1;
+        }
+        if kind == SampleKind::Full {
+            for d in s.devices.iter().filter(|d| d.up()) {
+                for p in d.processes.iter() {
+                    let i = &p.ident;
+                    let torch = p.torch;
+                    row(
+                        &mut w,
+                        [
+                            time,
+                            unix,
+                            "process",
+                            &d.info.gpu,
+                            &d.info.uuid,
+                            &opt(p.used_bytes),
+                            "",
+                            "",
+                            "",
+                            &p.pid.to_string(),
+                            &i.comm,
+                            &i.user,
+                            &i.namespace,
+                            &i.pod,
+                            &opt(torch.map(|t| t.allocated)),
+                            &opt(torch.map(|t| t.reserved)),
+                        ],
+                    )?;
+                    rows += 1;
+                }
+                if let Some(o) = d.other {
+                    row(
+                        &mut w,
+                        [
+                            time,
+                            unix,
+                            "process",
+                            &d.info.gpu,
+                            &d.info.uuid,
+                            &o.used_bytes.to_string(),
+                            "",
+                            "",
+                            "",
+                            "other",
+                            "",
+                            "",
+                            "",
+                            "",
+                            "",
+                            "",
+                        ],
+                    )?;
+                    rows += 1;
+                }
+                for mig in d.mig.iter() {
+                    let m = mig.memory;
+                    row(
+                        &mut w,
+                        [
+                            time,
+                            unix,
+                            "mig",
+                            &d.info.gpu,
+                            &mig.info.mig_uuid,
+                            &opt(m.map(|m| m.used)),
+                            &opt(m.map(|m| m.reserved)),
+                            &opt(m.map(|m| m.free)),
+                            &opt(m.map(|m| m.total)),
+                            "",
+                            "",
+                            "",
+                            "",
+                            "",
+                            "",
+                            "",
+                        ],
+                    )?;
+                    rows += 1;
+                }
+            }
+        }
+        done(w)?;
+        Ok(rows)
+    }
+}
