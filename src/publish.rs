@@ -3,7 +3,8 @@
 //! The sampler thread publishes each snapshot here by swapping an `Arc`;
 //! readers (HTTP handlers) load it without blocking and never see a
 //! half-built one. Before publishing, the exporter's own counters
-//! ([`Telemetry`]) are copied into the snapshot, so one snapshot is
+//! ([`Telemetry`]) and the kubelet's latest device allocations
+//! ([`PodResources`]) are copied into the snapshot, so one snapshot is
 //! everything a scrape shows, in every format.
 
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwapOption;
 
 use crate::model::Snapshot;
+use crate::podres::PodResources;
 use crate::telemetry::Telemetry;
 
 /// How many sample intervals may pass without a tick before `/healthz`
@@ -29,6 +31,8 @@ pub struct Shared {
     alive: AtomicBool,
     /// The full sample interval in ms (changes on config reload).
     interval_ms: AtomicU64,
+    /// The pod-resources client's answers, when that part is on.
+    pod_resources: Option<Arc<PodResources>>,
 }
 
 impl Shared {
@@ -39,7 +43,14 @@ impl Shared {
             last_tick_ms: AtomicU64::new(0),
             alive: AtomicBool::new(false),
             interval_ms: AtomicU64::new(interval.as_millis() as u64),
+            pod_resources: None,
         }
+    }
+
+    /// Copy `store`'s latest answer into every snapshot published.
+    pub fn with_pod_resources(mut self, store: Option<Arc<PodResources>>) -> Self {
+        self.pod_resources = store;
+        self
     }
 
     /// The sampler thread is alive and not stuck (also while it waits for
@@ -65,9 +76,11 @@ impl Shared {
         self.published.load_full()
     }
 
-    /// Publish `s` with the exporter's own counters as of now.
+    /// Publish `s` with the exporter's own counters and the kubelet's
+    /// allocations as of now.
     pub fn publish(&self, mut s: Snapshot) {
         s.exporter = self.telemetry.read();
+        s.pod_resources = self.pod_resources.as_ref().map(|p| p.state());
         self.last_tick_ms
             .store(unix_ms(s.taken_at), Ordering::Release);
         self.published.store(Some(Arc::new(s)));

@@ -1,11 +1,12 @@
 //! Snapshot → exposition text (Prometheus text 0.0.4 or OpenMetrics 1.0).
 //! Every metric name the exporter serves is defined in this folder, one
 //! file per family group, in the order a scrape shows them: `gpu`,
-//! `process`, `torch`, `mig`, then the exporter's own families
-//! (`exporter`) last. Encoding reads only the [`Snapshot`]: no NVML, no
+//! `process`, `torch`, `mig`, `allocation` (the kubelet's device
+//! allocations), then the exporter's own families (`exporter`) last. Encoding reads only the [`Snapshot`]: no NVML, no
 //! /proc, no HTTP state. The golden files in `tests/fixtures/` are the
 //! whole output for one fixed snapshot.
 
+mod allocation;
 mod encoder;
 mod exporter;
 mod gpu;
@@ -71,6 +72,7 @@ impl Collector for SnapshotCollector {
         }
         process::rollup_and_identity(&mut enc, s)?;
         mig::families(&mut enc, s)?;
+        allocation::families(&mut enc, s)?;
         gpu::driver(&mut enc, s)?;
         exporter::families(&mut enc, s)
     }

@@ -215,6 +215,7 @@ fn fixed_snapshot() -> Snapshot {
             oversized: 0,
             permission: 2,
         }),
+        pod_resources: None,
         exporter: ExporterCounters::default(),
     }
 }
