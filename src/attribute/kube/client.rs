@@ -9,8 +9,8 @@
 //! 2. When nothing can be inferred: `kubernetes.api_url`, else the
 //!    in-cluster URL, with no credentials but those of step 3.
 //! 3. Each key set overrides its part: `api_url` the server URL,
-//!    `token_file` the credentials (a bearer token re-read every minute),
-//!    `ca_file` the CA bundle (re-read every minute).
+//!    `token_file` the credentials (a bearer token read at every request,
+//!    [`super::bearer`]), `ca_file` the CA bundle (re-read every minute).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,7 +19,8 @@ use kube::config::{AuthInfo, InferConfigError};
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
-use super::limits::LimitLayer;
+use super::bearer::BearerFileLayer;
+use super::limits::{LimitLayer, OnRewatch};
 use crate::config::KubeConfig;
 
 /// A read stalled this long fails the request. Watches end on the server
@@ -46,6 +47,8 @@ pub(super) enum ClientError {
         #[source]
         source: CaError,
     },
+    #[error("{0}")]
+    Token(#[source] super::bearer::TokenError),
     #[error("building the client: {0}")]
     Build(#[source] kube::Error),
 }
@@ -67,7 +70,7 @@ pub(super) struct Built {
 }
 
 /// The client `cfg` asks for (see the module doc for the precedence).
-pub(super) async fn build(cfg: &KubeConfig) -> Result<Built, ClientError> {
+pub(super) async fn build(cfg: &KubeConfig, on_rewatch: OnRewatch) -> Result<Built, ClientError> {
     let (mut config, source) = match kube::Config::infer().await {
         Ok(c) => (c, "inferred (KUBECONFIG, ~/.kube/config or in-cluster)"),
         Err(e) => match (&cfg.api_url, &cfg.in_cluster_url) {
@@ -83,10 +86,21 @@ pub(super) async fn build(cfg: &KubeConfig) -> Result<Built, ClientError> {
     config.read_timeout = Some(READ_TIMEOUT);
     config.reset_reader_on_write = true;
     let server = config.cluster_url.to_string();
-    let credentials = credentials(&config.auth_info);
+    let credentials = match &cfg.token_file {
+        Some(_) => "bearer token file (kubernetes.token_file)",
+        None => credentials(&config.auth_info),
+    };
+    if let Some(path) = &cfg.token_file {
+        // Fail now, with the key's name, rather than at every request.
+        super::bearer::header(path).map_err(ClientError::Token)?;
+    }
+    let bearer = cfg.token_file.as_deref().map(|p| BearerFileLayer {
+        path: std::sync::Arc::from(p),
+    });
     let client = kube::client::ClientBuilder::try_from(config)
         .map_err(ClientError::Build)?
-        .with_layer(&LimitLayer)
+        .with_layer(&LimitLayer { on_rewatch })
+        .with_layer(&tower::util::option_layer(bearer))
         .build();
     Ok(Built {
         client,
@@ -101,11 +115,10 @@ fn override_config(config: &mut kube::Config, cfg: &KubeConfig) -> Result<(), Cl
     if let Some(url) = &cfg.api_url {
         config.cluster_url = parse_url(url)?;
     }
-    if let Some(path) = &cfg.token_file {
-        config.auth_info = AuthInfo {
-            token_file: Some(path.display().to_string()),
-            ..AuthInfo::default()
-        };
+    if cfg.token_file.is_some() {
+        // The kubeconfig's user is replaced: the token is set per request
+        // by the bearer layer (see `build`).
+        config.auth_info = AuthInfo::default();
     }
     if let Some(path) = &cfg.ca_file {
         let ca = |source| ClientError::CaFile {
@@ -203,9 +216,9 @@ mod tests {
 
         cfg.token_file = Some("/var/run/token".into());
         override_config(&mut c, &cfg).unwrap();
-        assert_eq!(credentials(&c.auth_info), "bearer token file");
         assert_eq!(
-            c.auth_info.client_key, None,
+            credentials(&c.auth_info),
+            "none",
             "the kubeconfig's user is replaced"
         );
         assert_eq!(c.root_cert, Some(vec![vec![1, 2, 3]]));

@@ -3,9 +3,15 @@
 //! line reader and a LIST page as a whole, so a broken or hostile server
 //! could otherwise grow the exporter's memory without limit. Written by
 //! hand because no middleware crate bounds the bytes between newlines.
+//!
+//! The same layer sees every request, so it also counts re-watches: kube-rs
+//! re-opens a dropped watch silently, and a watch request that does not
+//! follow a LIST is one.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -32,20 +38,32 @@ pub(super) enum LimitError {
     TooLarge,
 }
 
+/// Called for each watch request that does not follow a LIST.
+pub(super) type OnRewatch = Arc<dyn Fn() + Send + Sync>;
+
 /// The `tower::Layer` that wraps every response body in a [`Bounded`] one.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct LimitLayer;
+#[derive(Clone)]
+pub(super) struct LimitLayer {
+    pub(super) on_rewatch: OnRewatch,
+}
 
 impl<S> tower::Layer<S> for LimitLayer {
     type Service = Limit<S>;
     fn layer(&self, inner: S) -> Limit<S> {
-        Limit { inner }
+        Limit {
+            inner,
+            on_rewatch: Arc::clone(&self.on_rewatch),
+            after_list: Arc::new(AtomicBool::new(false)),
+        }
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(super) struct Limit<S> {
     inner: S,
+    on_rewatch: OnRewatch,
+    /// The last request was a LIST (so the next watch is the first after it).
+    after_list: Arc<AtomicBool>,
 }
 
 impl<S, ReqBody, B> tower::Service<Request<ReqBody>> for Limit<S>
@@ -63,8 +81,12 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let bound = if is_watch(req.uri().query()) {
+            if !self.after_list.swap(false, Ordering::AcqRel) {
+                (self.on_rewatch)();
+            }
             Bound::Line(MAX_EVENT_LINE_BYTES)
         } else {
+            self.after_list.store(true, Ordering::Release);
             Bound::Total(MAX_LIST_PAGE_BYTES)
         };
         let response = self.inner.call(req);

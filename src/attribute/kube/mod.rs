@@ -12,8 +12,9 @@
 //!   `token_file` and `ca_file` overriding their parts ([`client`]).
 //!   `kube::runtime::watcher` does LIST (paged), WATCH from the list's
 //!   resourceVersion with bookmarks, re-watch after a drop and relist after
-//!   `410 Gone`; kube-rs refreshes token files (projected service account
-//!   tokens rotate) and the in-cluster CA every minute.
+//!   `410 Gone`; kube-rs refreshes the in-cluster token (projected service
+//!   account tokens rotate) and CA every minute; `kubernetes.token_file` is
+//!   read at every request ([`bearer`]).
 //! - **Node-scoped.** The watcher only asks for
 //!   `fieldSelector=spec.nodeName=<node>`, and indexes only pods whose
 //!   `spec.nodeName` matches even if the server sends others. One exporter per
@@ -36,6 +37,7 @@
 //!
 //! TLS is rustls with the ring provider (kube's `rustls-tls`), no OpenSSL.
 
+mod bearer;
 mod client;
 mod index;
 mod limits;

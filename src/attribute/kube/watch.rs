@@ -39,7 +39,9 @@ pub async fn run_watcher(cfg: KubeConfig, index: Arc<PodIndex>) {
         warnings: Warnings::default(),
     };
     loop {
-        let built = match client::build(&w.cfg).await {
+        let index = Arc::clone(&w.index);
+        let on_rewatch = Arc::new(move || PodIndex::count(&index.watch_restarts_total));
+        let built = match client::build(&w.cfg, on_rewatch).await {
             Ok(b) => b,
             Err(e) => {
                 w.error("client", &e);
@@ -77,10 +79,13 @@ impl Watcher {
     async fn watch(&mut self, client: kube::Client) {
         let api: kube::Api<ApiPod> = kube::Api::all(client);
         let selector = format!("spec.nodeName={}", self.cfg.node_name);
-        // `any_semantic`: LISTs at resourceVersion 0 are served from the API
-        // server's watch cache, not a quorum read of etcd, as client-go's
-        // informers do: what a fleet of one watcher per node needs.
-        let config = watcher::Config::default().fields(&selector).any_semantic();
+        // LISTs at resourceVersion 0, unpaged: the API server answers from
+        // its watch cache instead of a quorum read of etcd, as client-go's
+        // informers ask, which is what a fleet of one watcher per node
+        // needs. (A page size would make kube-rs drop the resourceVersion;
+        // one node's pods are one small answer anyway.)
+        let mut config = watcher::Config::default().fields(&selector).any_semantic();
+        config.page_size = None;
         let mut stream = watcher::watcher(api, config).boxed();
         self.fresh = None;
         while let Some(item) = stream.next().await {
@@ -89,14 +94,15 @@ impl Watcher {
                     self.apply(event);
                     self.backoff.reset();
                 }
+                Err(e) if is_gone_at_watch_start(&e) => {
+                    // The resourceVersion expired: not an error, a relist.
+                    tracing::info!("pod watch refused with 410 Gone; relisting");
+                    tokio::time::sleep(self.backoff.next_delay()).await;
+                    return;
+                }
                 Err(e) => {
-                    let gone = is_gone_at_watch_start(&e);
                     self.failed(&e);
                     tokio::time::sleep(self.backoff.next_delay()).await;
-                    if gone {
-                        tracing::info!("pod watch refused with 410 Gone; relisting");
-                        return;
-                    }
                 }
             }
         }
@@ -173,9 +179,8 @@ impl Watcher {
         self.index.touch();
     }
 
-    /// Count and log one error of the watcher stream. An error while
-    /// watching (not listing) that broke the stream re-opens the watch from
-    /// the last resourceVersion: that is a watch restart.
+    /// Count and log one error of the watcher stream. (Watch restarts are
+    /// counted where the requests are seen, in the client's limits layer.)
     fn failed(&mut self, e: &watcher::Error) {
         if let watcher::Error::WatchError(s) = e
             && s.code == 410
@@ -184,17 +189,14 @@ impl Watcher {
             tracing::info!("pod watch expired (410 Gone); relisting");
             return;
         }
-        let (kind, restart) = match e {
-            watcher::Error::InitialListFailed(_) => ("list", false),
-            watcher::Error::WatchStartFailed(_) => ("watch start", true),
-            watcher::Error::WatchError(_) => ("watch error event", false),
-            watcher::Error::WatchFailed(kube::Error::SerdeError(_)) => ("watch event", false),
-            watcher::Error::WatchFailed(_) => ("watch", true),
-            watcher::Error::NoResourceVersion => ("resource version", false),
+        let kind = match e {
+            watcher::Error::InitialListFailed(_) => "list",
+            watcher::Error::WatchStartFailed(_) => "watch start",
+            watcher::Error::WatchError(_) => "watch error event",
+            watcher::Error::WatchFailed(kube::Error::SerdeError(_)) => "watch event",
+            watcher::Error::WatchFailed(_) => "watch",
+            watcher::Error::NoResourceVersion => "resource version",
         };
-        if restart && self.fresh.is_none() && self.index.synced.load(Ordering::Acquire) {
-            PodIndex::count(&self.index.watch_restarts_total);
-        }
         self.error(kind, e);
     }
 
