@@ -32,9 +32,13 @@ const READ_TIMEOUT: Duration = Duration::from_secs(295);
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ClientError {
     #[error(
-        "no Kubernetes client config (set KUBECONFIG, kubernetes.api_url, or run in a cluster): {0}"
+        "no Kubernetes client config (kubeconfig looked for at {kubeconfig}; set KUBECONFIG, kubernetes.api_url, or run in a cluster): {source}"
     )]
-    Infer(#[source] InferConfigError),
+    Infer {
+        kubeconfig: String,
+        #[source]
+        source: InferConfigError,
+    },
     #[error("API URL {url:?}: {source}")]
     Url {
         url: String,
@@ -79,7 +83,12 @@ pub(super) async fn build(cfg: &KubeConfig, on_rewatch: OnRewatch) -> Result<Bui
                 kube::Config::new(parse_url(url)?),
                 "KUBERNETES_SERVICE_HOST/PORT",
             ),
-            (None, None) => return Err(ClientError::Infer(e)),
+            (None, None) => {
+                return Err(ClientError::Infer {
+                    kubeconfig: kubeconfig_location(),
+                    source: e,
+                });
+            }
         },
     };
     override_config(&mut config, cfg)?;
@@ -129,6 +138,14 @@ fn override_config(config: &mut kube::Config, cfg: &KubeConfig) -> Result<(), Cl
         config.root_cert_file = Some(path.clone());
     }
     Ok(())
+}
+
+/// Where kube-rs looks for a kubeconfig, for the error when none works.
+fn kubeconfig_location() -> String {
+    match std::env::var("KUBECONFIG") {
+        Ok(v) if !v.is_empty() => format!("KUBECONFIG={v}"),
+        _ => "~/.kube/config (KUBECONFIG is not set)".into(),
+    }
 }
 
 fn parse_url(url: &str) -> Result<hyper::Uri, ClientError> {
