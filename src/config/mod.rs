@@ -703,8 +703,10 @@ mod tests {
         assert_eq!(on(&kubeconfig), Some(KubeConfig::node("n1")));
         // A kubeconfig but no node name: off in auto, an error when on.
         assert_eq!(on(&vars(vec![("KUBECONFIG", "/etc/k.yaml".into())])), None);
-        let mut forced = FileKubernetes::default();
-        forced.enabled = Some(KubeMode::On);
+        let forced = FileKubernetes {
+            enabled: Some(KubeMode::On),
+            ..FileKubernetes::default()
+        };
         assert!(matches!(
             kubernetes(&forced, &vars(vec![("KUBECONFIG", "/etc/k.yaml".into())])),
             Err(Located::Key("kubernetes.node_name", _))

@@ -2,11 +2,13 @@
 //! scenarios, run the real `gpumem-exporter` binary, scrape it over plain
 //! HTTP. Beside it:
 //! - `cluster`: a fake node (/proc root, pods, Kubernetes list/watch API),
+//! - `kubelet`: a fake kubelet's pod-resources gRPC API on a Unix socket,
 //! - `prom`: a real Prometheus server, PromQL and Grafana helpers,
 //! - `python`: Python children running the torch bridge, the stub torch,
 //! - `tools`: the external programs the tests run.
 
 pub mod cluster;
+pub mod kubelet;
 pub mod prom;
 pub mod python;
 pub mod tools;
