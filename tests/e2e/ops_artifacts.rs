@@ -27,7 +27,7 @@ const NAMESPACE: &str = "gpumem-exporter";
 /// Where links into this repository's files start; the rest of such a
 /// link is the file's path and maybe `#anchor`.
 const REPO_BLOB: &str = "https://github.com/gpumem-exporter/gpumem-exporter/blob/main/";
-const ALERTS: [&str; 8] = [
+const ALERTS: [&str; 9] = [
     "GpuMemoryHigh",
     "GpuMemoryExhaustionPredicted",
     "GpuProcessMemoryLeakSuspected",
@@ -36,6 +36,7 @@ const ALERTS: [&str; 8] = [
     "GpuMemExporterSamplesStale",
     "NvmlErrorsRising",
     "GpuTorchAllocRetriesRising",
+    "GpuAllocatedButIdle",
 ];
 /// What the torch bridge needs to read other users' /proc/<pid>/fd, and
 /// nothing more.
@@ -373,8 +374,18 @@ fn every_alert_has_severity_annotations_and_a_runbook() {
         .find(|o| o["kind"].as_str() == Some("PrometheusRule"))
         .expect("the base renders a PrometheusRule");
     let groups = list(rule.pointer("/spec/groups").expect("spec.groups"));
-    assert_eq!(groups.len(), 1, "one rule group");
-    assert_eq!(groups[0]["name"].as_str(), Some("gpumem-exporter"));
+    let names: Vec<&str> = groups.iter().filter_map(|g| g["name"].as_str()).collect();
+    assert_eq!(
+        names,
+        ["gpumem-exporter", "gpumem-exporter-rollups"],
+        "the alerts, then the fleet rollups"
+    );
+    assert!(
+        list(&groups[1]["rules"])
+            .iter()
+            .all(|r| r["record"].as_str().is_some() && r.get("alert").is_none()),
+        "the rollups group only records"
+    );
     let mut seen = Vec::new();
     for r in list(&groups[0]["rules"]) {
         let Some(alert) = r["alert"].as_str() else {
@@ -943,6 +954,7 @@ fn grafana_dashboard_is_valid_and_complete() {
         "gpu_process_torch_alloc_retries_total",
         "gpu_process_torch_ooms_total",
         "gpumem_exporter_torch_reports_dropped_total",
+        "gpu_allocation_info",
     ] {
         assert!(
             exprs

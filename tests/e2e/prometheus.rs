@@ -20,6 +20,10 @@
 //!   one instance and a pid hidden from /proc in the other; GPU 2 answers at
 //!   start, then reports gpu_lost (gpu_up 0, GpuDown; the error counter
 //!   grows, NvmlErrorsRising).
+//!   A fake kubelet (pod-resources API) allocated GPU 0 to the trainer and
+//!   the inference pod (time-slicing replicas, both busy) and both MIG
+//!   instances of GPU 1 to the notebook, which uses only instance 1: instance
+//!   2 is allocated but idle (GpuAllocatedButIdle, the idle rollup).
 //! - `stale`: an exporter whose GPU calls hang (fake NVML `delay_ms`) after
 //!   its first sample, so the sample it serves ages
 //!   (GpuMemExporterSamplesStale).
@@ -40,6 +44,7 @@ use std::time::{Duration, Instant};
 use crate::harness::cluster::{
     FakeNode, cgroup_containerd, cgroup_crio, cgroup_v1, pods_resolved, team_pods, write_proc,
 };
+use crate::harness::kubelet::{self, FakeKubelet};
 use crate::harness::prom::{
     Prometheus, QueryResult, grafana_regex, grafana_substitute, metric_names, prometheus_binary,
 };
@@ -52,6 +57,8 @@ const GPU0: &str = "GPU-0a0a0a0a-0000-0000-0000-000000000000";
 const GPU1: &str = "GPU-1b1b1b1b-0000-0000-0000-000000000000";
 const GPU2: &str = "GPU-2c2c2c2c-0000-0000-0000-000000000000";
 const GPU_STALE: &str = "GPU-5e5e5e5e-0000-0000-0000-000000000000";
+const MIG1: &str = "MIG-11111111-0000-0000-0000-000000000000";
+const MIG2: &str = "MIG-22222222-0000-0000-0000-000000000000";
 /// GPU 0's UUID as CUDA (and the stub torch) spell it: without `GPU-`.
 const GPU0_CUDA: &str = "0a0a0a0a-0000-0000-0000-000000000000";
 
@@ -131,12 +138,12 @@ fn main_scenario(trainer_pid: u32) -> String {
   - uuid: {GPU1}
     memory: {{total: 85899345920, reserved: 536870912, used: 9000000000}}
     mig_devices:
-      - uuid: MIG-11111111-0000-0000-0000-000000000000
+      - uuid: {MIG1}
         gpu_instance_id: 1
         compute_instance_id: 0
         memory: {{total: 20000000000, reserved: 0, used: 6000000000}}
         processes: [{{pid: 4103, used: 5000000000}}]
-      - uuid: MIG-22222222-0000-0000-0000-000000000000
+      - uuid: {MIG2}
         gpu_instance_id: 2
         compute_instance_id: 0
         memory: {{total: 20000000000, reserved: 0, used: 2500000000}}
@@ -146,6 +153,30 @@ fn main_scenario(trainer_pid: u32) -> String {
     error: gpu_lost
 "
     )
+}
+
+/// What the kubelet allocated: GPU 0 shared by time-slicing between the
+/// trainer and the inference server, both of GPU 1's MIG instances to the
+/// notebook (which runs on instance 1 only).
+fn kubelet_pods() -> Vec<kubelet::proto::PodResources> {
+    let (r0, r1) = (format!("{GPU0}::0"), format!("{GPU0}::1"));
+    vec![
+        kubelet::pod(
+            "team-a",
+            "trainer-0",
+            &[("trainer", &[("nvidia.com/gpu", &[&r0])])],
+        ),
+        kubelet::pod(
+            "team-b",
+            "infer-7f9c",
+            &[("server", &[("nvidia.com/gpu", &[&r1])])],
+        ),
+        kubelet::pod(
+            "team-a",
+            "notebook",
+            &[("jupyter", &[("nvidia.com/mig-1g.10gb", &[MIG1, MIG2])])],
+        ),
+    ]
 }
 
 fn stale_scenario(delay_ms: u64) -> String {
@@ -317,6 +348,18 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
             ("pod", "trainer-0".into()),
         ]]),
         "GpuMemExporterDown" => Expect::Now(vec![vec![i(&t.down)]]),
+        // MIG instance 2 of GPU 1: allocated to the notebook, which runs on
+        // instance 1 only. (Its `for: 1h` is not waited for: the
+        // expression is checked, and the alert must be pending.)
+        "GpuAllocatedButIdle" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "1".into()),
+            ("uuid", GPU1.into()),
+            ("mig_uuid", MIG2.into()),
+            ("gpu_instance_id", "2".into()),
+            ("namespace", "team-a".into()),
+            ("pod", "notebook".into()),
+        ]]),
         "GpuMemExporterSamplesStale" => Expect::Ahead(STALE_AHEAD_S, vec![vec![i(&t.stale)]]),
         "GpuMemoryExhaustionPredicted" => {
             Expect::SelectorsOnly("needs a 30-minute decline of free memory")
@@ -368,6 +411,11 @@ struct Row {
     counts: Vec<usize>,
     expr: String,
     problem: Option<String>,
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
 }
 
 fn one_line(s: &str) -> String {
@@ -526,7 +574,8 @@ impl Checks<'_> {
                 counts.push(stored.result.len());
                 if stored.result.is_empty() {
                     problem.get_or_insert(format!("the recorded series {record} does not exist"));
-                } else if stored.values() != q.values() {
+                } else if sorted(stored.values()) != sorted(q.values()) {
+                    // An instant query's series come in no fixed order.
                     problem.get_or_insert(format!(
                         "{record} stored {:?}, its expression gives {:?}",
                         stored.values(),
@@ -739,8 +788,10 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
     );
     stale_scn.write(&stale_scenario(60_000));
 
-    // The Kubernetes API and the fake /proc root of the main exporter.
+    // The Kubernetes API, the kubelet and the fake /proc root of the main
+    // exporter.
     let node = FakeNode::start(team_pods());
+    let kubelet = FakeKubelet::start(kubelet_pods());
     let trainer = Trainer::start();
     fake_proc(node.proc_root.path(), trainer.py.pid);
 
@@ -748,7 +799,14 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
     // started): the exporter serves the two others at once and GPU 2 as
     // gpu_up 0 with no uuid, so every panel has data and GpuDown is pending.
     let scenario = Scenario::new(&main_scenario(trainer.py.pid));
-    let config = node.config(&scenario, "  min_bytes: 1000000000\n  top_n: 2\n");
+    let config = node.config_with(
+        &scenario,
+        "  min_bytes: 1000000000\n  top_n: 2\n",
+        &format!(
+            "  pod_resources_socket: {}\n  pod_resources_interval: 1s\n",
+            kubelet.socket.display()
+        ),
+    );
     let main = Exporter::with_config(&scenario, &config, &[]);
     wait_for(
         Duration::from_secs(10),

@@ -656,8 +656,15 @@ impl FakeNode {
     /// `processes` (lines under `processes:`, each indented two spaces),
     /// the pod watcher on this API (its URL and CA as keys) and [`NODE`].
     pub fn config(&self, scenario: &Scenario, processes: &str) -> String {
+        self.config_with(scenario, processes, "  pod_resources_socket: \"\"\n")
+    }
+
+    /// [`FakeNode::config`] with `kubernetes` (more lines under
+    /// `kubernetes:`, e.g. the pod-resources socket) instead of the
+    /// pod-resources client turned off.
+    pub fn config_with(&self, scenario: &Scenario, processes: &str, kubernetes: &str) -> String {
         format!(
-            "{}kubernetes:\n  enabled: true\n  api_url: {}\n  ca_file: {}\n  node_name: {NODE}\n  pod_resources_socket: \"\"\n",
+            "{}kubernetes:\n  enabled: true\n  api_url: {}\n  ca_file: {}\n  node_name: {NODE}\n{kubernetes}",
             self.base_config(scenario, processes),
             self.api.url(),
             self.api.ca_file().display(),
