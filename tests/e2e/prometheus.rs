@@ -85,6 +85,9 @@ const RATE_INTERVAL: &str = "10s";
 /// healthy one (its sample is at most a scrape interval old).
 const STALE_AHEAD_S: f64 = 22.0;
 
+/// The dashboard table of allocated devices.
+const ALLOCATED: &str = "Allocated GPUs and their memory";
+
 /// The dashboard panel that splits a torch process's memory.
 const REAL_OR_CACHE: &str = "Real or cache? (PyTorch allocator per process)";
 
@@ -731,6 +734,51 @@ impl Checks<'_> {
             counts: vec![q.result.len()],
             expr: String::new(),
             problem,
+        });
+
+        // "Allocated GPUs and their memory": each allocated device with the
+        // bytes its pod holds on it and how many processes: the trainer's
+        // replica of GPU 0, the notebook's MIG instance 1, and its idle
+        // instance 2 at 0 bytes and 0 processes.
+        let mut got = BTreeMap::new();
+        for (title, ref_id, expr) in dashboard_queries() {
+            if title != ALLOCATED {
+                continue;
+            }
+            let q = self.query(&title, &grafana_substitute(&expr, &vars), None);
+            for series in &q.result {
+                let m = &series["metric"];
+                let key = format!(
+                    "{}/{} {}",
+                    m["pod"].as_str().unwrap_or(""),
+                    m["mig_uuid"].as_str().unwrap_or(""),
+                    ref_id
+                );
+                let v = series["value"][1]
+                    .as_str()
+                    .and_then(|v| v.parse::<f64>().ok());
+                got.insert(key, v);
+            }
+        }
+        let want: BTreeMap<String, Option<f64>> = [
+            ("trainer-0/ A", TRAINER_USED as f64),
+            ("trainer-0/ B", 1.0),
+            ("infer-7f9c/ A", 29_000_000_000.0),
+            ("infer-7f9c/ B", 1.0),
+            (&format!("notebook/{MIG1} A") as &str, 5_000_000_000.0),
+            (&format!("notebook/{MIG1} B"), 1.0),
+            (&format!("notebook/{MIG2} A"), 0.0),
+            (&format!("notebook/{MIG2} B"), 0.0),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), Some(v)))
+        .collect();
+        rows.push(Row {
+            kind: "table",
+            name: format!("{ALLOCATED}: bytes (A) and processes (B) per allocated device"),
+            counts: vec![got.len()],
+            expr: String::new(),
+            problem: (got != want).then(|| format!("got {got:?}, want {want:?}")),
         });
 
         // "Real or cache?" splits the trainer's NVML figure into torch's
