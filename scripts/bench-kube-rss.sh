@@ -9,7 +9,8 @@
 #   scripts/bench-kube-rss.sh                      # this checkout's release build
 #   BIN=/path/to/gpumem-exporter LIB=/path/to/libfake_nvml.so scripts/bench-kube-rss.sh
 #
-# Knobs (environment): GPUS=8 PROCS=256 PODS=200 MEASURE_SECONDS=30
+# Knobs (environment): GPUS=8 PROCS=256 PODS=200 MEASURE_SECONDS=30, and
+# KUBE=false for the same run with the pod watcher off (the baseline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -91,7 +92,7 @@ path:
 processes:
   passwd_file: $WORK/passwd
 kubernetes:
-  enabled: true
+  enabled: ${KUBE:-true}
   api_url: http://127.0.0.1:$API_PORT
   node_name: $NODE
 EOF
@@ -109,21 +110,25 @@ done
 [[ -n $ADDR ]] || die "the exporter did not start: $(cat "$WORK/exporter.log")"
 
 resolved=0
-for _ in $(seq 300); do
+for _ in $(seq "$([[ ${KUBE:-true} == true ]] && echo 300 || echo 20)"); do
     resolved=$(curl -fsS "http://$ADDR/metrics" | grep -c '^gpu_process_memory_used_bytes{.*pod="trainer-' || true)
     ((resolved == GPUS * PROCS)) && break
     sleep 0.1
 done
-((resolved == GPUS * PROCS)) || die "only $resolved of $((GPUS * PROCS)) process series have a pod"
+if [[ ${KUBE:-true} == true ]]; then
+    ((resolved == GPUS * PROCS)) || die "only $resolved of $((GPUS * PROCS)) process series have a pod"
+fi
 pods=$(curl -fsS "http://$ADDR/metrics" | awk '/^gpumem_exporter_kubernetes_pods /{print $2}')
 
 for ((s = 0; s < MEASURE_SECONDS; s++)); do
     curl -fsS -o /dev/null "http://$ADDR/metrics"
     sleep 1
 done
+series=$(curl -fsS "http://$ADDR/metrics" | grep -vc '^#')
+own=$(curl -fsS "http://$ADDR/metrics" | grep -c '^gpumem_exporter_\|^gpu_driver_info')
 rss=$(awk '/^VmRSS/{print $2}' "/proc/$EXPORTER/status")
 hwm=$(awk '/^VmHWM/{print $2}' "/proc/$EXPORTER/status")
 size=$(stat -c %s "$BIN")
 echo "binary $BIN: $size bytes"
-echo "GPUs $GPUS, processes per GPU $PROCS, pods $pods (all $resolved process series attributed)"
+echo "GPUs $GPUS, processes per GPU $PROCS, pods $pods ($resolved process series attributed); $series series, $own of them the exporter's own"
 echo "after ${MEASURE_SECONDS}s of scrapes: VmRSS $((rss / 1024)).$(((rss % 1024) * 10 / 1024)) MiB, VmHWM $((hwm / 1024)).$(((hwm % 1024) * 10 / 1024)) MiB"
