@@ -16,8 +16,9 @@
 //!   at start (else it is off, with one log line), in or out of a pod, with
 //!   or without RBAC.
 //! - **Failure is data.** A failed `List` is counted
-//!   (`gpumem_exporter_pod_resources_errors_total`), logged at most once a
-//!   minute, and the connection is made afresh next time; the last answer is
+//!   (`gpumem_exporter_pod_resources_errors_total`), logged (while failures
+//!   go on, after 1, 2, 4 … minutes, at most hourly; a refused socket with a
+//!   hint), and the connection is made afresh next time; the last answer is
 //!   served for up to [`STALE_AFTER_INTERVALS`] intervals, then dropped, so
 //!   allocations of a kubelet that went away do not linger.
 
@@ -56,8 +57,12 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// hundred KiB).
 const MAX_ANSWER_BYTES: usize = 16 << 20;
 
-/// A repeated failure is logged at most this often.
+/// A failure is logged at once; while failures go on, the next warning
+/// waits twice as long as the last, from this up to [`WARN_INTERVAL_MAX`]
+/// (a DaemonSet that may not use the socket should not log every minute
+/// for ever).
 const WARN_INTERVAL: Duration = Duration::from_secs(60);
+const WARN_INTERVAL_MAX: Duration = Duration::from_secs(3600);
 
 /// The latest answer of the kubelet and the counters, shared between the
 /// task and whoever publishes snapshots.
@@ -105,6 +110,22 @@ enum ListError {
     Status(#[source] Box<tonic::Status>),
 }
 
+impl ListError {
+    /// The socket refused this uid (it is usually root's, mode 0755).
+    fn permission_denied(&self) -> bool {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = source {
+            if let Some(io) = e.downcast_ref::<std::io::Error>()
+                && io.kind() == std::io::ErrorKind::PermissionDenied
+            {
+                return true;
+            }
+            source = e.source();
+        }
+        false
+    }
+}
+
 /// Runs forever on the current tokio runtime: `List` every
 /// `cfg.interval`, publishing into `store`.
 pub async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>) {
@@ -116,6 +137,7 @@ pub async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>) {
     let mut client: Option<PodResourcesListerClient<Channel>> = None;
     let mut last_ok: Option<Instant> = None;
     let mut warned: Option<Instant> = None;
+    let mut warn_every = WARN_INTERVAL;
     let mut suppressed = 0u64;
     let mut ticker = tokio::time::interval(cfg.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -124,6 +146,8 @@ pub async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>) {
         match list(&cfg, &mut client).await {
             Ok(allocations) => {
                 last_ok = Some(Instant::now());
+                warned = None;
+                warn_every = WARN_INTERVAL;
                 store.update(|s| {
                     s.allocations = allocations.into();
                     s.lists_total += 1;
@@ -139,8 +163,16 @@ pub async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>) {
                         s.allocations = Arc::from(Vec::new());
                     }
                 });
-                if warned.is_none_or(|t| t.elapsed() >= WARN_INTERVAL) {
-                    tracing::warn!(error = %e, suppressed, "kubelet pod-resources List failed");
+                if warned.is_none_or(|t| t.elapsed() >= warn_every) {
+                    let hint = if e.permission_denied() {
+                        "the socket is root's: run as uid 0 (deploy/kubernetes/overlays/pod-resources), docs/security.md"
+                    } else {
+                        ""
+                    };
+                    tracing::warn!(error = %e, hint, suppressed, "kubelet pod-resources List failed");
+                    if warned.is_some() {
+                        warn_every = (warn_every * 2).min(WARN_INTERVAL_MAX);
+                    }
                     warned = Some(Instant::now());
                     suppressed = 0;
                 } else {
