@@ -77,19 +77,24 @@ pub(super) struct Built {
 pub(super) async fn build(cfg: &KubeConfig, on_rewatch: OnRewatch) -> Result<Built, ClientError> {
     let (mut config, source) = match kube::Config::infer().await {
         Ok(c) => (c, "inferred (KUBECONFIG, ~/.kube/config or in-cluster)"),
-        Err(e) => match (&cfg.api_url, &cfg.in_cluster_url) {
-            (Some(url), _) => (kube::Config::new(parse_url(url)?), "kubernetes.api_url"),
-            (None, Some(url)) => (
-                kube::Config::new(parse_url(url)?),
-                "KUBERNETES_SERVICE_HOST/PORT",
-            ),
-            (None, None) => {
-                return Err(ClientError::Infer {
-                    kubeconfig: kubeconfig_location(),
-                    source: e,
-                });
-            }
-        },
+        Err(e) => {
+            let (url, source) = match (&cfg.api_url, &cfg.in_cluster_url) {
+                (Some(url), _) => (url, "kubernetes.api_url"),
+                (None, Some(url)) => (url, "KUBERNETES_SERVICE_HOST/PORT"),
+                (None, None) => {
+                    return Err(ClientError::Infer {
+                        kubeconfig: kubeconfig_location(),
+                        source: e,
+                    });
+                }
+            };
+            // Said, since a broken KUBECONFIG would otherwise go unnoticed.
+            tracing::info!(
+                error = %e,
+                "nothing to infer the Kubernetes client from; using the configured API URL"
+            );
+            (kube::Config::new(parse_url(url)?), source)
+        }
     };
     override_config(&mut config, cfg)?;
     config.read_timeout = Some(READ_TIMEOUT);
