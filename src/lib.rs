@@ -3,7 +3,8 @@
 //!
 //! Data path, in folder names: [`gpu`] (NVML) → [`sample`] (with
 //! [`attribute`] saying who each pid is) → [`model::Snapshot`] →
-//! [`publish`] → [`expose`] (encode) → [`http`]. [`config`] turns YAML and
+//! [`publish`] (with [`podres`], the kubelet's device allocations) →
+//! [`expose`] (encode) → [`http`]. [`config`] turns YAML and
 //! flags into each component's own config; [`signals`] owns the signals;
 //! [`telemetry`] holds the exporter's own counters. [`record`] writes every
 //! snapshot to a file instead of serving it (`gpumem-exporter record`).
@@ -17,6 +18,7 @@ pub mod gpu;
 pub mod http;
 pub mod logging;
 pub mod model;
+pub mod podres;
 pub mod publish;
 pub mod record;
 pub mod sample;

@@ -1,5 +1,5 @@
 //! gpumem-exporter: flags → config → wire the components (sampler thread,
-//! pod watcher, config reload, HTTP server). The only place for `anyhow`:
+//! pod watcher, pod-resources client, config reload, HTTP server). The only place for `anyhow`:
 //! every component returns its own typed error.
 //!
 //! Exit codes: 0 clean shutdown, 1 NVML could not be loaded or initialised
@@ -21,6 +21,7 @@ use gpumem_exporter::attribute::kube::{self, PodIndex};
 use gpumem_exporter::config::{self, Config, HumanDuration, Overrides};
 use gpumem_exporter::gpu::nvml::{InitError, NvmlSource};
 use gpumem_exporter::http::web_config::Web;
+use gpumem_exporter::podres::{self, PodResources};
 use gpumem_exporter::publish::Shared;
 use gpumem_exporter::record::{self, Target};
 use gpumem_exporter::sample::{self, Control, OpenFailure};
@@ -407,10 +408,14 @@ fn run(
         "starting gpumem-exporter"
     );
     let telemetry = Arc::new(Telemetry::new());
-    let shared = Arc::new(Shared::new(
-        cfg.timing.sample_interval,
-        Arc::clone(&telemetry),
-    ));
+    let pod_resources = cfg
+        .pod_resources
+        .as_ref()
+        .and_then(PodResources::if_socket_exists);
+    let shared = Arc::new(
+        Shared::new(cfg.timing.sample_interval, Arc::clone(&telemetry))
+            .with_pod_resources(pod_resources.clone()),
+    );
     let (control_tx, control_rx) = std::sync::mpsc::channel::<Control>();
     let library = cfg.nvml_library.clone();
     let started = std::time::Instant::now();
@@ -449,8 +454,10 @@ fn run(
     runtime.block_on(async {
         let signals = signals::install();
         if let (Some(k), Some(index)) = (&cfg.kubernetes, pods) {
-            tracing::info!(api = %k.api_url, node = %k.node_name, "watching this node's pods");
             tokio::spawn(kube::run_watcher(k.clone(), index));
+        }
+        if let (Some(p), Some(store)) = (&cfg.pod_resources, pod_resources) {
+            tokio::spawn(podres::run(p.clone(), store));
         }
         tokio::spawn(reload_on_sighup(
             config_file,

@@ -298,6 +298,10 @@ pub struct Snapshot {
     pub kubernetes: Option<KubeState>,
     /// Torch bridge counters, when `processes.torch_bridge` is on.
     pub torch: Option<TorchCounters>,
+    /// The devices the kubelet allocated to pods (pod-resources API), and
+    /// that client's counters; `None` while that part is off. Copied in
+    /// when the snapshot is published, like `exporter`.
+    pub pod_resources: Option<PodResourcesState>,
     /// The exporter's own counters outside the sampler (reloads, HTTP),
     /// copied in when the snapshot is published.
     pub exporter: ExporterCounters,
@@ -318,6 +322,7 @@ impl Snapshot {
             nvml_reinit_attempts: 0,
             kubernetes: None,
             torch: None,
+            pod_resources: None,
             exporter: ExporterCounters::default(),
         }
     }
@@ -445,4 +450,50 @@ pub struct RetiredPages {
     pub single_bit_ecc: Option<u32>,
     pub double_bit_ecc: Option<u32>,
     pub pending: Option<bool>,
+}
+
+/// One device the kubelet allocated to one container, from the
+/// pod-resources API's `List`. Which GPU it is, is decided when a snapshot
+/// is encoded, from that snapshot's devices and MIG instances.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Allocation {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    /// The extended resource, e.g. `nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`.
+    pub resource: String,
+    pub device: AllocatedDevice,
+    /// The time-slicing replica (`<device id>::<replica>`), if the device
+    /// plugin shares the device that way.
+    pub replica: Option<u32>,
+}
+
+/// A device id as the NVIDIA device plugin reports it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AllocatedDevice {
+    /// A whole GPU by its UUID (`GPU-…`).
+    Gpu { uuid: String },
+    /// A MIG device by its UUID (`MIG-…`, drivers R470 and later).
+    Mig { mig_uuid: String },
+    /// A MIG device in the older form `MIG-GPU-<uuid>/<gi>/<ci>`.
+    MigOfGpu {
+        gpu_uuid: String,
+        gpu_instance_id: u32,
+        compute_instance_id: u32,
+    },
+    /// Any other id (another device plugin's resource): kept as it is.
+    Other { id: String },
+}
+
+/// The pod-resources client's latest answer and its counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodResourcesState {
+    /// Sorted, without duplicates; empty until the first `List` answered
+    /// and again when answers have failed for three intervals.
+    pub allocations: Arc<[Allocation]>,
+    /// `List` calls answered.
+    pub lists_total: u64,
+    /// `List` calls that failed (no socket, no answer in time, an error
+    /// status, an answer that could not be decoded).
+    pub errors_total: u64,
 }

@@ -3,7 +3,8 @@
 //! The sampler thread publishes each snapshot here by swapping an `Arc`;
 //! readers (HTTP handlers) load it without blocking and never see a
 //! half-built one. Before publishing, the exporter's own counters
-//! ([`Telemetry`]) are copied into the snapshot, so one snapshot is
+//! ([`Telemetry`]) and the kubelet's latest device allocations
+//! ([`PodResources`]) are copied into the snapshot, so one snapshot is
 //! everything a scrape shows, in every format.
 //!
 //! A recorder (`gpumem-exporter record`) also wants every snapshot, not
@@ -20,6 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwapOption;
 
 use crate::model::Snapshot;
+use crate::podres::PodResources;
 use crate::telemetry::Telemetry;
 
 /// How many sample intervals may pass without a tick before `/healthz`
@@ -40,6 +42,8 @@ pub struct Shared {
     sink: Mutex<Option<SyncSender<Arc<Snapshot>>>>,
     /// Snapshots the sink had no room for.
     sink_dropped: AtomicU64,
+    /// The pod-resources client's answers, when that part is on.
+    pod_resources: Option<Arc<PodResources>>,
 }
 
 impl Shared {
@@ -52,6 +56,7 @@ impl Shared {
             interval_ms: AtomicU64::new(interval.as_millis() as u64),
             sink: Mutex::new(None),
             sink_dropped: AtomicU64::new(0),
+            pod_resources: None,
         }
     }
 
@@ -67,6 +72,12 @@ impl Shared {
     /// Snapshots not handed to the sink because its channel was full.
     pub fn sink_dropped(&self) -> u64 {
         self.sink_dropped.load(Ordering::Acquire)
+    }
+
+    /// Copy `store`'s latest answer into every snapshot published.
+    pub fn with_pod_resources(mut self, store: Option<Arc<PodResources>>) -> Self {
+        self.pod_resources = store;
+        self
     }
 
     /// The sampler thread is alive and not stuck (also while it waits for
@@ -92,9 +103,11 @@ impl Shared {
         self.published.load_full()
     }
 
-    /// Publish `s` with the exporter's own counters as of now.
+    /// Publish `s` with the exporter's own counters and the kubelet's
+    /// allocations as of now.
     pub fn publish(&self, mut s: Snapshot) {
         s.exporter = self.telemetry.read();
+        s.pod_resources = self.pod_resources.as_ref().map(|p| p.state());
         self.last_tick_ms
             .store(unix_ms(s.taken_at), Ordering::Release);
         let s = Arc::new(s);

@@ -158,6 +158,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
         nvml_reinit_attempts: 0,
         kubernetes: None,
         torch: None,
+        pod_resources: None,
         exporter: Default::default(),
     }
 }

@@ -85,20 +85,61 @@ impl Default for Attribution {
     }
 }
 
-/// Where the Kubernetes API server is and how to authenticate to it.
+/// The pod watcher: which node, and how to reach the API server. The client
+/// itself comes from kube-rs's `Config::infer()` (KUBECONFIG, else
+/// `~/.kube/config`, else the in-cluster service account); the `Some`
+/// fields below override parts of it (see docs/configuration.md,
+/// "Kubernetes client: precedence").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeConfig {
-    /// `https://host:port` (or `http://` for tests), no trailing path.
-    pub api_url: String,
     /// The node whose pods are watched (the downward API's `spec.nodeName`).
     pub node_name: String,
-    /// A fixed bearer token; `token_file` wins when both are set.
-    pub token: Option<String>,
-    /// Read at every (re)connect, so projected service account tokens,
-    /// which the kubelet rotates, keep working.
+    /// `kubernetes.api_url`: replaces the inferred server URL.
+    pub api_url: Option<String>,
+    /// The in-cluster URL (`KUBERNETES_SERVICE_HOST`/`_PORT`), used only
+    /// when nothing could be inferred and `api_url` is not set.
+    pub in_cluster_url: Option<String>,
+    /// `kubernetes.token_file`: replaces the inferred credentials with this
+    /// bearer token file (re-read every minute, so rotated tokens work).
     pub token_file: Option<PathBuf>,
-    /// PEM bundle of the cluster CA; required for `https://`.
+    /// `kubernetes.ca_file`: replaces the inferred CA bundle (PEM).
     pub ca_file: Option<PathBuf>,
+}
+
+impl KubeConfig {
+    /// A watcher of `node_name`'s pods with nothing but inferred settings.
+    pub fn node(node_name: &str) -> KubeConfig {
+        KubeConfig {
+            node_name: node_name.to_owned(),
+            api_url: None,
+            in_cluster_url: None,
+            token_file: None,
+            ca_file: None,
+        }
+    }
+}
+
+/// The kubelet's pod-resources API: which devices are allocated to which
+/// container (`gpu_allocation_info`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodResourcesConfig {
+    /// The kubelet's gRPC socket; when it does not exist at start, this
+    /// part is off (one log line).
+    pub socket: PathBuf,
+    /// `List` is called this often, on its own task.
+    pub interval: Duration,
+    /// Resource names exported besides `nvidia.com/gpu` and
+    /// `nvidia.com/mig-*`.
+    pub extra_resources: Vec<String>,
+}
+
+impl PodResourcesConfig {
+    /// Whether allocations of `resource` are exported.
+    pub fn exports(&self, resource: &str) -> bool {
+        resource == "nvidia.com/gpu"
+            || resource.starts_with("nvidia.com/mig-")
+            || self.extra_resources.iter().any(|r| r == resource)
+    }
 }
 
 /// Log level and format.

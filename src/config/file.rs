@@ -62,6 +62,9 @@ pub(super) struct FileKubernetes {
     pub(super) api_url: Option<ApiUrl>,
     pub(super) token_file: Option<String>,
     pub(super) ca_file: Option<String>,
+    pub(super) pod_resources_socket: Option<String>,
+    pub(super) pod_resources_interval: Option<Interval>,
+    pub(super) pod_resources_extra_resources: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-pub use components::{Attribution, Collectors, Http, KubeConfig, Log, Selection, Timing};
+pub use components::{
+    Attribution, Collectors, Http, KubeConfig, Log, PodResourcesConfig, Selection, Timing,
+};
 pub use values::{
     ApiUrl, CmdlineLength, HumanDuration, Interval, KubeMode, ListenAddress, LogFormat, LogLevel,
     TelemetryPath,
@@ -46,8 +48,15 @@ pub const DEFAULT_MIG_RESCAN_INTERVAL: Duration = Duration::from_secs(30);
 /// Larger config files are refused before parsing.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
-/// Where the in-cluster service account credentials are mounted.
-pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The kubelet's pod-resources socket (kubelet flag
+/// `--pod-resources-socket`'s default).
+pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+/// How often the kubelet is asked which devices are allocated. A `List`
+/// costs the kubelet one walk of its pods (well under a millisecond for a
+/// node's hundred pods); allocations change when pods start or stop, so
+/// 10 s keeps the series current at a negligible cost (dcgm-exporter asks
+/// on every scrape instead).
+pub const DEFAULT_POD_RESOURCES_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A config error: one line that names the flag or the key, and the file
 /// and line it came from.
@@ -93,6 +102,9 @@ pub struct Config {
     pub attribution: Attribution,
     /// `None`: the pod watcher is off.
     pub kubernetes: Option<KubeConfig>,
+    /// `None`: the pod-resources client is off (`kubernetes.enabled:
+    /// false`, or an empty `kubernetes.pod_resources_socket`).
+    pub pod_resources: Option<PodResourcesConfig>,
 }
 
 impl Default for Config {
@@ -117,6 +129,11 @@ impl Default for Config {
             },
             attribution: Attribution::default(),
             kubernetes: None,
+            pod_resources: Some(PodResourcesConfig {
+                socket: PathBuf::from(DEFAULT_POD_RESOURCES_SOCKET),
+                interval: DEFAULT_POD_RESOURCES_INTERVAL,
+                extra_resources: Vec::new(),
+            }),
         }
     }
 }
@@ -298,7 +315,8 @@ fn build(
         nvml_library: library,
         log: Log { level, format },
         attribution,
-        kubernetes: kubernetes(file.kubernetes, env)?,
+        kubernetes: kubernetes(&file.kubernetes, env)?,
+        pod_resources: pod_resources(file.kubernetes)?,
     })
 }
 
@@ -419,11 +437,20 @@ pub fn in_cluster_api_url(env: &dyn Fn(&str) -> Option<String>) -> Option<String
     Some(format!("https://{host}:{port}"))
 }
 
-/// Resolve the pod watcher's settings: explicit keys first, then the
-/// in-cluster environment (KUBERNETES_SERVICE_HOST/PORT, NODE_NAME) and
-/// the service account files, when present.
+/// Whether a kubeconfig is there to be read, as kube-rs would look for it:
+/// `KUBECONFIG`, else `$HOME/.kube/config` when that file exists.
+fn kubeconfig_present(env: &dyn Fn(&str) -> Option<String>) -> bool {
+    let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
+    nonempty(env("KUBECONFIG")).is_some()
+        || nonempty(env("HOME")).is_some_and(|home| Path::new(&home).join(".kube/config").is_file())
+}
+
+/// Resolve the pod watcher's settings. It runs when a cluster is known
+/// (`api_url`, the in-cluster environment, a kubeconfig) and this node's
+/// name is (`node_name`, `NODE_NAME`). The client itself is inferred at
+/// run time by kube-rs; the keys set here override parts of it.
 fn kubernetes(
-    f: FileKubernetes,
+    f: &FileKubernetes,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<KubeConfig>, Located> {
     let mode = f.enabled.unwrap_or(KubeMode::Auto);
@@ -431,39 +458,75 @@ fn kubernetes(
         return Ok(None);
     }
     let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
-    let api_url = f
-        .api_url
-        .map(|u| u.0)
-        .filter(|u| !u.is_empty())
-        .or_else(|| in_cluster_api_url(env));
-    let Some(api_url) = api_url else {
+    let api_url = f.api_url.clone().map(|u| u.0).filter(|u| !u.is_empty());
+    let in_cluster_url = in_cluster_api_url(env);
+    // The API server is named (a key, or the kubelet's variables in a pod).
+    let named = api_url.is_some() || in_cluster_url.is_some();
+    if !named && !kubeconfig_present(env) {
         return if mode == KubeMode::On {
             Err(Located::Key(
                 "kubernetes.enabled",
-                "is true but no API is known: set kubernetes.api_url or run in a cluster (KUBERNETES_SERVICE_HOST)".into(),
+                "is true but no API is known: set kubernetes.api_url or KUBECONFIG, or run in a cluster (KUBERNETES_SERVICE_HOST)".into(),
             ))
         } else {
             Ok(None)
         };
-    };
-    let Some(node_name) = nonempty(f.node_name).or_else(|| nonempty(env("NODE_NAME"))) else {
+    }
+    let Some(node_name) = nonempty(f.node_name.clone()).or_else(|| nonempty(env("NODE_NAME")))
+    else {
+        // A kubeconfig alone (a workstation pointed at a cluster) says
+        // nothing about which node this is: without a name, auto is off.
+        if mode == KubeMode::Auto && !named {
+            return Ok(None);
+        }
         return Err(Located::Key(
             "kubernetes.node_name",
             "is empty and NODE_NAME is not set: the pod watcher needs this node's name (downward API spec.nodeName), or set kubernetes.enabled: false".into(),
         ));
     };
-    let account = Path::new(SERVICE_ACCOUNT_DIR);
-    let existing = |name: &str| Some(account.join(name)).filter(|p| p.exists());
     Ok(Some(KubeConfig {
-        api_url,
         node_name,
-        token: None,
-        token_file: nonempty(f.token_file)
-            .map(PathBuf::from)
-            .or_else(|| existing("token")),
-        ca_file: nonempty(f.ca_file)
-            .map(PathBuf::from)
-            .or_else(|| existing("ca.crt")),
+        api_url,
+        in_cluster_url,
+        token_file: nonempty(f.token_file.clone()).map(PathBuf::from),
+        ca_file: nonempty(f.ca_file.clone()).map(PathBuf::from),
+    }))
+}
+
+/// The pod-resources client's settings: on unless `kubernetes.enabled` is
+/// false or the socket key is empty; whether the socket exists is seen at
+/// run time.
+fn pod_resources(f: FileKubernetes) -> Result<Option<PodResourcesConfig>, Located> {
+    if f.enabled == Some(KubeMode::Off) {
+        return Ok(None);
+    }
+    let socket = match f.pod_resources_socket {
+        None => PathBuf::from(DEFAULT_POD_RESOURCES_SOCKET),
+        Some(s) if s.is_empty() => return Ok(None),
+        Some(s) => PathBuf::from(s),
+    };
+    let mut extra_resources = Vec::new();
+    for name in f.pod_resources_extra_resources.unwrap_or_default() {
+        let (domain, rest) = name.split_once('/').unwrap_or(("", ""));
+        if domain.is_empty() || rest.is_empty() || name.contains(char::is_whitespace) {
+            return Err(Located::Key(
+                "kubernetes.pod_resources_extra_resources",
+                format!(
+                    "invalid resource name {name:?} (an extended resource such as nvidia.com/gpu.shared)"
+                ),
+            ));
+        }
+        if !extra_resources.contains(&name) {
+            extra_resources.push(name);
+        }
+    }
+    Ok(Some(PodResourcesConfig {
+        socket,
+        interval: f
+            .pod_resources_interval
+            .map(|i| i.0)
+            .unwrap_or(DEFAULT_POD_RESOURCES_INTERVAL),
+        extra_resources,
     }))
 }
 
@@ -494,6 +557,10 @@ pub fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
     check(o.passwd_file != n.passwd_file, "processes.passwd_file");
     check(o.torch_bridge != n.torch_bridge, "processes.torch_bridge");
     check(old.kubernetes != new.kubernetes, "kubernetes");
+    check(
+        old.pod_resources != new.pod_resources,
+        "kubernetes.pod_resources_*",
+    );
     keys
 }
 
@@ -666,26 +733,30 @@ mod tests {
             "NODE_NAME" => Some("gpu-1".to_string()),
             _ => None,
         };
-        let k = kubernetes(FileKubernetes::default(), &env)
-            .unwrap()
-            .unwrap();
-        assert_eq!(k.api_url, "https://10.0.0.1:443");
+        let none = FileKubernetes::default();
+        let k = kubernetes(&none, &env).unwrap().unwrap();
+        assert_eq!(k.api_url, None, "inferred at run time");
+        assert_eq!(k.in_cluster_url.as_deref(), Some("https://10.0.0.1:443"));
         assert_eq!(k.node_name, "gpu-1");
+        assert_eq!((k.token_file, k.ca_file), (None, None));
         // auto outside a cluster: off.
-        assert_eq!(
-            kubernetes(FileKubernetes::default(), &|_| None).unwrap(),
-            None
-        );
-        // explicit URL, node from the file.
+        assert_eq!(kubernetes(&none, &|_| None).unwrap(), None);
+        // explicit URL, node and credentials from the file.
         let f = parse_yaml(
-            "kubernetes:\n  api_url: http://127.0.0.1:8001\n  node_name: n1\n",
+            "kubernetes:\n  api_url: http://127.0.0.1:8001\n  node_name: n1\n  token_file: /t\n  ca_file: /c\n",
             "t",
         )
         .unwrap();
-        let k = kubernetes(f.kubernetes, &|_| None).unwrap().unwrap();
+        let k = kubernetes(&f.kubernetes, &|_| None).unwrap().unwrap();
         assert_eq!(
-            (k.api_url.as_str(), k.node_name.as_str()),
-            ("http://127.0.0.1:8001", "n1")
+            k,
+            KubeConfig {
+                node_name: "n1".into(),
+                api_url: Some("http://127.0.0.1:8001".into()),
+                in_cluster_url: None,
+                token_file: Some("/t".into()),
+                ca_file: Some("/c".into()),
+            }
         );
         // on, but nothing known.
         let e = parse("kubernetes:\n  enabled: true\n", "c.yaml")
@@ -705,6 +776,92 @@ mod tests {
                 .kubernetes,
             None
         );
+    }
+
+    /// KUBECONFIG, or a ~/.kube/config that exists, turns the watcher on
+    /// in auto mode when this node's name is known, and only then.
+    #[test]
+    fn kubeconfig_turns_the_watcher_on() {
+        let home = tempfile::tempdir().unwrap();
+        let home_path = home.path().to_str().unwrap().to_owned();
+        let vars = |pairs: Vec<(&'static str, String)>| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| *key == k)
+                    .map(|(_, v)| v.clone())
+            }
+        };
+        let none = FileKubernetes::default();
+        let on = |env: &dyn Fn(&str) -> Option<String>| kubernetes(&none, env).unwrap();
+        let kubeconfig = vars(vec![
+            ("KUBECONFIG", "/etc/k.yaml".into()),
+            ("NODE_NAME", "n1".into()),
+        ]);
+        assert_eq!(on(&kubeconfig), Some(KubeConfig::node("n1")));
+        // A kubeconfig but no node name: off in auto, an error when on.
+        assert_eq!(on(&vars(vec![("KUBECONFIG", "/etc/k.yaml".into())])), None);
+        let forced = FileKubernetes {
+            enabled: Some(KubeMode::On),
+            ..FileKubernetes::default()
+        };
+        assert!(matches!(
+            kubernetes(&forced, &vars(vec![("KUBECONFIG", "/etc/k.yaml".into())])),
+            Err(Located::Key("kubernetes.node_name", _))
+        ));
+        // ~/.kube/config counts once it exists.
+        let home_env = vars(vec![
+            ("HOME", home_path.clone()),
+            ("NODE_NAME", "n1".into()),
+        ]);
+        assert_eq!(on(&home_env), None);
+        std::fs::create_dir_all(home.path().join(".kube")).unwrap();
+        std::fs::write(home.path().join(".kube/config"), "apiVersion: v1\n").unwrap();
+        assert_eq!(on(&home_env), Some(KubeConfig::node("n1")));
+    }
+
+    #[test]
+    fn pod_resources_settings() {
+        let c = parse("", "t").unwrap().pod_resources.unwrap();
+        assert_eq!(c.socket, Path::new(DEFAULT_POD_RESOURCES_SOCKET));
+        assert_eq!(c.interval, Duration::from_secs(10));
+        assert!(c.exports("nvidia.com/gpu") && c.exports("nvidia.com/mig-1g.10gb"));
+        assert!(!c.exports("nvidia.com/gpu.shared") && !c.exports("example.com/fpga"));
+        let c = parse(
+            "kubernetes:\n  pod_resources_socket: /run/k.sock\n  pod_resources_interval: 2s\n  pod_resources_extra_resources: [nvidia.com/gpu.shared, nvidia.com/gpu.shared]\n",
+            "t",
+        )
+        .unwrap()
+        .pod_resources
+        .unwrap();
+        assert_eq!(
+            c,
+            PodResourcesConfig {
+                socket: "/run/k.sock".into(),
+                interval: Duration::from_secs(2),
+                extra_resources: vec!["nvidia.com/gpu.shared".into()],
+            }
+        );
+        assert!(c.exports("nvidia.com/gpu.shared"));
+        for off in [
+            "kubernetes:\n  enabled: false\n",
+            "kubernetes:\n  pod_resources_socket: \"\"\n",
+        ] {
+            assert_eq!(parse(off, "t").unwrap().pod_resources, None, "{off}");
+        }
+        for (text, want) in [
+            (
+                "kubernetes:\n  pod_resources_extra_resources: [gpu]\n",
+                "line 2: key kubernetes.pod_resources_extra_resources: invalid resource name \"gpu\"",
+            ),
+            (
+                "kubernetes:\n  pod_resources_interval: 5x\n",
+                "key kubernetes.pod_resources_interval: invalid duration",
+            ),
+        ] {
+            let e = parse(text, "c.yaml").unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
     }
 
     #[test]

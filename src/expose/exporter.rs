@@ -1,6 +1,7 @@
 //! The exporter's own families (`gpumem_exporter_*`): build info, sample
 //! durations, counters of the sampler, the config reloads, /proc lookups,
-//! the torch bridge, the pod watcher, NVML errors and the HTTP server.
+//! the torch bridge, the pod watcher, the pod-resources client, NVML
+//! errors and the HTTP server.
 //! Encoded last, after the GPU data.
 
 use std::fmt;
@@ -144,6 +145,24 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
                 "gpumem_exporter_kubernetes_errors",
                 "Errors talking to the Kubernetes API or parsing its answers.",
                 k.errors_total,
+            ),
+        ] {
+            enc.encode_descriptor(name, help, None, MetricType::Counter)?
+                .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+        }
+    }
+
+    if let Some(p) = &s.pod_resources {
+        for (name, help, v) in [
+            (
+                "gpumem_exporter_pod_resources_lists",
+                "Answered List calls to the kubelet's pod-resources API (one every kubernetes.pod_resources_interval).",
+                p.lists_total,
+            ),
+            (
+                "gpumem_exporter_pod_resources_errors",
+                "Failed List calls to the kubelet's pod-resources API (no socket, no answer in time, an error status, an undecodable answer).",
+                p.errors_total,
             ),
         ] {
             enc.encode_descriptor(name, help, None, MetricType::Counter)?

@@ -1,7 +1,8 @@
 //! Snapshot → exposition text (Prometheus text 0.0.4 or OpenMetrics 1.0).
 //! Every metric name the exporter serves is defined in this folder, one
 //! file per family group, in the order a scrape shows them: `gpu`,
-//! `process`, `torch`, `mig`, the collectors `utilization`, `power`
+//! `process`, `torch`, `mig`, `allocation` (the kubelet's device
+//! allocations), the collectors `utilization`, `power`
 //! (power_thermal) and `health`, then the exporter's own families
 //! (`exporter`) last. The collectors' families are left out entirely when
 //! no GPU has their figures (collector off, or not supported). Encoding
@@ -11,6 +12,7 @@
 //! same series). The golden files in `tests/fixtures/` are the whole output
 //! for one fixed snapshot.
 
+mod allocation;
 mod encoder;
 mod exporter;
 mod gpu;
@@ -119,6 +121,7 @@ fn gpu_families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Er
     }
     process::rollup_and_identity(enc, s)?;
     mig::families(enc, s)?;
+    allocation::families(enc, s)?;
     utilization::devices(enc, s)?;
     utilization::processes(enc, s)?;
     power::families(enc, s)?;

@@ -661,6 +661,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             kubernetes: self.procs.kubernetes(),
             torch: self.procs.torch_counters(),
             // Filled in by `publish::Shared::publish`.
+            pod_resources: None,
             exporter: Default::default(),
         }
     }

@@ -359,3 +359,199 @@ fn mps_clients_appear_with_their_own_pid_and_pod() {
         "team-b"
     );
 }
+
+// ------------------------------------------------------------------ client config
+
+/// The exporter on `w`'s node with `kubernetes` (lines under
+/// `kubernetes:`) and `env`, the pod-resources client off.
+fn start_with_env(w: &World, kubernetes: &str, env: &[(&str, String)]) -> Exporter {
+    let config = format!(
+        "{}kubernetes:\n  pod_resources_socket: \"\"\n{kubernetes}",
+        w.node.base_config(&w.scenario, "")
+    );
+    let path = w.scenario.file("config.yaml", config.as_bytes());
+    let mut cmd = Exporter::command(
+        std::process::Command::new(BIN),
+        &w.scenario,
+        &["--config.file", path.to_str().unwrap()],
+    );
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Exporter::spawn(cmd)
+}
+
+/// The three pods' processes carry their pod names.
+fn wait_attributed(ex: &Exporter) -> Metrics {
+    wait_for(Duration::from_secs(10), "pod names", || {
+        let m = ex.metrics();
+        pods_resolved(&m, &["notebook", "trainer-0", "infer-7f9c"]).then_some(m)
+    })
+}
+
+/// Only KUBECONFIG (and NODE_NAME) set, no kubernetes key: kube-rs reads the
+/// kubeconfig's current context (another context names another cluster and
+/// user), its server, CA and token; the API server takes only that token.
+#[test]
+fn kubeconfig_with_a_token_is_enough() {
+    let w = world(&three_pods());
+    let kubeconfig = w
+        .node
+        .api
+        .kubeconfig("kubeconfig.yaml", "token: kubeconfig-token");
+    w.node.api.state.lock().unwrap().require = Some(cluster::Accept {
+        tokens: vec!["kubeconfig-token".into()],
+        client_cert: None,
+    });
+    let ex = start_with_env(
+        &w,
+        "",
+        &[
+            ("KUBECONFIG", kubeconfig.display().to_string()),
+            ("NODE_NAME", cluster::NODE.into()),
+        ],
+    );
+    let m = wait_attributed(&ex);
+    assert_eq!(m.get("gpumem_exporter_kubernetes_synced", &[]), Some(1.0));
+    let state = w.node.api.state.lock().unwrap();
+    assert!(state.refused.is_empty(), "{:?}", state.refused);
+    assert!(
+        state
+            .lists
+            .iter()
+            .all(|r| r.auth.as_deref() == Some("Bearer kubeconfig-token")
+                && r.query.get("fieldSelector").map(String::as_str)
+                    == Some("spec.nodeName=gpu-node-1")),
+        "{:?}",
+        state.lists
+    );
+    let log = ex.stderr();
+    assert!(
+        log.contains("kubernetes pod watcher starting")
+            && log.contains(&format!("api={}/", w.node.api.url()))
+            && log.contains("credentials=\"bearer token\""),
+        "{log}"
+    );
+}
+
+/// A kubeconfig with a client certificate (as a kubelet's own kubeconfig
+/// has), made for this test: the API server accepts exactly that
+/// certificate and no token.
+#[test]
+fn kubeconfig_with_a_client_certificate() {
+    let w = world(&three_pods());
+    let kubeconfig = w
+        .node
+        .api
+        .kubeconfig_with_client_cert("kubelet.conf", "system:node:gpu-node-1");
+    let ex = start_with_env(
+        &w,
+        "",
+        &[
+            ("KUBECONFIG", kubeconfig.display().to_string()),
+            ("NODE_NAME", cluster::NODE.into()),
+        ],
+    );
+    wait_attributed(&ex);
+    let state = w.node.api.state.lock().unwrap();
+    let want = state.require.as_ref().unwrap().client_cert.clone();
+    assert!(want.is_some());
+    assert!(state.refused.is_empty(), "{:?}", state.refused);
+    assert!(
+        state
+            .lists
+            .iter()
+            .chain(&state.watches)
+            .all(|r| r.client_cert == want && r.auth.is_none()),
+        "every request presented the certificate and no token"
+    );
+    assert!(
+        ex.stderr().contains("credentials=\"client certificate\""),
+        "{}",
+        ex.stderr()
+    );
+}
+
+/// In a pod: KUBERNETES_SERVICE_HOST/PORT and NODE_NAME from the kubelet.
+/// The service account files are not at their fixed path here, so the
+/// token and CA come from kubernetes.token_file and ca_file, as a
+/// DaemonSet with a projected token elsewhere would set them.
+#[test]
+fn in_cluster_environment() {
+    let w = world(&three_pods());
+    let token = w.scenario.file("token", b"sa-token\n");
+    w.node.api.state.lock().unwrap().require = Some(cluster::Accept {
+        tokens: vec!["sa-token".into()],
+        client_cert: None,
+    });
+    let ex = start_with_env(
+        &w,
+        &format!(
+            "  token_file: {}\n  ca_file: {}\n",
+            token.display(),
+            w.node.api.ca_file().display()
+        ),
+        &[
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".into()),
+            (
+                "KUBERNETES_SERVICE_PORT",
+                w.node.api.addr.port().to_string(),
+            ),
+            ("NODE_NAME", cluster::NODE.into()),
+        ],
+    );
+    wait_attributed(&ex);
+    let state = w.node.api.state.lock().unwrap();
+    assert!(state.refused.is_empty(), "{:?}", state.refused);
+    assert!(!state.lists.is_empty());
+    assert!(
+        ex.stderr()
+            .contains("config=KUBERNETES_SERVICE_HOST/PORT credentials=\"bearer token file (kubernetes.token_file)\""),
+        "{}",
+        ex.stderr()
+    );
+}
+
+/// A kubeconfig that cannot be read: one clear log line, the GPU and
+/// process series served without pod names, the errors counted.
+#[test]
+fn broken_kubeconfig_serves_without_pod_names() {
+    let w = world(&three_pods());
+    let broken = w
+        .scenario
+        .file("kubeconfig.yaml", b"apiVersion: v1\nclusters: {{{\n");
+    let ex = start_with_env(
+        &w,
+        "",
+        &[
+            ("KUBECONFIG", broken.display().to_string()),
+            ("NODE_NAME", cluster::NODE.into()),
+        ],
+    );
+    let m = wait_for(Duration::from_secs(10), "errors counted", || {
+        let m = ex.metrics();
+        (m.get("gpumem_exporter_kubernetes_errors_total", &[])
+            .unwrap_or(0.0)
+            >= 2.0)
+            .then_some(m)
+    });
+    assert_eq!(m.get("gpumem_exporter_kubernetes_synced", &[]), Some(0.0));
+    assert_eq!(m.get("gpumem_exporter_kubernetes_pods", &[]), Some(0.0));
+    for pid in ["4101", "4102", "4103"] {
+        let l = labels_of(&m, "gpu_process_memory_used_bytes", pid);
+        assert_eq!(
+            l.get("pod").map(String::as_str).unwrap_or(""),
+            "",
+            "pid {pid}"
+        );
+        assert!(!l["process"].is_empty(), "pid {pid} still has its name");
+    }
+    assert!(w.node.api.state.lock().unwrap().lists.is_empty());
+    ex.assert_logged_once("no Kubernetes client config");
+    let log = ex.stderr();
+    let line = log
+        .lines()
+        .find(|l| l.contains("no Kubernetes client config"))
+        .unwrap();
+    assert!(line.contains(&broken.display().to_string()), "{line}");
+}

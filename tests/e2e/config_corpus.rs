@@ -19,6 +19,9 @@ fn run(config: &Path) -> (Option<i32>, String) {
         .env_remove("NODE_NAME")
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("KUBERNETES_SERVICE_PORT")
+        // No kubeconfig either: not KUBECONFIG, not ~/.kube/config.
+        .env_remove("KUBECONFIG")
+        .env("HOME", "/nonexistent")
         .env("RUST_BACKTRACE", "1")
         .output()
         .unwrap();

@@ -304,6 +304,7 @@ fn fixed_snapshot() -> Snapshot {
             oversized: 0,
             permission: 2,
         }),
+        pod_resources: None,
         exporter: ExporterCounters::default(),
     }
 }

@@ -11,7 +11,10 @@
 //!   memory health: exact values, absent when unsupported, switched off.
 //! - `discovery`: a GPU dead from the start, MIG layouts changing at run
 //!   time, a driver upgraded or unloaded under the running exporter.
-//! - `attribution`: pods, users, command lines, MIG and MPS on a fake node.
+//! - `attribution`: pods, users, command lines, MIG and MPS on a fake node;
+//!   the Kubernetes client from a kubeconfig, in-cluster, broken.
+//! - `allocation`: gpu_allocation_info from a fake kubelet's pod-resources
+//!   API (whole GPUs, MIG devices, time-slicing replicas).
 //! - `torch`: the torch bridge with real Python processes and a stub torch.
 //! - `web`: connection limits, TLS, mTLS, basic auth, web config reload.
 //! - `prometheus`: every dashboard query and rule in a real Prometheus.
@@ -40,6 +43,7 @@
 
 mod harness;
 
+mod allocation;
 mod attribution;
 mod collectors;
 mod config_corpus;

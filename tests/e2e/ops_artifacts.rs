@@ -27,7 +27,7 @@ const NAMESPACE: &str = "gpumem-exporter";
 /// Where links into this repository's files start; the rest of such a
 /// link is the file's path and maybe `#anchor`.
 const REPO_BLOB: &str = "https://github.com/gpumem-exporter/gpumem-exporter/blob/main/";
-const ALERTS: [&str; 12] = [
+const ALERTS: [&str; 13] = [
     "GpuMemoryHigh",
     "GpuMemoryExhaustionPredicted",
     "GpuProcessMemoryLeakSuspected",
@@ -40,6 +40,7 @@ const ALERTS: [&str; 12] = [
     "GpuMemoryRowRemapFailed",
     "GpuUncorrectableEccErrors",
     "GpuXidCritical",
+    "GpuAllocatedButIdle",
 ];
 /// What the torch bridge needs to read other users' /proc/<pid>/fd, and
 /// nothing more.
@@ -377,8 +378,18 @@ fn every_alert_has_severity_annotations_and_a_runbook() {
         .find(|o| o["kind"].as_str() == Some("PrometheusRule"))
         .expect("the base renders a PrometheusRule");
     let groups = list(rule.pointer("/spec/groups").expect("spec.groups"));
-    assert_eq!(groups.len(), 1, "one rule group");
-    assert_eq!(groups[0]["name"].as_str(), Some("gpumem-exporter"));
+    let names: Vec<&str> = groups.iter().filter_map(|g| g["name"].as_str()).collect();
+    assert_eq!(
+        names,
+        ["gpumem-exporter", "gpumem-exporter-rollups"],
+        "the alerts, then the fleet rollups"
+    );
+    assert!(
+        list(&groups[1]["rules"])
+            .iter()
+            .all(|r| r["record"].as_str().is_some() && r.get("alert").is_none()),
+        "the rollups group only records"
+    );
     let mut seen = Vec::new();
     for r in list(&groups[0]["rules"]) {
         let Some(alert) = r["alert"].as_str() else {
@@ -433,6 +444,9 @@ enum Variant {
     /// overlays/torch-bridge: uid 0 with exactly CAP_SYS_PTRACE and
     /// CAP_DAC_READ_SEARCH, `processes.torch_bridge: true`.
     TorchBridge,
+    /// overlays/pod-resources: uid 0 without any capability (for the
+    /// kubelet's socket), the base's config.
+    PodResources,
 }
 
 /// The DaemonSet checks shared by the base and the overlays.
@@ -521,6 +535,14 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
             want.sort();
             assert_eq!(added, want, "exactly these added capabilities");
         }
+        Variant::PodResources => {
+            assert_eq!(sc["runAsUser"].as_u64(), Some(0));
+            assert_eq!(sc["runAsNonRoot"].as_bool(), Some(false));
+            assert!(
+                sc.pointer("/capabilities/add").is_none(),
+                "uid 0 without added capabilities"
+            );
+        }
     }
 
     // The port named metrics is the exporter's default, and the probes use it.
@@ -605,7 +627,7 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
     );
     let config = cm["data"]["config.yaml"].as_str().expect("config.yaml key");
     let (file, torch_bridge) = match variant {
-        Variant::Plain => ("deploy/kubernetes/base/config.yaml", false),
+        Variant::Plain | Variant::PodResources => ("deploy/kubernetes/base/config.yaml", false),
         Variant::TorchBridge => ("deploy/kubernetes/overlays/torch-bridge/config.yaml", true),
     };
     assert_eq!(config, read(file));
@@ -613,6 +635,33 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
         shipped_config(file).attribution.torch_bridge,
         torch_bridge,
         "processes.torch_bridge in the rendered config"
+    );
+
+    // The kubelet's pod-resources directory, read-only, and the config's
+    // socket inside it.
+    let podres = mount("/var/lib/kubelet/pod-resources");
+    assert_eq!(
+        podres["readOnly"].as_bool(),
+        Some(true),
+        "pod-resources read-only"
+    );
+    let podres_volume = volume(podres["name"].as_str().unwrap());
+    assert_eq!(
+        podres_volume["hostPath"]["path"].as_str(),
+        Some("/var/lib/kubelet/pod-resources")
+    );
+    assert_eq!(
+        podres_volume["hostPath"]["type"].as_str(),
+        Some("Directory")
+    );
+    let socket = shipped_config(file)
+        .pod_resources
+        .expect("the pod-resources client is on")
+        .socket;
+    assert_eq!(
+        socket,
+        Path::new("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        "{file}: kubernetes.pod_resources_socket"
     );
 
     let passwd = mount("/host/etc/passwd");
@@ -825,6 +874,27 @@ fn torch_bridge_overlay_grants_exactly_the_two_capabilities() {
     );
 }
 
+/// overlays/pod-resources: the base, with the container as uid 0 and no
+/// capability at all (checked in `check_daemonset`); nothing else changes.
+#[test]
+fn pod_resources_overlay_runs_as_uid_0_without_capabilities() {
+    let base = render("deploy/kubernetes");
+    let objects = render("deploy/kubernetes/overlays/pod-resources");
+    assert_eq!(kinds(&objects), kinds(&base), "same kinds as the base");
+    check_daemonset(&objects, Variant::PodResources);
+    for o in base
+        .iter()
+        .filter(|o| o["kind"].as_str() != Some("DaemonSet"))
+    {
+        assert!(
+            objects.contains(o),
+            "{} {:?} differs from the base's",
+            o["kind"].as_str().unwrap_or("?"),
+            o["metadata"]["name"].as_str()
+        );
+    }
+}
+
 // ------------------------------------------------------------------ grafana
 
 /// The `$variables` an expression uses.
@@ -947,6 +1017,7 @@ fn grafana_dashboard_is_valid_and_complete() {
         "gpu_process_torch_alloc_retries_total",
         "gpu_process_torch_ooms_total",
         "gpumem_exporter_torch_reports_dropped_total",
+        "gpu_allocation_info",
     ] {
         assert!(
             exprs
@@ -1310,4 +1381,179 @@ fn dashboard_variables_are_found() {
             .map(String::from)
             .into()
     );
+}
+
+// ------------------------------------------------------------------ schemas
+
+/// Kubernetes versions the rendered manifests are validated against: the
+/// oldest the deployment docs support, and the newest kubernetes-validate
+/// bundles.
+const KUBERNETES_VERSIONS: [&str; 2] = ["1.30.0", "1.37.0"];
+
+/// Every kustomization a user may apply.
+const KUSTOMIZATIONS: [&str; 4] = [
+    "deploy/kubernetes",
+    "deploy/kubernetes/overlays/plain-annotations",
+    "deploy/kubernetes/overlays/torch-bridge",
+    "deploy/kubernetes/overlays/pod-resources",
+];
+
+/// Where scripts/install-manifest-validators put the validators.
+fn validators() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_file("target"));
+    let dir = if target.is_absolute() {
+        target
+    } else {
+        repo_file(&target.to_string_lossy())
+    }
+    .join("manifest-validators");
+    assert!(
+        dir.join("venv/bin/kubernetes-validate").is_file()
+            && dir
+                .join("node/node_modules/@kubernetes-models/prometheus-operator/package.json")
+                .is_file(),
+        "the manifest validators are not installed in {}; run scripts/install-manifest-validators \
+         (scripts/test does; needs python3-venv, nodejs and npm)",
+        dir.display()
+    );
+    dir
+}
+
+fn is_custom_resource(o: &Value) -> bool {
+    o["apiVersion"].as_str() == Some("monitoring.coreos.com/v1")
+}
+
+/// Problems kubernetes-validate (strict) finds in `objects` at `version`:
+/// one line per object that is not "passed", a missing schema included.
+fn kubernetes_validate(dir: &Path, objects: &[&Value], version: &str) -> Vec<String> {
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let docs: Vec<String> = objects.iter().map(|o| o.to_string()).collect();
+    let file = write_in(&scratch, "objects.yaml", &docs.join("\n---\n"));
+    let bin = dir.join("venv/bin/kubernetes-validate");
+    let out = run_tool(
+        bin.to_str().unwrap(),
+        &["--strict", "-k", version, file.to_str().unwrap()],
+        None,
+    );
+    let text = output_text(&out);
+    let passed = text
+        .lines()
+        .filter(|l| l.starts_with("INFO ") && l.contains(" passed for resource "))
+        .count();
+    let mut problems: Vec<String> = text
+        .lines()
+        .filter(|l| !(l.starts_with("INFO ") && l.contains(" passed for resource ")))
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    if passed != objects.len() && problems.is_empty() {
+        problems.push(format!(
+            "{passed} of {} objects passed:\n{text}",
+            objects.len()
+        ));
+    }
+    if !out.status.success() && problems.is_empty() {
+        problems.push(format!("exit status {}:\n{text}", out.status));
+    }
+    problems
+}
+
+/// Problems the CRD-schema validators find in `objects` (ServiceMonitor,
+/// PrometheusRule).
+fn custom_resources_validate(dir: &Path, objects: &[&Value]) -> Vec<String> {
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    let file = write_in(&scratch, "objects.json", &list.to_string());
+    let modules = dir.join("node/node_modules");
+    let out = run_tool(
+        "node",
+        &[
+            "scripts/validate-custom-resources.mjs",
+            modules.to_str().unwrap(),
+            file.to_str().unwrap(),
+        ],
+        None,
+    );
+    let text = output_text(&out);
+    let mut problems: Vec<String> = text
+        .lines()
+        .filter(|l| !l.starts_with("ok "))
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    let ok = text.lines().filter(|l| l.starts_with("ok ")).count();
+    if (ok != objects.len() || !out.status.success()) && problems.is_empty() {
+        problems.push(format!(
+            "{ok} of {} valid ({}):\n{text}",
+            objects.len(),
+            out.status
+        ));
+    }
+    problems
+}
+
+/// Every rendered manifest — the base and each overlay — is valid against
+/// the Kubernetes API's schemas (kubernetes-validate, strict: an unknown
+/// field is an error) at the oldest and newest supported version, and the
+/// ServiceMonitor and PrometheusRule against prometheus-operator's CRD
+/// schemas. Offline: no cluster. The controls show both validators refuse
+/// a broken object.
+#[test]
+fn rendered_manifests_validate_against_the_api_schemas() {
+    let dir = validators();
+    let mut checked = 0;
+    for kustomization in KUSTOMIZATIONS {
+        let objects = render(kustomization);
+        let (custom, core): (Vec<&Value>, Vec<&Value>) =
+            objects.iter().partition(|o| is_custom_resource(o));
+        assert!(!core.is_empty(), "{kustomization}: no core objects");
+        for version in KUBERNETES_VERSIONS {
+            let problems = kubernetes_validate(&dir, &core, version);
+            assert!(
+                problems.is_empty(),
+                "{kustomization} against Kubernetes {version}:\n{}",
+                problems.join("\n")
+            );
+        }
+        if !custom.is_empty() {
+            let problems = custom_resources_validate(&dir, &custom);
+            assert!(
+                problems.is_empty(),
+                "{kustomization}, custom resources:\n{}",
+                problems.join("\n")
+            );
+        }
+        checked += objects.len();
+    }
+    assert!(checked >= 30, "only {checked} objects checked");
+
+    // Controls: a wrong type, an unknown field, a CR of the wrong shape.
+    let base = render("deploy/kubernetes");
+    let mut ds = only(&base, "DaemonSet").clone();
+    ds["spec"]["template"]["spec"]["hostPID"] = Value::from("yes");
+    let mut svc = only(&base, "Service").clone();
+    svc["spec"]["clusterIp"] = Value::from("None");
+    for (what, broken) in [("hostPID: \"yes\"", &ds), ("spec.clusterIp", &svc)] {
+        let problems = kubernetes_validate(&dir, &[broken], KUBERNETES_VERSIONS[0]);
+        assert!(
+            problems.iter().any(|p| p.starts_with("ERROR ")),
+            "kubernetes-validate let {what} through: {problems:?}"
+        );
+    }
+    let mut sm = only(&base, "ServiceMonitor").clone();
+    sm["spec"]["endpoints"][0]["port"] = Value::from(9877);
+    let mut rule = only(&base, "PrometheusRule").clone();
+    rule["spec"]["groups"][0]["rules"][1]
+        .as_object_mut()
+        .expect("a rule")
+        .remove("expr");
+    for (what, broken) in [("a numeric port name", &sm), ("a rule without expr", &rule)] {
+        let problems = custom_resources_validate(&dir, &[broken]);
+        assert!(
+            problems.iter().any(|p| p.starts_with("INVALID ")),
+            "the CRD schema let {what} through: {problems:?}"
+        );
+    }
 }

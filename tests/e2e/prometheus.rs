@@ -20,6 +20,10 @@
 //!   one instance and a pid hidden from /proc in the other; GPU 2 answers at
 //!   start, then reports gpu_lost (gpu_up 0, GpuDown; the error counter
 //!   grows, NvmlErrorsRising).
+//!   A fake kubelet (pod-resources API) allocated GPU 0 to the trainer and
+//!   the inference pod (time-slicing replicas, both busy) and both MIG
+//!   instances of GPU 1 to the notebook, which uses only instance 1: instance
+//!   2 is allocated but idle (GpuAllocatedButIdle, the idle rollup).
 //! - `stale`: an exporter whose GPU calls hang (fake NVML `delay_ms`) after
 //!   its first sample, so the sample it serves ages
 //!   (GpuMemExporterSamplesStale).
@@ -40,6 +44,7 @@ use std::time::{Duration, Instant};
 use crate::harness::cluster::{
     FakeNode, cgroup_containerd, cgroup_crio, cgroup_v1, pods_resolved, team_pods, write_proc,
 };
+use crate::harness::kubelet::{self, FakeKubelet};
 use crate::harness::prom::{
     Prometheus, QueryResult, grafana_regex, grafana_substitute, metric_names, prometheus_binary,
 };
@@ -52,6 +57,8 @@ const GPU0: &str = "GPU-0a0a0a0a-0000-0000-0000-000000000000";
 const GPU1: &str = "GPU-1b1b1b1b-0000-0000-0000-000000000000";
 const GPU2: &str = "GPU-2c2c2c2c-0000-0000-0000-000000000000";
 const GPU_STALE: &str = "GPU-5e5e5e5e-0000-0000-0000-000000000000";
+const MIG1: &str = "MIG-11111111-0000-0000-0000-000000000000";
+const MIG2: &str = "MIG-22222222-0000-0000-0000-000000000000";
 /// GPU 0's UUID as CUDA (and the stub torch) spell it: without `GPU-`.
 const GPU0_CUDA: &str = "0a0a0a0a-0000-0000-0000-000000000000";
 
@@ -77,6 +84,9 @@ pub(super) const RATE_INTERVAL: &str = "10s";
 /// sample is already older than 30 s − STALE_AHEAD_S, and not for the
 /// healthy one (its sample is at most a scrape interval old).
 pub(super) const STALE_AHEAD_S: f64 = 22.0;
+
+/// The dashboard table of allocated devices.
+const ALLOCATED: &str = "Allocated GPUs and their memory";
 
 /// The dashboard panel that splits a torch process's memory.
 const REAL_OR_CACHE: &str = "Real or cache? (PyTorch allocator per process)";
@@ -159,12 +169,12 @@ pub(super) fn main_scenario(trainer_pid: u32, xids: usize) -> String {
     ecc: {{enabled: true}}
     retired_pages: {{single_bit_ecc: 1, double_bit_ecc: 0, pending: true}}
     mig_devices:
-      - uuid: MIG-11111111-0000-0000-0000-000000000000
+      - uuid: {MIG1}
         gpu_instance_id: 1
         compute_instance_id: 0
         memory: {{total: 20000000000, reserved: 0, used: 6000000000}}
         processes: [{{pid: 4103, used: 5000000000}}]
-      - uuid: MIG-22222222-0000-0000-0000-000000000000
+      - uuid: {MIG2}
         gpu_instance_id: 2
         compute_instance_id: 0
         memory: {{total: 20000000000, reserved: 0, used: 2500000000}}
@@ -174,6 +184,30 @@ pub(super) fn main_scenario(trainer_pid: u32, xids: usize) -> String {
     error: gpu_lost
 "
     )
+}
+
+/// What the kubelet allocated: GPU 0 shared by time-slicing between the
+/// trainer and the inference server, both of GPU 1's MIG instances to the
+/// notebook (which runs on instance 1 only).
+fn kubelet_pods() -> Vec<kubelet::proto::PodResources> {
+    let (r0, r1) = (format!("{GPU0}::0"), format!("{GPU0}::1"));
+    vec![
+        kubelet::pod(
+            "team-a",
+            "trainer-0",
+            &[("trainer", &[("nvidia.com/gpu", &[&r0])])],
+        ),
+        kubelet::pod(
+            "team-b",
+            "infer-7f9c",
+            &[("server", &[("nvidia.com/gpu", &[&r1])])],
+        ),
+        kubelet::pod(
+            "team-a",
+            "notebook",
+            &[("jupyter", &[("nvidia.com/mig-1g.10gb", &[MIG1, MIG2])])],
+        ),
+    ]
 }
 
 pub(super) fn stale_scenario(delay_ms: u64) -> String {
@@ -382,6 +416,18 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
             ("gpu", "0".into()),
             ("xid", "79".into()),
         ]]),
+        // MIG instance 2 of GPU 1: allocated to the notebook, which runs on
+        // instance 1 only. (Its `for: 1h` is not waited for: the
+        // expression is checked, and the alert must be pending.)
+        "GpuAllocatedButIdle" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "1".into()),
+            ("uuid", GPU1.into()),
+            ("mig_uuid", MIG2.into()),
+            ("gpu_instance_id", "2".into()),
+            ("namespace", "team-a".into()),
+            ("pod", "notebook".into()),
+        ]]),
         "GpuMemExporterSamplesStale" => Expect::Ahead(STALE_AHEAD_S, vec![vec![i(&t.stale)]]),
         "GpuMemoryExhaustionPredicted" => {
             Expect::SelectorsOnly("needs a 30-minute decline of free memory")
@@ -433,6 +479,11 @@ struct Row {
     counts: Vec<usize>,
     expr: String,
     problem: Option<String>,
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
 }
 
 fn one_line(s: &str) -> String {
@@ -591,7 +642,8 @@ impl Checks<'_> {
                 counts.push(stored.result.len());
                 if stored.result.is_empty() {
                     problem.get_or_insert(format!("the recorded series {record} does not exist"));
-                } else if stored.values() != q.values() {
+                } else if sorted(stored.values()) != sorted(q.values()) {
+                    // An instant query's series come in no fixed order.
                     problem.get_or_insert(format!(
                         "{record} stored {:?}, its expression gives {:?}",
                         stored.values(),
@@ -749,6 +801,51 @@ impl Checks<'_> {
             problem,
         });
 
+        // "Allocated GPUs and their memory": each allocated device with the
+        // bytes its pod holds on it and how many processes: the trainer's
+        // replica of GPU 0, the notebook's MIG instance 1, and its idle
+        // instance 2 at 0 bytes and 0 processes.
+        let mut got = BTreeMap::new();
+        for (title, ref_id, expr) in dashboard_queries() {
+            if title != ALLOCATED {
+                continue;
+            }
+            let q = self.query(&title, &grafana_substitute(&expr, &vars), None);
+            for series in &q.result {
+                let m = &series["metric"];
+                let key = format!(
+                    "{}/{} {}",
+                    m["pod"].as_str().unwrap_or(""),
+                    m["mig_uuid"].as_str().unwrap_or(""),
+                    ref_id
+                );
+                let v = series["value"][1]
+                    .as_str()
+                    .and_then(|v| v.parse::<f64>().ok());
+                got.insert(key, v);
+            }
+        }
+        let want: BTreeMap<String, Option<f64>> = [
+            ("trainer-0/ A", TRAINER_USED as f64),
+            ("trainer-0/ B", 1.0),
+            ("infer-7f9c/ A", 29_000_000_000.0),
+            ("infer-7f9c/ B", 1.0),
+            (&format!("notebook/{MIG1} A") as &str, 5_000_000_000.0),
+            (&format!("notebook/{MIG1} B"), 1.0),
+            (&format!("notebook/{MIG2} A"), 0.0),
+            (&format!("notebook/{MIG2} B"), 0.0),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), Some(v)))
+        .collect();
+        rows.push(Row {
+            kind: "table",
+            name: format!("{ALLOCATED}: bytes (A) and processes (B) per allocated device"),
+            counts: vec![got.len()],
+            expr: String::new(),
+            problem: (got != want).then(|| format!("got {got:?}, want {want:?}")),
+        });
+
         // "Real or cache?" splits the trainer's NVML figure into torch's
         // allocated, cached and non-torch parts: the stub's figures, which
         // add up to NVML's.
@@ -804,8 +901,10 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
     );
     stale_scn.write(&stale_scenario(60_000));
 
-    // The Kubernetes API and the fake /proc root of the main exporter.
+    // The Kubernetes API, the kubelet and the fake /proc root of the main
+    // exporter.
     let node = FakeNode::start(team_pods());
+    let kubelet = FakeKubelet::start(kubelet_pods());
     let trainer = Trainer::start();
     fake_proc(node.proc_root.path(), trainer.py.pid);
 
@@ -813,8 +912,14 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
     // started): the exporter serves the two others at once and GPU 2 as
     // gpu_up 0 with no uuid, so every panel has data and GpuDown is pending.
     let scenario = Scenario::new(&main_scenario(trainer.py.pid, 1));
-    let config = node.config(&scenario, "  min_bytes: 1000000000\n  top_n: 2\n")
-        + "collectors:\n  process_utilization: true\n";
+    let config = node.config_with(
+        &scenario,
+        "  min_bytes: 1000000000\n  top_n: 2\n",
+        &format!(
+            "  pod_resources_socket: {}\n  pod_resources_interval: 1s\n",
+            kubelet.socket.display()
+        ),
+    ) + "collectors:\n  process_utilization: true\n";
     let main = Exporter::with_config(&scenario, &config, &[]);
     wait_for(
         Duration::from_secs(10),

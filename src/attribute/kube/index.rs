@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
+use k8s_openapi::api::core::v1 as k8s;
 
 use crate::attribute::cgroup::is_container_id;
 use crate::model::KubeState;
@@ -80,7 +81,6 @@ impl PodIndex {
             namespace: namespace.to_owned(),
             name: pod.to_owned(),
             node_name: String::new(),
-            resource_version: String::new(),
             containers: containers
                 .iter()
                 .filter_map(|(name, id)| {
@@ -156,7 +156,6 @@ pub(super) struct Pod {
     pub(super) namespace: String,
     pub(super) name: String,
     pub(super) node_name: String,
-    pub(super) resource_version: String,
     /// Containers that have an id (started at least once), init and
     /// ephemeral containers included.
     pub(super) containers: Vec<Container>,
@@ -186,8 +185,55 @@ pub fn normalize_container_id(raw: &str) -> Option<&str> {
     is_container_id(id).then_some(id)
 }
 
-// ---------------------------------------------------------------------------
-// Wire format
+/// Why a pod object from the API is not usable.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("pod object lacks {0}")]
+pub(super) struct MissingField(&'static str);
+
+impl Pod {
+    /// The fields used, from the API's pod object: name, namespace and UID
+    /// are required; containers (init and ephemeral ones included) count
+    /// once they have an id.
+    pub(super) fn from_api(pod: &k8s::Pod) -> Result<Pod, MissingField> {
+        let meta = &pod.metadata;
+        let required = |v: &Option<String>, what| {
+            v.clone()
+                .filter(|s| !s.is_empty())
+                .ok_or(MissingField(what))
+        };
+        let status = pod.status.as_ref();
+        let containers = status
+            .into_iter()
+            .flat_map(|s| {
+                [
+                    s.container_statuses.as_deref(),
+                    s.init_container_statuses.as_deref(),
+                    s.ephemeral_container_statuses.as_deref(),
+                ]
+            })
+            .flatten()
+            .flatten()
+            .filter_map(|c| {
+                let id = normalize_container_id(c.container_id.as_deref()?)?.to_owned();
+                Some(Container {
+                    name: c.name.clone(),
+                    id,
+                })
+            })
+            .collect();
+        Ok(Pod {
+            uid: required(&meta.uid, "metadata.uid")?,
+            namespace: required(&meta.namespace, "metadata.namespace")?,
+            name: required(&meta.name, "metadata.name")?,
+            node_name: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default(),
+            containers,
+        })
+    }
+}
 
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -219,6 +265,56 @@ mod tests {
             assert_eq!(normalize_container_id(raw), *want, "{raw}");
         }
     }
+    /// A pod as the API serialises it, through k8s-openapi's types.
+    #[test]
+    fn pod_from_the_api_object() {
+        let json = serde_json::json!({
+            "kind": "Pod", "apiVersion": "v1",
+            "metadata": {"name": "trainer-0", "namespace": "team-a", "uid": "u-1",
+                "resourceVersion": "77", "labels": {"app": "x"},
+                "managedFields": [{"manager": "kubelet", "operation": "Update"}]},
+            "spec": {"nodeName": "gpu-node-1", "containers": [{"name": "trainer", "image": "pytorch"}]},
+            "status": {"phase": "Running",
+                "containerStatuses": [
+                    {"name": "trainer", "containerID": format!("containerd://{ID_A}"), "ready": true,
+                     "restartCount": 0, "image": "pytorch", "imageID": ""},
+                    {"name": "sidecar", "ready": false, "restartCount": 0, "image": "x", "imageID": ""}],
+                "initContainerStatuses": [
+                    {"name": "init", "containerID": format!("cri-o://{ID_B}"), "ready": true,
+                     "restartCount": 0, "image": "x", "imageID": ""}],
+                "ephemeralContainerStatuses": null}
+        });
+        let api: k8s::Pod = serde_json::from_value(json).unwrap();
+        assert_eq!(
+            Pod::from_api(&api),
+            Ok(Pod {
+                uid: "u-1".into(),
+                namespace: "team-a".into(),
+                name: "trainer-0".into(),
+                node_name: "gpu-node-1".into(),
+                containers: vec![
+                    Container {
+                        name: "trainer".into(),
+                        id: ID_A.into()
+                    },
+                    Container {
+                        name: "init".into(),
+                        id: ID_B.into()
+                    },
+                ],
+            })
+        );
+        let mut no_uid = api.clone();
+        no_uid.metadata.uid = None;
+        assert_eq!(Pod::from_api(&no_uid), Err(MissingField("metadata.uid")));
+        let mut empty_ns = api;
+        empty_ns.metadata.namespace = Some(String::new());
+        assert_eq!(
+            Pod::from_api(&empty_ns),
+            Err(MissingField("metadata.namespace"))
+        );
+    }
+
     #[test]
     fn index_lookup_and_removal() {
         let index = PodIndex::new();

@@ -5,6 +5,16 @@
 //! pods on *this* node and answers that mapping from memory.
 //!
 //! Design:
+//! - **kube-rs does the protocol.** The client comes from
+//!   `kube::Config::infer()` — `KUBECONFIG` or `~/.kube/config` (current
+//!   context; client certificates, tokens, token files, exec plugins), else
+//!   the in-cluster service account — with `kubernetes.api_url`,
+//!   `token_file` and `ca_file` overriding their parts ([`client`]).
+//!   `kube::runtime::watcher` does LIST (paged), WATCH from the list's
+//!   resourceVersion with bookmarks, re-watch after a drop and relist after
+//!   `410 Gone`; kube-rs refreshes the in-cluster token (projected service
+//!   account tokens rotate) and CA every minute; `kubernetes.token_file` is
+//!   read at every request ([`bearer`]).
 //! - **Node-scoped.** The watcher only asks for
 //!   `fieldSelector=spec.nodeName=<node>`, and indexes only pods whose
 //!   `spec.nodeName` matches even if the server sends others. One exporter per
@@ -12,28 +22,28 @@
 //!   WATCH, with a payload proportional to that node's pods, not the cluster.
 //! - **Minimal RBAC.** The service account needs `get`, `list` and `watch` on
 //!   `pods`, nothing else (no nodes, no secrets, no cluster-wide writes).
-//! - **Cached, never in a scrape path.** [`run_watcher`] runs LIST, then WATCH,
-//!   on its own task and publishes an immutable index by swapping an `Arc`
+//! - **Cached, never in a scrape path.** [`run_watcher`] runs on its own
+//!   task and publishes an immutable index by swapping an `Arc`
 //!   ([`arc_swap`]). [`PodIndex::lookup`] is a lock-free hash lookup; a scrape
 //!   or a sampler tick never waits on the API server, and an unreachable API
 //!   server only makes the names go stale, never the GPU numbers.
-//! - **The real wire protocol.** LIST pages with `limit`/`continue`; WATCH
-//!   from the list's `resourceVersion` with bookmarks. Stream end or an I/O
-//!   error re-watches from the last seen `resourceVersion` after a jittered
-//!   exponential backoff; `410 Gone` (as an HTTP status or an `ERROR` event)
-//!   relists and replaces the whole index at once.
-//! - **Hostile input is data.** A malformed watch line is counted in
-//!   [`KubeState::errors_total`](crate::model::KubeState::errors_total) and skipped; a line over
-//!   [`MAX_EVENT_LINE_BYTES`] forces a reconnect. Nothing from the network or
-//!   from files is unwrapped. Warnings are deduplicated per kind of error.
+//! - **Hostile input is data.** A malformed watch event is counted in
+//!   [`KubeState::errors_total`](crate::model::KubeState::errors_total) and
+//!   skipped; a watch line over [`MAX_EVENT_LINE_BYTES`] or a LIST page over
+//!   [`MAX_LIST_PAGE_BYTES`] ends that response ([`limits`], a layer in
+//!   kube-rs's client stack, since its line reader has no bound). Nothing from
+//!   the network or from files is unwrapped. Warnings are rate-limited per
+//!   kind of error.
 //!
-//! The client is hyper 1 + rustls (ring provider), trusting only the cluster
-//! CA file; plain `http://` is accepted so tests can run a local server.
+//! TLS is rustls with the ring provider (kube's `rustls-tls`), no OpenSSL.
 
-mod api;
+mod bearer;
+mod client;
 mod index;
+mod limits;
 mod warnings;
 mod watch;
 
 pub use index::{PodIndex, PodRef, normalize_container_id};
-pub use watch::{MAX_EVENT_LINE_BYTES, MAX_LIST_PAGE_BYTES, run_watcher};
+pub use limits::{MAX_EVENT_LINE_BYTES, MAX_LIST_PAGE_BYTES};
+pub use watch::run_watcher;

@@ -1,7 +1,9 @@
 //! A fake node: a /proc root laid out like the kernel's, pods as the API
-//! server serialises them, and a local HTTP server speaking the Kubernetes
-//! list/watch wire format (paged PodList JSON, then watch streams of
-//! newline-delimited events that the test writes to).
+//! server serialises them, and a local HTTPS server speaking the Kubernetes
+//! list/watch wire format as kube-rs uses it (paged PodList JSON, then
+//! watch streams of newline-delimited events that the test writes to), with
+//! a CA of its own and, when asked, bearer-token or client-certificate
+//! authentication.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -9,14 +11,18 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, RawQuery, State};
-use axum::http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::{Extension, Router};
 use http_body_util::channel::{Channel, Sender};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -225,7 +231,17 @@ pub struct Request {
     pub query: BTreeMap<String, String>,
     pub raw_query: String,
     pub auth: Option<String>,
-    pub accept: Option<String>,
+    /// The client certificate (DER) the TLS handshake verified, if any.
+    pub client_cert: Option<Vec<u8>>,
+}
+
+/// Credentials the API server accepts; anything else gets 401.
+#[derive(Debug, Clone, Default)]
+pub struct Accept {
+    /// `Authorization: Bearer <token>` with one of these.
+    pub tokens: Vec<String>,
+    /// A verified client certificate (signed by [`Pki`]'s CA) with this DER.
+    pub client_cert: Option<Vec<u8>>,
 }
 
 /// The API server's pods and what it was asked.
@@ -237,8 +253,12 @@ pub struct ApiState {
     pub page_size: usize,
     pub lists: Vec<Request>,
     pub watches: Vec<Request>,
+    /// Requests refused with 401.
+    pub refused: Vec<Request>,
     /// Answer the next watch request with this status instead of a stream.
     pub next_watch_status: Option<StatusCode>,
+    /// `None`: any request is served (no authentication).
+    pub require: Option<Accept>,
 }
 
 /// The body of one watch response: what the test sends is what the
@@ -251,6 +271,10 @@ struct Shared {
     new_watches: mpsc::UnboundedSender<(Request, WatchStream)>,
 }
 
+/// The client certificate of one TLS connection, handed to the handler.
+#[derive(Clone)]
+struct Peer(Option<Vec<u8>>);
+
 /// 410 Gone, as the API server says it for a resourceVersion too old.
 pub fn gone() -> Value {
     json!({
@@ -259,26 +283,48 @@ pub fn gone() -> Value {
     })
 }
 
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        axum::Json(json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "Unauthorized", "reason": "Unauthorized", "code": 401
+        })),
+    )
+        .into_response()
+}
+
 async fn pods_handler(
     State(api): State<Shared>,
+    Extension(Peer(client_cert)): Extension<Peer>,
     RawQuery(raw): RawQuery,
     Query(query): Query<BTreeMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
-    let header = |h| {
-        headers
-            .get(h)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
     let seen = Request {
         query: query.clone(),
         raw_query: raw.unwrap_or_default(),
-        auth: header(AUTHORIZATION),
-        accept: header(ACCEPT),
+        auth: headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        client_cert,
     };
     let mut state = api.state.lock().unwrap();
-    if query.get("watch").map(String::as_str) == Some("1") {
+    if let Some(accept) = &state.require {
+        let token_ok = seen.auth.as_deref().is_some_and(|a| {
+            accept
+                .tokens
+                .iter()
+                .any(|t| a == format!("Bearer {t}").as_str())
+        });
+        let cert_ok = seen.client_cert.is_some() && seen.client_cert == accept.client_cert;
+        if !token_ok && !cert_ok {
+            state.refused.push(seen);
+            return unauthorized();
+        }
+    }
+    if matches!(query.get("watch").map(String::as_str), Some("1" | "true")) {
         state.watches.push(seen.clone());
         if let Some(status) = state.next_watch_status.take() {
             return (status, axum::Json(gone())).into_response();
@@ -319,13 +365,98 @@ async fn pods_handler(
     .into_response()
 }
 
-/// The local Kubernetes API, serving `/api/v1/pods` on a loopback port of
-/// the tokio runtime it was started on. LIST answers pages of
-/// [`ApiState::items`]; each WATCH opens a stream the test takes with
-/// [`FakeApi::next_watch`] (or [`FakeApi::delete`] writes to).
+/// A CA made for one test, and what it signs: the API server's certificate
+/// (localhost, 127.0.0.1) and client certificates.
+pub struct Pki {
+    pub ca_pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Pki {
+    pub fn new(name: &str) -> Pki {
+        let mut params = CertificateParams::new(Vec::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Pki {
+            ca_pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// (certificate PEM, key PEM, certificate DER) for `names`.
+    pub fn leaf(
+        &self,
+        names: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+    ) -> (String, String, Vec<u8>) {
+        let mut params =
+            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params.distinguished_name.push(DnType::CommonName, names[0]);
+        params.extended_key_usages = vec![usage];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem(), cert.der().to_vec())
+    }
+
+    /// A client certificate for user `name` (as a kubelet's kubeconfig has).
+    pub fn client(&self, name: &str) -> (String, String, Vec<u8>) {
+        self.leaf(&[name], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+}
+
+/// rustls server config: the server certificate of `pki`, client
+/// certificates of `pki`'s CA verified when presented (not required).
+fn tls_config(pki: &Pki) -> rustls::ServerConfig {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let (cert, key, _) = pki.leaf(
+        &["localhost", "127.0.0.1"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(pki.ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::clone(&provider),
+    )
+    .allow_unauthenticated()
+    .build()
+    .unwrap();
+    rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            CertificateDer::pem_slice_iter(cert.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap(),
+            PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+        )
+        .unwrap()
+}
+
+/// The local Kubernetes API, serving `/api/v1/pods` over TLS (a CA made
+/// for it, [`FakeApi::ca_file`]) on a loopback port of the tokio runtime
+/// it was started on. LIST answers pages of [`ApiState::items`]; each WATCH
+/// opens a stream the test takes with [`FakeApi::next_watch`] (or
+/// [`FakeApi::delete`] writes to). With [`ApiState::require`] set, only
+/// those credentials are served.
 pub struct FakeApi {
     pub state: Arc<Mutex<ApiState>>,
     pub addr: SocketAddr,
+    pub pki: Pki,
+    /// Holds ca.pem, and kubeconfig files the tests write.
+    pub dir: tempfile::TempDir,
     new_watches: mpsc::UnboundedReceiver<(Request, WatchStream)>,
     /// Watch streams taken by `delete`, still open.
     open: Vec<WatchStream>,
@@ -348,19 +479,114 @@ impl FakeApi {
                 state: Arc::clone(&state),
                 new_watches: tx,
             });
+        let pki = Pki::new("fake kubernetes CA");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(&pki)));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (acceptor, app) = (acceptor.clone(), app.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let cert = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .map(|c| c.to_vec());
+                    let svc = hyper_util::service::TowerToHyperService::new(
+                        app.layer(axum::Extension(Peer(cert))),
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), &pki.ca_pem).unwrap();
         FakeApi {
             state,
             addr,
+            pki,
+            dir,
             new_watches,
             open: Vec::new(),
         }
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("https://{}", self.addr)
+    }
+
+    /// The CA bundle (PEM) that signed the server's certificate.
+    pub fn ca_file(&self) -> std::path::PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// A kubeconfig whose current context is this API server with `user`
+    /// (the YAML under `user:`, e.g. `token: x`), beside a context of
+    /// another cluster that must not be used; written to `name` in
+    /// [`FakeApi::dir`].
+    pub fn kubeconfig(&self, name: &str, user: &str) -> std::path::PathBuf {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let user: String = user.lines().map(|l| format!("      {l}\n")).collect();
+        let text = format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+  - name: elsewhere
+    cluster:
+      server: https://127.0.0.1:1
+  - name: fake
+    cluster:
+      server: {}
+      certificate-authority-data: {}
+users:
+  - name: nobody
+    user:
+      token: not-this-one
+  - name: exporter
+    user:
+{user}contexts:
+  - name: elsewhere
+    context: {{cluster: elsewhere, user: nobody}}
+  - name: gpu-node
+    context: {{cluster: fake, user: exporter}}
+current-context: gpu-node
+",
+            self.url(),
+            b64(&self.pki.ca_pem),
+        );
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// A kubeconfig with a client certificate made for `user` (and the
+    /// server set to accept exactly that certificate).
+    pub fn kubeconfig_with_client_cert(&self, name: &str, user: &str) -> std::path::PathBuf {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let (cert, key, der) = self.pki.client(user);
+        self.state.lock().unwrap().require = Some(Accept {
+            tokens: Vec::new(),
+            client_cert: Some(der),
+        });
+        self.kubeconfig(
+            name,
+            &format!(
+                "client-certificate-data: {}\nclient-key-data: {}",
+                b64(&cert),
+                b64(&key)
+            ),
+        )
     }
 
     /// The next watch request and its stream (they queue up in order).
@@ -380,7 +606,10 @@ impl FakeApi {
                 .iter()
                 .position(|p| p["metadata"]["name"] == name)
                 .unwrap_or_else(|| panic!("no pod {name}"));
-            state.items.remove(i)
+            let mut pod = state.items.remove(i);
+            // A DELETED event carries a newer resourceVersion.
+            pod["metadata"]["resourceVersion"] = json!("99999");
+            pod
         };
         while let Ok((_, stream)) = self.new_watches.try_recv() {
             self.open.push(stream);
@@ -425,14 +654,30 @@ impl FakeNode {
     /// The config of an exporter on this node: a sample every 100 ms,
     /// this /proc root and [`PASSWD`] (written beside `scenario`),
     /// `processes` (lines under `processes:`, each indented two spaces),
-    /// the pod watcher on this API and [`NODE`].
+    /// the pod watcher on this API (its URL and CA as keys) and [`NODE`].
     pub fn config(&self, scenario: &Scenario, processes: &str) -> String {
+        self.config_with(scenario, processes, "  pod_resources_socket: \"\"\n")
+    }
+
+    /// [`FakeNode::config`] with `kubernetes` (more lines under
+    /// `kubernetes:`, e.g. the pod-resources socket) instead of the
+    /// pod-resources client turned off.
+    pub fn config_with(&self, scenario: &Scenario, processes: &str, kubernetes: &str) -> String {
+        format!(
+            "{}kubernetes:\n  enabled: true\n  api_url: {}\n  ca_file: {}\n  node_name: {NODE}\n{kubernetes}",
+            self.base_config(scenario, processes),
+            self.api.url(),
+            self.api.ca_file().display(),
+        )
+    }
+
+    /// [`FakeNode::config`] without the `kubernetes:` keys.
+    pub fn base_config(&self, scenario: &Scenario, processes: &str) -> String {
         let passwd = scenario.file("passwd", PASSWD);
         format!(
-            "sample_interval: 100ms\npath:\n  procfs: {}\nprocesses:\n  passwd_file: {}\n{processes}kubernetes:\n  enabled: true\n  api_url: {}\n  node_name: {NODE}\n",
+            "sample_interval: 100ms\npath:\n  procfs: {}\nprocesses:\n  passwd_file: {}\n{processes}",
             self.proc_root.path().display(),
             passwd.display(),
-            self.api.url()
         )
     }
 

@@ -2,11 +2,13 @@
 //! scenarios, run the real `gpumem-exporter` binary, scrape it over plain
 //! HTTP. Beside it:
 //! - `cluster`: a fake node (/proc root, pods, Kubernetes list/watch API),
+//! - `kubelet`: a fake kubelet's pod-resources gRPC API on a Unix socket,
 //! - `prom`: a real Prometheus server, PromQL and Grafana helpers,
 //! - `python`: Python children running the torch bridge, the stub torch,
 //! - `tools`: the external programs the tests run.
 
 pub mod cluster;
+pub mod kubelet;
 pub mod prom;
 pub mod python;
 pub mod tools;
@@ -106,12 +108,25 @@ impl Exporter {
     /// `cmd` (the exporter, or a wrapper whose last argument is the
     /// exporter) with what runs the exporter on the fake NVML with
     /// `scenario`, listening on a free port, then `extra`.
+    /// The Kubernetes environment is the test's, not the machine's: no
+    /// KUBECONFIG, no in-cluster variables, no NODE_NAME, and a HOME (the
+    /// scenario's folder) without a ~/.kube/config; a test that wants
+    /// them sets them on the command.
     pub fn command(mut cmd: Command, scenario: &Scenario, extra: &[&str]) -> Command {
         cmd.arg("--nvml.library")
             .arg(fake_nvml())
             .args(["--web.listen-address", "127.0.0.1:0"])
             .args(extra)
             .env("FAKE_NVML_CONFIG", &scenario.path);
+        for key in [
+            "KUBECONFIG",
+            "KUBERNETES_SERVICE_HOST",
+            "KUBERNETES_SERVICE_PORT",
+            "NODE_NAME",
+        ] {
+            cmd.env_remove(key);
+        }
+        cmd.env("HOME", scenario.dir.path());
         cmd
     }
 

@@ -1,0 +1,313 @@
+//! `gpu_allocation_info`: which container the kubelet allocated each device
+//! to (pod-resources API). The device ids are matched to this snapshot's
+//! GPUs and MIG instances here, at encode time, so the `gpu` index and the
+//! MIG ids are those of the same snapshot as the memory series they are
+//! joined with.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use prometheus_client::encoding::DescriptorEncoder;
+
+use super::encoder::gauge;
+use crate::model::{AllocatedDevice, DeviceInfo, MigInfo, Snapshot};
+
+/// `gpu_allocation_info`, when the pod-resources client is on.
+pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    let Some(p) = &s.pod_resources else {
+        return Ok(());
+    };
+    let mut m = gauge(
+        enc,
+        "gpu_allocation_info",
+        "A device the kubelet allocated to a container (pod-resources API); value is always 1. gpu and uuid name the GPU (the parent GPU of a MIG device; absent when this exporter does not see it), resource the extended resource; MIG devices add mig_uuid, gpu_instance_id and compute_instance_id, time-sliced ones replica.",
+    )?;
+    if p.allocations.is_empty() {
+        return Ok(());
+    }
+    let devices = Devices::of(s);
+    for a in p.allocations.iter() {
+        let place = devices.place(&a.device);
+        let instance = place
+            .instance
+            .map(|(gi, ci)| (gi.to_string(), ci.to_string()));
+        let replica = a.replica.map(|r| r.to_string());
+        let mut labels: Vec<(&str, &str)> = vec![("gpu", place.gpu), ("uuid", place.uuid)];
+        if let Some(mig_uuid) = place.mig_uuid {
+            labels.push(("mig_uuid", mig_uuid));
+        }
+        if let Some((gi, ci)) = &instance {
+            labels.push(("gpu_instance_id", gi));
+            labels.push(("compute_instance_id", ci));
+        }
+        if let Some(r) = &replica {
+            labels.push(("replica", r));
+        }
+        labels.extend([
+            ("namespace", a.namespace.as_str()),
+            ("pod", a.pod.as_str()),
+            ("container", a.container.as_str()),
+            ("resource", a.resource.as_str()),
+        ]);
+        // No label with an empty value (see encoder::Labels).
+        labels.retain(|(_, v)| !v.is_empty());
+        m.encode_family(&labels)?.encode_gauge(&1u32)?;
+    }
+    Ok(())
+}
+
+/// Where an allocated device is in this snapshot.
+#[derive(Debug, PartialEq, Eq)]
+struct Place<'a> {
+    /// The GPU's index; empty when this snapshot does not have it.
+    gpu: &'a str,
+    /// The GPU's UUID (a MIG device's parent), or the id as reported.
+    uuid: &'a str,
+    /// A MIG device's UUID, when known.
+    mig_uuid: Option<&'a str>,
+    /// A MIG device's GPU and compute instance ids, when known.
+    instance: Option<(u32, u32)>,
+}
+
+/// This snapshot's GPUs by UUID and MIG instances by UUID and by ids.
+struct Devices<'a> {
+    gpus: HashMap<&'a str, &'a DeviceInfo>,
+    migs: HashMap<&'a str, (&'a DeviceInfo, &'a MigInfo)>,
+    mig_ids: HashMap<(&'a str, u32, u32), &'a MigInfo>,
+}
+
+impl<'a> Devices<'a> {
+    fn of(s: &'a Snapshot) -> Devices<'a> {
+        let mut d = Devices {
+            gpus: HashMap::new(),
+            migs: HashMap::new(),
+            mig_ids: HashMap::new(),
+        };
+        for dev in s.devices.iter().filter(|dev| dev.info.is_known()) {
+            d.gpus.insert(dev.info.uuid.as_str(), &dev.info);
+            for m in dev.mig.iter() {
+                d.migs
+                    .insert(m.info.mig_uuid.as_str(), (&dev.info, &m.info));
+                d.mig_ids.insert(
+                    (
+                        dev.info.uuid.as_str(),
+                        m.info.gpu_instance_id,
+                        m.info.compute_instance_id,
+                    ),
+                    &m.info,
+                );
+            }
+        }
+        d
+    }
+
+    fn place(&self, device: &'a AllocatedDevice) -> Place<'a> {
+        let gpu_of = |uuid: &str| self.gpus.get(uuid).map_or("", |g| g.gpu.as_str());
+        match device {
+            AllocatedDevice::Gpu { uuid } => Place {
+                gpu: gpu_of(uuid),
+                uuid,
+                mig_uuid: None,
+                instance: None,
+            },
+            AllocatedDevice::Mig { mig_uuid } => match self.migs.get(mig_uuid.as_str()) {
+                Some((gpu, m)) => Place {
+                    gpu: &gpu.gpu,
+                    uuid: &gpu.uuid,
+                    mig_uuid: Some(mig_uuid),
+                    instance: Some((m.gpu_instance_id, m.compute_instance_id)),
+                },
+                // Not (yet) seen by a MIG rescan: its UUID alone.
+                None => Place {
+                    gpu: "",
+                    uuid: "",
+                    mig_uuid: Some(mig_uuid),
+                    instance: None,
+                },
+            },
+            AllocatedDevice::MigOfGpu {
+                gpu_uuid,
+                gpu_instance_id,
+                compute_instance_id,
+            } => Place {
+                gpu: gpu_of(gpu_uuid),
+                uuid: gpu_uuid,
+                mig_uuid: self
+                    .mig_ids
+                    .get(&(gpu_uuid.as_str(), *gpu_instance_id, *compute_instance_id))
+                    .map(|m| m.mig_uuid.as_str()),
+                instance: Some((*gpu_instance_id, *compute_instance_id)),
+            },
+            AllocatedDevice::Other { id } => Place {
+                gpu: "",
+                uuid: id,
+                mig_uuid: None,
+                instance: None,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::UNIX_EPOCH;
+
+    use crate::expose::{Format, encode};
+    use crate::model::*;
+
+    const GPU0: &str = "GPU-00000000-0000-0000-0000-000000000000";
+    const GPU1: &str = "GPU-11111111-0000-0000-0000-000000000000";
+    const MIG_A: &str = "MIG-aaaaaaaa-0000-0000-0000-000000000000";
+    const MIG_B: &str = "MIG-bbbbbbbb-0000-0000-0000-000000000000";
+
+    fn device(gpu: &str, uuid: &str, mig: &[(&str, u32, u32)]) -> DeviceSample {
+        DeviceSample {
+            info: Arc::new(DeviceInfo {
+                gpu: gpu.into(),
+                uuid: uuid.into(),
+                name: "NVIDIA H200".into(),
+                pci_bus_id: String::new(),
+            }),
+            memory: None,
+            used_peak_bytes: None,
+            processes: Arc::from(Vec::new()),
+            other: None,
+            mig: mig
+                .iter()
+                .map(|(u, gi, ci)| MigSample {
+                    info: Arc::new(MigInfo {
+                        mig_uuid: (*u).into(),
+                        name: "MIG 1g.18gb".into(),
+                        gpu_instance_id: *gi,
+                        compute_instance_id: *ci,
+                    }),
+                    memory: None,
+                })
+                .collect(),
+            utilization: None,
+            power: None,
+            health: None,
+        }
+    }
+
+    fn alloc(
+        pod: &str,
+        resource: &str,
+        device: AllocatedDevice,
+        replica: Option<u32>,
+    ) -> Allocation {
+        Allocation {
+            namespace: "team-a".into(),
+            pod: pod.into(),
+            container: "main".into(),
+            resource: resource.into(),
+            device,
+            replica,
+        }
+    }
+
+    fn lines(s: Snapshot) -> Vec<String> {
+        encode(&Arc::new(s), Format::Text)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("gpu_allocation_info"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Whole GPUs, MIG devices (both id forms, known and not), time-sliced
+    /// replicas and another plugin's device, joined with the snapshot's
+    /// GPUs and MIG instances.
+    #[test]
+    fn allocations_are_joined_with_the_snapshot() {
+        let mut s = Snapshot::empty(UNIX_EPOCH);
+        s.devices = vec![
+            device("0", GPU0, &[]),
+            device("1", GPU1, &[(MIG_A, 3, 0), (MIG_B, 5, 0)]),
+        ];
+        use AllocatedDevice::*;
+        let allocations = vec![
+            alloc("a", "nvidia.com/gpu", Gpu { uuid: GPU0.into() }, None),
+            alloc(
+                "b",
+                "nvidia.com/mig-1g.18gb",
+                Mig {
+                    mig_uuid: MIG_A.into(),
+                },
+                None,
+            ),
+            alloc(
+                "c",
+                "nvidia.com/gpu",
+                MigOfGpu {
+                    gpu_uuid: GPU1.into(),
+                    gpu_instance_id: 5,
+                    compute_instance_id: 0,
+                },
+                None,
+            ),
+            alloc("d", "nvidia.com/gpu", Gpu { uuid: GPU0.into() }, Some(2)),
+            alloc(
+                "e",
+                "nvidia.com/gpu",
+                Mig {
+                    mig_uuid: "MIG-unknown".into(),
+                },
+                None,
+            ),
+            alloc(
+                "f",
+                "nvidia.com/gpu",
+                Gpu {
+                    uuid: "GPU-elsewhere".into(),
+                },
+                None,
+            ),
+            alloc(
+                "g",
+                "example.com/fpga",
+                Other {
+                    id: "fpga-0".into(),
+                },
+                None,
+            ),
+        ];
+        s.pod_resources = Some(PodResourcesState {
+            allocations: allocations.into(),
+            lists_total: 4,
+            errors_total: 1,
+        });
+        let want = [
+            "# HELP gpu_allocation_info A device the kubelet allocated to a container (pod-resources API); value is always 1. gpu and uuid name the GPU (the parent GPU of a MIG device; absent when this exporter does not see it), resource the extended resource; MIG devices add mig_uuid, gpu_instance_id and compute_instance_id, time-sliced ones replica.".to_string(),
+            "# TYPE gpu_allocation_info gauge".to_string(),
+            format!(r#"gpu_allocation_info{{gpu="0",uuid="{GPU0}",namespace="team-a",pod="a",container="main",resource="nvidia.com/gpu"}} 1"#),
+            format!(r#"gpu_allocation_info{{gpu="1",uuid="{GPU1}",mig_uuid="{MIG_A}",gpu_instance_id="3",compute_instance_id="0",namespace="team-a",pod="b",container="main",resource="nvidia.com/mig-1g.18gb"}} 1"#),
+            format!(r#"gpu_allocation_info{{gpu="1",uuid="{GPU1}",mig_uuid="{MIG_B}",gpu_instance_id="5",compute_instance_id="0",namespace="team-a",pod="c",container="main",resource="nvidia.com/gpu"}} 1"#),
+            format!(r#"gpu_allocation_info{{gpu="0",uuid="{GPU0}",replica="2",namespace="team-a",pod="d",container="main",resource="nvidia.com/gpu"}} 1"#),
+            r#"gpu_allocation_info{mig_uuid="MIG-unknown",namespace="team-a",pod="e",container="main",resource="nvidia.com/gpu"} 1"#.to_string(),
+            r#"gpu_allocation_info{uuid="GPU-elsewhere",namespace="team-a",pod="f",container="main",resource="nvidia.com/gpu"} 1"#.to_string(),
+            r#"gpu_allocation_info{uuid="fpga-0",namespace="team-a",pod="g",container="main",resource="example.com/fpga"} 1"#.to_string(),
+        ];
+        assert_eq!(lines(s.clone()), want);
+        let text = encode(&Arc::new(s), Format::Text).unwrap();
+        assert!(
+            text.contains("\ngpumem_exporter_pod_resources_lists_total 4\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\ngpumem_exporter_pod_resources_errors_total 1\n"),
+            "{text}"
+        );
+    }
+
+    /// Off: no family at all; on with nothing allocated: the family
+    /// without series (and the counters).
+    #[test]
+    fn off_and_empty() {
+        assert!(lines(Snapshot::empty(UNIX_EPOCH)).is_empty());
+        let mut s = Snapshot::empty(UNIX_EPOCH);
+        s.pod_resources = Some(PodResourcesState::default());
+        assert_eq!(lines(s).iter().filter(|l| !l.starts_with('#')).count(), 0);
+    }
+}
