@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use super::{EncodeError, Encoder, SampleKind, Stamp};
-use crate::model::Snapshot;
+use crate::model::{MemoryInfo, Snapshot};
 
 /// The header row, column by column.
 pub const COLUMNS: [&str; 16] = [
@@ -64,6 +64,39 @@ fn opt(v: Option<u64>) -> String {
     v.map(|v| v.to_string()).unwrap_or_default()
 }
 
+/// A `gpu` or `mig` row: who, then used / reserved / free / total bytes
+/// (empty when the device did not answer); the process columns empty.
+fn memory_row(
+    w: &mut Rows,
+    (time, unix): (&str, &str),
+    kind: &str,
+    gpu: &str,
+    uuid: &str,
+    m: Option<MemoryInfo>,
+) -> Result<(), EncodeError> {
+    row(
+        w,
+        [
+            time,
+            unix,
+            kind,
+            gpu,
+            uuid,
+            &opt(m.map(|m| m.used)),
+            &opt(m.map(|m| m.reserved)),
+            &opt(m.map(|m| m.free)),
+            &opt(m.map(|m| m.total)),
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+        ],
+    )
+}
+
 impl Encoder for Csv {
     fn header(&mut self) -> Result<Vec<u8>, EncodeError> {
         let mut out = Vec::new();
@@ -88,27 +121,13 @@ impl Encoder for Csv {
         let mut w = self.builder.from_writer(out);
         let (time, unix) = (at.rfc3339.as_str(), at.unix_seconds.as_str());
         for d in &s.devices {
-            let m = d.memory;
-            row(
+            memory_row(
                 &mut w,
-                [
-                    time,
-                    unix,
-                    "gpu",
-                    &d.info.gpu,
-                    &d.info.uuid,
-                    &opt(m.map(|m| m.used)),
-                    &opt(m.map(|m| m.reserved)),
-                    &opt(m.map(|m| m.free)),
-                    &opt(m.map(|m| m.total)),
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                ],
+                (time, unix),
+                "gpu",
+                &d.info.gpu,
+                &d.info.uuid,
+                d.memory,
             )?;
             rows += 1;
         }
@@ -165,27 +184,13 @@ impl Encoder for Csv {
                     rows += 1;
                 }
                 for mig in d.mig.iter() {
-                    let m = mig.memory;
-                    row(
+                    memory_row(
                         &mut w,
-                        [
-                            time,
-                            unix,
-                            "mig",
-                            &d.info.gpu,
-                            &mig.info.mig_uuid,
-                            &opt(m.map(|m| m.used)),
-                            &opt(m.map(|m| m.reserved)),
-                            &opt(m.map(|m| m.free)),
-                            &opt(m.map(|m| m.total)),
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                        ],
+                        (time, unix),
+                        "mig",
+                        &d.info.gpu,
+                        &mig.info.mig_uuid,
+                        mig.memory,
                     )?;
                     rows += 1;
                 }

@@ -126,6 +126,9 @@ where
                     }
                     Err(OpenFailure::Retry(e)) => {
                         if attempts == 1 {
+                            // Alive before the caller starts serving, so the
+                            // first /healthz cannot race the first wait.
+                            shared.beat();
                             tracing::error!(
                                 "{e}; the exporter stays up (/readyz answers 503) and retries with backoff until NVML answers"
                             );

@@ -24,11 +24,12 @@ use crate::harness::cluster::{FakeNode, pods_resolved, team_pods};
 use crate::harness::prom::{
     Prometheus, QueryResult, grafana_regex, grafana_substitute, prometheus_binary,
 };
+use crate::harness::kubelet::FakeKubelet;
 use crate::harness::tools::empty_label_lines;
 use crate::harness::*;
 use crate::prometheus::{
     RATE_INTERVAL, STALE_AHEAD_S, TORCH_ALLOCATED, Trainer, dashboard_queries, fake_proc,
-    main_scenario, rules, stale_scenario,
+    kubelet_pods, main_scenario, rules, stale_scenario,
 };
 
 /// The labels each family carried before issue 18, in the order the
@@ -292,12 +293,19 @@ fn every_query_answers_the_same_series_with_and_without_empty_labels() {
     );
     stale_scn.write(&stale_scenario(60_000));
     let node = FakeNode::start(team_pods());
+    let kubelet = FakeKubelet::start(kubelet_pods());
     let trainer = Trainer::start();
     fake_proc(node.proc_root.path(), trainer.py.pid);
     // As in the Prometheus e2e: GPU 2 lost from the start, every collector.
     let scenario = Scenario::new(&main_scenario(trainer.py.pid, 1));
-    let config = node.config(&scenario, "  min_bytes: 1000000000\n  top_n: 2\n")
-        + "collectors:\n  process_utilization: true\n";
+    let config = node.config_with(
+        &scenario,
+        "  min_bytes: 1000000000\n  top_n: 2\n",
+        &format!(
+            "  pod_resources_socket: {}\n  pod_resources_interval: 1s\n",
+            kubelet.socket.display()
+        ),
+    ) + "collectors:\n  process_utilization: true\n";
     let main = Exporter::with_config(&scenario, &config, &[]);
     let pid = trainer.py.pid.to_string();
     wait_for(

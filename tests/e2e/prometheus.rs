@@ -189,7 +189,7 @@ pub(super) fn main_scenario(trainer_pid: u32, xids: usize) -> String {
 /// What the kubelet allocated: GPU 0 shared by time-slicing between the
 /// trainer and the inference server, both of GPU 1's MIG instances to the
 /// notebook (which runs on instance 1 only).
-fn kubelet_pods() -> Vec<kubelet::proto::PodResources> {
+pub(super) fn kubelet_pods() -> Vec<kubelet::proto::PodResources> {
     let (r0, r1) = (format!("{GPU0}::0"), format!("{GPU0}::1"));
     vec![
         kubelet::pod(
