@@ -6,12 +6,13 @@
 //! ([`Telemetry`]) are copied into the snapshot, so one snapshot is
 //! everything a scrape shows, in every format.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 
+use crate::history::History;
 use crate::model::Snapshot;
 use crate::telemetry::Telemetry;
 
@@ -29,6 +30,8 @@ pub struct Shared {
     alive: AtomicBool,
     /// The full sample interval in ms (changes on config reload).
     interval_ms: AtomicU64,
+    /// The last 10 minutes of used memory per GPU, fed by [`Self::publish`].
+    history: Mutex<History>,
 }
 
 impl Shared {
@@ -39,6 +42,7 @@ impl Shared {
             last_tick_ms: AtomicU64::new(0),
             alive: AtomicBool::new(false),
             interval_ms: AtomicU64::new(interval.as_millis() as u64),
+            history: Mutex::new(History::new()),
         }
     }
 
@@ -65,9 +69,29 @@ impl Shared {
         self.published.load_full()
     }
 
-    /// Publish `s` with the exporter's own counters as of now.
+    /// The full sample interval now.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms.load(Ordering::Acquire))
+    }
+
+    /// The exporter's own counters (the HTTP side counts into them).
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+
+    /// The memory history, locked: hold it only to copy points out. It may
+    /// already hold the points of a snapshot newer than the one a reader
+    /// loaded (readers filter by that snapshot's time).
+    pub fn history(&self) -> MutexGuard<'_, History> {
+        // A panic while recording leaves a ring in order; keep using it.
+        self.history.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publish `s` with the exporter's own counters as of now, after adding
+    /// its memory figures to the history.
     pub fn publish(&self, mut s: Snapshot) {
         s.exporter = self.telemetry.read();
+        self.history().record(&s);
         self.last_tick_ms
             .store(unix_ms(s.taken_at), Ordering::Release);
         self.published.store(Some(Arc::new(s)));

@@ -6,12 +6,15 @@
 //! (`exporter`) last. The collectors' families are left out entirely when
 //! no GPU has their figures (collector off, or not supported). Encoding reads only the [`Snapshot`]: no NVML, no
 //! /proc, no HTTP state. The golden files in `tests/fixtures/` are the
-//! whole output for one fixed snapshot.
+//! whole output for one fixed snapshot. [`json`] is the same snapshot as
+//! JSON for `/api/v1/snapshot` (and the memory history for
+//! `/api/v1/history`), the page's and scripts' view.
 
 mod encoder;
 mod exporter;
 mod gpu;
 mod health;
+pub mod json;
 mod mig;
 mod power;
 mod process;
