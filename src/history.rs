@@ -63,9 +63,15 @@ impl History {
                 // The clock went back: keep the points in order.
                 Some(last) if last.t > second => {
                     ring.points.clear();
-                    ring.points.push_back(Point { t: second, used: m.used });
+                    ring.points.push_back(Point {
+                        t: second,
+                        used: m.used,
+                    });
                 }
-                _ => ring.points.push_back(Point { t: second, used: m.used }),
+                _ => ring.points.push_back(Point {
+                    t: second,
+                    used: m.used,
+                }),
             }
             let oldest = second.saturating_sub(HISTORY_SECONDS as u64 - 1);
             while ring.points.len() > HISTORY_SECONDS
@@ -94,7 +100,9 @@ impl History {
 
 /// Unix time in whole seconds (0 before 1970).
 pub fn unix_seconds(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

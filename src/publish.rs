@@ -6,8 +6,8 @@
 //! ([`Telemetry`]) are copied into the snapshot, so one snapshot is
 //! everything a scrape shows, in every format.
 
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::exporter::{REVISION, VERSION};
 use crate::history::{History, unix_seconds};
-use crate::model::{DeviceSample, MemoryInfo, ProcessSample, Snapshot};
+use crate::model::{DeviceSample, MemoryInfo, ProcessSample, Snapshot, Utilization};
 
 /// `schema_version` of both documents; bumped on any incompatible change
 /// (a field removed, renamed or retyped). New fields may appear within a
@@ -247,12 +247,16 @@ fn gpu(d: &DeviceSample) -> Gpu<'_> {
         up: d.up(),
         memory: d.memory.map(Memory::from),
         memory_used_peak_bytes: d.used_peak_bytes,
-        utilization: d.utilization.map(|u| GpuUtilization {
-            gpu_ratio: u.gpu.map(ratio),
-            memory_ratio: u.memory.map(ratio),
-            encoder_ratio: u.encoder.map(ratio),
-            decoder_ratio: u.decoder.map(ratio),
-        }),
+        // The collector on, but no figure supported: as if off.
+        utilization: d
+            .utilization
+            .filter(|u| *u != Utilization::default())
+            .map(|u| GpuUtilization {
+                gpu_ratio: u.gpu.map(ratio),
+                memory_ratio: u.memory.map(ratio),
+                encoder_ratio: u.encoder.map(ratio),
+                decoder_ratio: u.decoder.map(ratio),
+            }),
         processes,
         processes_other: d.other.map(|o| Rollup {
             count: o.count,

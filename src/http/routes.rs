@@ -215,9 +215,7 @@ async fn api_history(
     };
     let gzip = negotiate::accepts_gzip(headers.get(ACCEPT_ENCODING).and_then(|v| v.to_str().ok()));
     let history = || app.shared.history();
-    let body = app
-        .bodies
-        .history_json(&snapshot, seconds, &history, gzip);
+    let body = app.bodies.history_json(&snapshot, seconds, &history, gzip);
     json_body(body, gzip)
 }
 

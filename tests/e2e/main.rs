@@ -14,6 +14,7 @@
 //! - `attribution`: pods, users, command lines, MIG and MPS on a fake node.
 //! - `torch`: the torch bridge with real Python processes and a stub torch.
 //! - `web`: connection limits, TLS, mTLS, basic auth, web config reload.
+//! - `page`: the live page in a real headless Chromium, and its JSON API.
 //! - `prometheus`: every dashboard query and rule in a real Prometheus.
 //! - `kube_watch`: the pod watcher against the list/watch wire format.
 //! - `config_corpus`: every malformed config in tests/config-corpus.
@@ -46,6 +47,7 @@ mod fuzz;
 mod golden;
 mod kube_watch;
 mod ops_artifacts;
+mod page;
 mod peaks;
 mod prometheus;
 mod soak;

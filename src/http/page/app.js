@@ -12,7 +12,7 @@
     snap: null,
     hist: null,
     histAt: 0,
-    pending: null,
+    started: 0,
   };
 
   function el(tag, cls, ...children) {
@@ -60,6 +60,9 @@
 
   async function refresh() {
     let delay = 1000;
+    // Numbered, so a test can tell which refresh showed a change.
+    const seq = ++state.started;
+    document.body.dataset.started = String(seq);
     try {
       const r = await getJSON('api/v1/snapshot');
       if (!r.ok || !r.body || !Array.isArray(r.body.gpus)) {
@@ -77,11 +80,12 @@
           if (h.ok && h.body && Array.isArray(h.body.gpus)) state.hist = h.body;
         }
         render();
+        document.body.dataset.rendered = String(seq);
       }
     } catch (e) {
       problems(['Cannot reach the exporter (' + (e && e.message ? e.message : e) + ').']);
     }
-    state.pending = setTimeout(refresh, delay);
+    setTimeout(refresh, delay);
   }
 
   function problems(lines) {
