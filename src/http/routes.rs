@@ -177,21 +177,18 @@ fn json_body(body: Option<Bytes>, gzip: bool) -> Response {
     response
 }
 
-/// The latest snapshot, or the 503 that says why there is none.
-fn latest_or_503(app: &App) -> Result<Arc<Snapshot>, Response> {
-    app.shared.latest().ok_or_else(|| {
-        let why = match app.shared.ready() {
-            Err(why) => format!("no sample yet: {why}"),
-            Ok(()) => "no sample yet".to_string(),
-        };
-        json_error(StatusCode::SERVICE_UNAVAILABLE, &why)
+/// The latest snapshot, or why there is none (a 503).
+fn latest(app: &App) -> Result<Arc<Snapshot>, String> {
+    app.shared.latest().ok_or_else(|| match app.shared.ready() {
+        Err(why) => format!("no sample yet: {why}"),
+        Ok(()) => "no sample yet".to_string(),
     })
 }
 
 async fn api_snapshot(State(app): State<App>, headers: HeaderMap) -> Response {
-    let snapshot = match latest_or_503(&app) {
+    let snapshot = match latest(&app) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(why) => return json_error(StatusCode::SERVICE_UNAVAILABLE, &why),
     };
     let gzip = negotiate::accepts_gzip(headers.get(ACCEPT_ENCODING).and_then(|v| v.to_str().ok()));
     let body = app
@@ -209,9 +206,9 @@ async fn api_history(
         Ok(s) => s,
         Err(why) => return json_error(StatusCode::BAD_REQUEST, &why),
     };
-    let snapshot = match latest_or_503(&app) {
+    let snapshot = match latest(&app) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(why) => return json_error(StatusCode::SERVICE_UNAVAILABLE, &why),
     };
     let gzip = negotiate::accepts_gzip(headers.get(ACCEPT_ENCODING).and_then(|v| v.to_str().ok()));
     let history = || app.shared.history();

@@ -24,12 +24,21 @@ const MIB: u64 = 1 << 20;
 /// Before and after: GPU 0's notebook grows from 2 GiB to 6 GiB and an
 /// `eval` process appears; GPU 1 stops answering.
 fn scenario(changed: bool) -> String {
-    let (notebook, used0) = if changed {
-        (6144 * MIB, 17408 * MIB)
+    if changed {
+        scenario_at(6144, 3072, true, true)
     } else {
-        (2048 * MIB, 12288 * MIB)
-    };
-    let eval = if changed {
+        scenario_at(2048, 3072, false, false)
+    }
+}
+
+/// GPU 0: a 10 GiB trainer, a notebook of `notebook` MiB, Xorg without a
+/// figure, and (`eval`) a 1 GiB eval; GPU 1: a Triton server of `triton`
+/// MiB and a 1000 MiB python3, and 24 MiB of driver overhead; `lost`:
+/// GPU 1 stops answering.
+fn scenario_at(notebook: u64, triton: u64, eval: bool, lost: bool) -> String {
+    let used0 = (10240 + notebook + if eval { 1024 } else { 0 }) * MIB;
+    let used1 = (triton + 1000 + 24) * MIB;
+    let eval = if eval {
         format!(
             "      - {{pid: 4106, used: {}, type: compute}}\n",
             1024 * MIB
@@ -37,7 +46,7 @@ fn scenario(changed: bool) -> String {
     } else {
         String::new()
     };
-    let lost = if changed { "gpu_lost" } else { "null" };
+    let lost = if lost { "gpu_lost" } else { "null" };
     format!(
         "devices:
   - uuid: {GPU0}
@@ -47,20 +56,20 @@ fn scenario(changed: bool) -> String {
     utilization: {{gpu: 93, memory: 41}}
     processes:
       - {{pid: 4101, used: {}, type: compute}}
-      - {{pid: 4103, used: {notebook}, type: compute}}
+      - {{pid: 4103, used: {}, type: compute}}
       - {{pid: 4104, used: null, type: graphics}}
 {eval}  - uuid: {GPU1}
     name: NVIDIA A100-SXM4-80GB
     pci_bus_id: \"00000000:00:07.0\"
-    memory: {{total: 85899345920, reserved: 536870912, used: {}}}
+    memory: {{total: 85899345920, reserved: 536870912, used: {used1}}}
     error: {lost}
     processes:
       - {{pid: 4102, used: {}, type: compute}}
       - {{pid: 4105, used: {}, type: compute}}
 ",
         10240 * MIB,
-        4096 * MIB,
-        3072 * MIB,
+        notebook * MIB,
+        triton * MIB,
         1000 * MIB,
     )
 }
@@ -313,6 +322,29 @@ fn the_page_shows_the_scenario_follows_it_and_logs_no_error() {
     b.eval("console.error('canary')");
     b.pump(Duration::from_millis(300));
     assert_eq!(b.errors, ["console.\"error\": canary"]);
+
+    // docs/page.png: PAGE_SCREENSHOT=$PWD/docs/page.png cargo test --test
+    // e2e page::the_page -- after a minute of memory going up and down,
+    // so the sparklines have a shape.
+    if let Some(path) = std::env::var_os("PAGE_SCREENSHOT") {
+        for i in 0..120u64 {
+            let wave = |period: u64, amp: u64| {
+                let phase = (i % period) as f64 / period as f64 * std::f64::consts::TAU;
+                (amp as f64 * (1.0 + phase.sin()) / 2.0) as u64
+            };
+            sc.write(&scenario_at(
+                2048 + wave(40, 4096),
+                3072 + wave(25, 2048),
+                false,
+                false,
+            ));
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        b.wait_until(Duration::from_secs(10), "both GPUs up", READ_DOM, |d| {
+            d["problems"] == serde_json::json!([])
+        });
+        b.screenshot(std::path::Path::new(&path));
+    }
 }
 
 #[test]
