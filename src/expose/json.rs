@@ -363,3 +363,103 @@ pub fn history(
     };
     serde_json::to_vec(&doc)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::model::{DeviceInfo, TorchStats};
+
+    fn proc(pid: u32, used: Option<u64>) -> ProcessSample {
+        ProcessSample {
+            pid,
+            used_bytes: used,
+            ident: Arc::default(),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+            used_peak_bytes: None,
+            torch: None,
+            utilization: None,
+        }
+    }
+
+    fn one_gpu(processes: Vec<ProcessSample>) -> Snapshot {
+        let mut s = Snapshot::empty(UNIX_EPOCH + Duration::from_millis(1_500));
+        s.devices.push(DeviceSample {
+            info: Arc::new(DeviceInfo::unknown(0)),
+            memory: None,
+            used_peak_bytes: None,
+            processes: processes.into(),
+            other: None,
+            mig: Arc::new([]),
+            utilization: Some(Utilization::default()),
+            power: None,
+            health: None,
+        });
+        s
+    }
+
+    fn doc(s: &Snapshot) -> serde_json::Value {
+        let bytes = snapshot(s, Duration::from_millis(250)).unwrap_or_default();
+        serde_json::from_slice(&bytes).unwrap_or_default()
+    }
+
+    #[test]
+    fn at_most_512_processes_the_largest_by_pid_the_rest_summed() {
+        // pid p uses p bytes; 600 of them, one without a figure.
+        let mut ps: Vec<ProcessSample> = (1..=600).map(|p| proc(p, Some(u64::from(p)))).collect();
+        ps[599].used_bytes = None;
+        let v = doc(&one_gpu(ps));
+        let listed = v["gpus"][0]["processes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(listed.len(), MAX_PROCESSES_PER_GPU);
+        let pids: Vec<u64> = listed.iter().filter_map(|p| p["pid"].as_u64()).collect();
+        // The largest 512 with a figure: 88..=599.
+        assert_eq!(pids, (88..=599).collect::<Vec<u64>>());
+        assert_eq!(
+            v["gpus"][0]["processes_omitted"],
+            serde_json::json!({"count": 88, "memory_used_bytes": (1..=87).sum::<u64>()})
+        );
+        assert_eq!(v["taken_at"], 1.5);
+        assert_eq!(v["sample_interval_seconds"], 0.25);
+        assert_eq!(v["gpus"][0]["up"], false);
+        assert_eq!(v["gpus"][0]["memory"], serde_json::Value::Null);
+        assert_eq!(
+            v["gpus"][0]["utilization"],
+            serde_json::Value::Null,
+            "collector on, nothing supported"
+        );
+        let few = doc(&one_gpu(vec![proc(7, Some(1))]));
+        assert_eq!(few["gpus"][0]["processes_omitted"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn torch_figures_as_the_bridge_gave_them() {
+        let mut p = proc(9, Some(11_782 << 20));
+        p.torch = Some(TorchStats {
+            allocated: 10_240 << 20,
+            reserved: 11_264 << 20,
+            allocated_peak: 10_300 << 20,
+            reserved_peak: 11_300 << 20,
+            active: 10_240 << 20,
+            inactive_split: 3,
+            alloc_retries: 2,
+            ooms: 1,
+            limit: None,
+            ..TorchStats::default()
+        });
+        let v = doc(&one_gpu(vec![p]));
+        assert_eq!(
+            v["gpus"][0]["processes"][0]["torch"],
+            serde_json::json!({
+                "allocated_bytes": 10_240u64 << 20, "reserved_bytes": 11_264u64 << 20,
+                "allocated_peak_bytes": 10_300u64 << 20, "reserved_peak_bytes": 11_300u64 << 20,
+                "active_bytes": 10_240u64 << 20, "inactive_split_bytes": 3,
+                "alloc_retries": 2, "ooms": 1, "limit_bytes": null,
+            })
+        );
+    }
+}
