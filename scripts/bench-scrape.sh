@@ -4,13 +4,17 @@
 # lookups do real work). Measures /metrics latency with wrk at 1 and 50
 # connections (plain and gzip), response sizes, RSS, idle CPU at the default
 # intervals and at --sample-interval 100ms, and time to the first good
-# /metrics. Prints a markdown table (also to $OUT/bench-scrape.md when OUT is
-# set). Takes ~6 minutes after the build (4 idle periods of IDLE_SECONDS).
+# /metrics; then /healthz, the page (/) and /api/v1/snapshot side by side
+# (their p99 against /healthz's). Prints a markdown table (also to
+# $OUT/bench-scrape.md when OUT is set). Takes ~6 minutes after the build
+# (4 idle periods of IDLE_SECONDS).
 #
 #   scripts/bench-scrape.sh
+#   ENDPOINTS_ONLY=1 GPUS=2 PROCS=8 scripts/bench-scrape.sh   # only the endpoint table, ~2 min
 #
 # Knobs (environment): GPUS=8 PROCS=256 WRK_SECONDS=10 IDLE_SECONDS=60 STARTS=5
 # BIN=path/to/gpumem-exporter (default: build and use target/release's)
+# ENDPOINTS_ONLY=0
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +23,7 @@ PROCS=${PROCS:-256}
 WRK_SECONDS=${WRK_SECONDS:-10}
 IDLE_SECONDS=${IDLE_SECONDS:-60}
 STARTS=${STARTS:-5}
+ENDPOINTS_ONLY=${ENDPOINTS_ONLY:-0}
 TARGET=${CARGO_TARGET_DIR:-target}
 
 die() { echo "bench-scrape: $*" >&2; exit 1; }
@@ -121,13 +126,15 @@ idle_cpu() {
     awk -v c=$((c1 - c0)) -v hz="$HZ" -v n=$((n1 - n0)) -v ns=$((t1 - t0)) \
         'BEGIN { printf "%.4f %.2f", n / ns * 60, c / hz / (ns / 1e9) * 60 }'
 }
-# wrk_run CONNS [header]: prints "p50_ms p99_ms req_per_s"
-wrk_run() {
-    local conns=$1 threads=2; shift
+# wrk_run CONNS [header]: prints "p50_ms p99_ms req_per_s" for /metrics
+wrk_run() { wrk_path /metrics "$@"; }
+# wrk_path PATH CONNS [header]: the same for PATH
+wrk_path() {
+    local path=$1 conns=$2 threads=2; shift 2
     ((conns < threads)) && threads=$conns
     local args=(-t"$threads" -c"$conns" -d"${WRK_SECONDS}s" --latency)
     (($#)) && args+=(-H "$1")
-    wrk "${args[@]}" "http://$ADDR/metrics" >"$WORK/wrk.txt" 2>&1 || { cat "$WORK/wrk.txt" >&2; die "wrk failed"; }
+    wrk "${args[@]}" "http://$ADDR$path" >"$WORK/wrk.txt" 2>&1 || { cat "$WORK/wrk.txt" >&2; die "wrk failed"; }
     grep -q "Non-2xx" "$WORK/wrk.txt" && { cat "$WORK/wrk.txt" >&2; die "non-2xx answers"; }
     awk '
         function ms(v) {
@@ -143,6 +150,42 @@ wrk_run() {
 }
 
 echo "bench-scrape: $GPUS GPUs x $PROCS processes, $(nproc) cores" >&2
+
+# --- /healthz, the page and the JSON snapshot side by side: p99 against
+# /healthz's (which encodes nothing), at 1 and 50 connections
+endpoints() {
+    local spec path hdr conns r p50 p99 rps h1= h50= size_plain size_gzip
+    start_exporter "$WORK/full.yaml"
+    sleep 2
+    echo "| endpoint | body (plain / gzip) | 1 connection: p50 / p99 | 50 connections: p50 / p99 | p99 ÷ /healthz p99 (1; 50) |"
+    echo "|---|---|---|---|---|"
+    for spec in "/healthz|" "/|" "/api/v1/snapshot|" "/api/v1/snapshot|Accept-Encoding: gzip" "/metrics|" "/metrics|Accept-Encoding: gzip"; do
+        path=${spec%%|*}; hdr=${spec#*|}
+        size_plain=$(curl -sf -o /dev/null -w '%{size_download}' "http://$ADDR$path")
+        size_gzip=$(curl -sf -o /dev/null -w '%{size_download}' -H 'Accept-Encoding: gzip' "http://$ADDR$path")
+        local row=() ratios=() base
+        wrk_path "$path" 1 ${hdr:+"$hdr"} >/dev/null # warm-up
+        for conns in 1 50; do
+            r=$(wrk_path "$path" "$conns" ${hdr:+"$hdr"}); read -r p50 p99 rps <<<"$r"
+            row+=("$p50 / $p99 ms ($rps req/s)")
+            if [[ $path == /healthz ]]; then
+                if ((conns == 1)); then h1=$p99; else h50=$p99; fi
+            fi
+            if ((conns == 1)); then base=$h1; else base=$h50; fi
+            ratios+=("$(awk -v a="$p99" -v b="$base" 'BEGIN { printf "%.2f", a / b }')")
+        done
+        echo "| \`$path\`${hdr:+ ($hdr)} | $size_plain / $size_gzip bytes | ${row[0]} | ${row[1]} | ${ratios[0]}; ${ratios[1]} |"
+    done
+    stop_exporter
+}
+ENDPOINTS=$(endpoints)
+if ((ENDPOINTS_ONLY)); then
+    REPORT=$(printf '### bench-scrape endpoints: %s GPUs × %s processes, fake NVML, %s cores, loopback\n\n%s\n' \
+        "$GPUS" "$PROCS" "$(nproc)" "$ENDPOINTS")
+    echo "$REPORT"
+    if [[ -n ${OUT:-} ]]; then mkdir -p "$OUT"; echo "$REPORT" >"$OUT/bench-scrape.md"; fi
+    exit 0
+fi
 
 # --- time from process start to the first good /metrics (fresh process each)
 cat >"$WORK/startup.py" <<'EOF'
@@ -242,6 +285,9 @@ REPORT=$(cat <<EOF
 | full sample (tick), mean of its histogram | $TICK_MS ms, of which NVML $NVML_MS ms ($TICKS ticks) |
 | process start → first good /metrics, median / min of $STARTS | $START_MED / $START_MIN ms (log's init_ms, NVML open + first full sample: ${INIT_MS} ms) |
 | the same, $GPUS GPUs × 1 process | $START1_MED / $START1_MIN ms (init_ms ${INIT1_MS} ms) |
+
+
+$ENDPOINTS
 EOF
 )
 echo "$REPORT"

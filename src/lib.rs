@@ -3,7 +3,7 @@
 //!
 //! Data path, in folder names: [`gpu`] (NVML) → [`sample`] (with
 //! [`attribute`] saying who each pid is) → [`model::Snapshot`] →
-//! [`publish`] (with [`podres`], the kubelet's device allocations) →
+//! [`publish`] (with [`podres`], the kubelet's device allocations, and [`history`], the last 10 minutes) →
 //! [`expose`] (encode) → [`http`]. [`config`] turns YAML and
 //! flags into each component's own config; [`signals`] owns the signals;
 //! [`telemetry`] holds the exporter's own counters. [`record`] writes every
@@ -15,6 +15,7 @@ pub mod backoff;
 pub mod config;
 pub mod expose;
 pub mod gpu;
+pub mod history;
 pub mod http;
 pub mod logging;
 pub mod model;

@@ -339,7 +339,14 @@ pub struct ExporterCounters {
     pub http_connections_open: u64,
     pub http_connections_evicted: u64,
     pub http_connections_refused: u64,
+    /// Response bodies encoded, in [`HTTP_BODIES`] order: each at most
+    /// once per snapshot, however many requests ask.
+    pub http_body_encodes: [u64; 4],
 }
+
+/// The bodies the HTTP side encodes from a snapshot: the `body` label of
+/// `gpumem_exporter_http_body_encodes_total`.
+pub const HTTP_BODIES: [&str; 4] = ["text", "openmetrics", "snapshot_json", "history_json"];
 
 /// The pod watcher's state and counters, read from its index and copied
 /// into each full snapshot.

@@ -15,11 +15,12 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 
+use crate::history::History;
 use crate::model::Snapshot;
 use crate::podres::PodResources;
 use crate::telemetry::Telemetry;
@@ -44,6 +45,8 @@ pub struct Shared {
     sink_dropped: AtomicU64,
     /// The pod-resources client's answers, when that part is on.
     pod_resources: Option<Arc<PodResources>>,
+    /// The last 10 minutes of used memory per GPU, fed by [`Self::publish`].
+    history: Mutex<History>,
 }
 
 impl Shared {
@@ -57,6 +60,7 @@ impl Shared {
             sink: Mutex::new(None),
             sink_dropped: AtomicU64::new(0),
             pod_resources: None,
+            history: Mutex::new(History::new()),
         }
     }
 
@@ -103,11 +107,31 @@ impl Shared {
         self.published.load_full()
     }
 
+    /// The full sample interval now.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms.load(Ordering::Acquire))
+    }
+
+    /// The exporter's own counters (the HTTP side counts into them).
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+
+    /// The memory history, locked: hold it only to copy points out. It may
+    /// already hold the points of a snapshot newer than the one a reader
+    /// loaded (readers filter by that snapshot's time).
+    pub fn history(&self) -> MutexGuard<'_, History> {
+        // A panic while recording leaves a ring in order; keep using it.
+        self.history.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Publish `s` with the exporter's own counters and the kubelet's
-    /// allocations as of now.
+    /// allocations as of now, after adding its memory figures to the
+    /// history.
     pub fn publish(&self, mut s: Snapshot) {
         s.exporter = self.telemetry.read();
         s.pod_resources = self.pod_resources.as_ref().map(|p| p.state());
+        self.history().record(&s);
         self.last_tick_ms
             .store(unix_ms(s.taken_at), Ordering::Release);
         let s = Arc::new(s);

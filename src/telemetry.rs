@@ -1,5 +1,5 @@
 //! The exporter's own counters that live outside the sampler: config and
-//! web config reloads, HTTP connections. One [`Telemetry`] is made in
+//! web config reloads, HTTP connections, bodies encoded. One [`Telemetry`] is made in
 //! `main.rs` and handed (`Arc`) to whoever counts; [`Telemetry::read`]
 //! copies it into each snapshot when it is published, so the text and
 //! OpenMetrics bodies of one snapshot show the same figures.
@@ -22,6 +22,9 @@ pub struct Telemetry {
     /// Connections closed at once: the cap was reached and every
     /// connection was busy with a request.
     pub http_connections_refused: AtomicU64,
+    /// Bodies encoded by the HTTP side's cache, in
+    /// [`crate::model::HTTP_BODIES`] order.
+    pub http_body_encodes: [AtomicU64; 4],
 }
 
 impl Telemetry {
@@ -45,6 +48,7 @@ impl Telemetry {
             http_connections_open: r(&self.http_connections_open),
             http_connections_evicted: r(&self.http_connections_evicted),
             http_connections_refused: r(&self.http_connections_refused),
+            http_body_encodes: self.http_body_encodes.each_ref().map(r),
         }
     }
 }

@@ -11,7 +11,7 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
 use super::encoder::{Labels, gauge};
-use crate::model::{DurationHistogram, Snapshot};
+use crate::model::{DurationHistogram, HTTP_BODIES, Snapshot};
 
 /// `version` and `revision` labels of `gpumem_exporter_build_info`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -229,6 +229,16 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         ),
     ] {
         enc.encode_descriptor(name, help, None, MetricType::Counter)?
+            .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+    }
+    let mut m = enc.encode_descriptor(
+        "gpumem_exporter_http_body_encodes",
+        "Response bodies encoded from a snapshot, by body (text, openmetrics, snapshot_json, history_json): at most one per snapshot each (history_json: per snapshot and seconds), however many requests ask.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (body, n) in HTTP_BODIES.iter().zip(own.http_body_encodes) {
+        m.encode_family(&[("body", *body)])?
             .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
     }
     Ok(())

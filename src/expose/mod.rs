@@ -11,12 +11,15 @@
 //! `encoder::Labels`, which leaves those out (for Prometheus they are the
 //! same series). The golden files in `tests/fixtures/` are the whole output
 //! for one fixed snapshot.
+//! [`json`] is the same snapshot as JSON for `/api/v1/snapshot` (and the
+//! memory history for `/api/v1/history`), the page's and scripts' view.
 
 mod allocation;
 mod encoder;
 mod exporter;
 mod gpu;
 mod health;
+pub mod json;
 mod mig;
 mod power;
 mod process;

@@ -1,67 +1,119 @@
-//! The body cache: each snapshot is encoded at most once per format and
-//! gzipped at most once, however many scrapers ask. The sampler publishes
-//! the snapshot itself; the encoded bodies live here, on the HTTP side,
-//! keyed by the snapshot they were made from.
+//! The body cache: each snapshot is encoded at most once per body (the
+//! text and OpenMetrics expositions, the JSON snapshot, the JSON history
+//! per `seconds`) and gzipped at most once, however many clients ask. The
+//! sampler publishes the snapshot itself; the encoded bodies live here, on
+//! the HTTP side, keyed by the snapshot they were made from. Every encode
+//! is counted (`gpumem_exporter_http_body_encodes_total{body}`), so "once
+//! per snapshot" can be checked from outside.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 
 use crate::expose::{self, Format};
+use crate::history::History;
 use crate::model::Snapshot;
+use crate::telemetry::Telemetry;
 
-/// The bodies of one snapshot, made lazily.
+/// What a body is encoded from a snapshot as; the index into
+/// [`crate::model::HTTP_BODIES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Text = 0,
+    OpenMetrics = 1,
+    SnapshotJson = 2,
+    HistoryJson = 3,
+}
+
+/// Distinct `seconds` of `/api/v1/history` cached per snapshot; another
+/// one is encoded for its request alone (still counted).
+const HISTORY_SLOTS: usize = 8;
+
+/// A body, plain and gzipped, made lazily.
+type Pair = [OnceLock<Option<Bytes>>; 2];
+
+/// The bodies of one snapshot.
 #[derive(Debug)]
 struct Bodies {
     snapshot: Arc<Snapshot>,
-    slots: [OnceLock<Option<Bytes>>; 4],
+    /// Text, OpenMetrics, JSON snapshot: plain and gzipped each.
+    fixed: [Pair; 3],
+    /// JSON history by `seconds`.
+    history: Mutex<Vec<(u64, Arc<Pair>)>>,
 }
 
 impl Bodies {
     fn new(snapshot: Arc<Snapshot>) -> Self {
         Bodies {
             snapshot,
-            slots: Default::default(),
+            fixed: Default::default(),
+            history: Mutex::new(Vec::new()),
         }
     }
 
-    fn body(&self, format: Format, gzip: bool) -> Option<Bytes> {
-        let slot = match (format, gzip) {
-            (Format::Text, false) => 0,
-            (Format::Text, true) => 1,
-            (Format::OpenMetrics, false) => 2,
-            (Format::OpenMetrics, true) => 3,
-        };
-        self.slots[slot]
-            .get_or_init(|| {
-                if gzip {
-                    let plain = self.body(format, false)?;
-                    let mut z = flate2::write::GzEncoder::new(
-                        Vec::with_capacity(plain.len() / 4),
-                        flate2::Compression::fast(),
-                    );
-                    std::io::Write::write_all(&mut z, &plain).ok()?;
-                    z.finish().ok().map(Bytes::from)
-                } else {
-                    match expose::encode(&self.snapshot, format) {
-                        Ok(s) => Some(Bytes::from(s)),
-                        Err(_) => {
-                            tracing::error!("encoding the snapshot failed");
-                            None
-                        }
-                    }
-                }
-            })
-            .clone()
+    fn history_pair(&self, seconds: u64) -> Arc<Pair> {
+        let mut slots = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, p)) = slots.iter().find(|(s, _)| *s == seconds) {
+            return Arc::clone(p);
+        }
+        let pair = Arc::new(Pair::default());
+        if slots.len() < HISTORY_SLOTS {
+            slots.push((seconds, Arc::clone(&pair)));
+        }
+        pair
     }
 }
 
-/// The bodies of the latest snapshot asked for. A scrape of another
+/// The plain body of `pair` (encoded by `encode` on first use), or its
+/// gzip (made from the plain one on first use).
+fn fill(
+    pair: &Pair,
+    gzip: bool,
+    kind: Kind,
+    counts: Option<&Telemetry>,
+    encode: &dyn Fn() -> Option<Bytes>,
+) -> Option<Bytes> {
+    let [plain, zipped] = pair;
+    let plain_body = || {
+        plain
+            .get_or_init(|| {
+                if let Some(t) = counts {
+                    t.http_body_encodes[kind as usize].fetch_add(1, Ordering::Relaxed);
+                }
+                let body = encode();
+                if body.is_none() {
+                    tracing::error!(body = ?kind, "encoding the snapshot failed");
+                }
+                body
+            })
+            .clone()
+    };
+    if !gzip {
+        return plain_body();
+    }
+    zipped
+        .get_or_init(|| {
+            let plain = plain_body()?;
+            let mut z = flate2::write::GzEncoder::new(
+                Vec::with_capacity(plain.len() / 4),
+                flate2::Compression::fast(),
+            );
+            std::io::Write::write_all(&mut z, &plain).ok()?;
+            z.finish().ok().map(Bytes::from)
+        })
+        .clone()
+}
+
+/// The bodies of the latest snapshot asked for. A request for another
 /// snapshot replaces the entry; its bodies are made on first use.
 #[derive(Debug, Default)]
 pub struct BodyCache {
     current: ArcSwapOption<Bodies>,
+    /// Where encodes are counted; `None` in benches and unit tests.
+    counts: Option<Arc<Telemetry>>,
 }
 
 impl BodyCache {
@@ -69,10 +121,59 @@ impl BodyCache {
         Self::default()
     }
 
-    /// The encoded body of `snapshot`; `None` only if encoding failed (a
+    /// A cache that counts its encodes in `telemetry`.
+    pub fn counting(telemetry: Arc<Telemetry>) -> Self {
+        BodyCache {
+            current: ArcSwapOption::empty(),
+            counts: Some(telemetry),
+        }
+    }
+
+    /// The exposition of `snapshot`; `None` only if encoding failed (a
     /// bug, logged).
     pub fn body(&self, snapshot: &Arc<Snapshot>, format: Format, gzip: bool) -> Option<Bytes> {
-        self.entry(snapshot).body(format, gzip)
+        let (i, kind) = match format {
+            Format::Text => (0, Kind::Text),
+            Format::OpenMetrics => (1, Kind::OpenMetrics),
+        };
+        let entry = self.entry(snapshot);
+        fill(&entry.fixed[i], gzip, kind, self.counts.as_deref(), &|| {
+            expose::encode(snapshot, format).ok().map(Bytes::from)
+        })
+    }
+
+    /// `/api/v1/snapshot` of `snapshot`, taken at `sample_interval`.
+    pub fn snapshot_json(
+        &self,
+        snapshot: &Arc<Snapshot>,
+        sample_interval: Duration,
+        gzip: bool,
+    ) -> Option<Bytes> {
+        let entry = self.entry(snapshot);
+        let kind = Kind::SnapshotJson;
+        fill(&entry.fixed[2], gzip, kind, self.counts.as_deref(), &|| {
+            expose::json::snapshot(snapshot, sample_interval)
+                .ok()
+                .map(Bytes::from)
+        })
+    }
+
+    /// `/api/v1/history?seconds=…` as of `snapshot`; `history` is locked
+    /// only while it is encoded, at most once per snapshot and `seconds`.
+    pub fn history_json<'h>(
+        &self,
+        snapshot: &Arc<Snapshot>,
+        seconds: u64,
+        history: &dyn Fn() -> MutexGuard<'h, History>,
+        gzip: bool,
+    ) -> Option<Bytes> {
+        let pair = self.entry(snapshot).history_pair(seconds);
+        let kind = Kind::HistoryJson;
+        fill(&pair, gzip, kind, self.counts.as_deref(), &|| {
+            expose::json::history(snapshot, &history(), seconds)
+                .ok()
+                .map(Bytes::from)
+        })
     }
 
     fn entry(&self, snapshot: &Arc<Snapshot>) -> Arc<Bodies> {
@@ -84,7 +185,7 @@ impl BodyCache {
         if let Some(b) = of(&self.current.load_full()) {
             return b;
         }
-        // Scrapers racing on a new snapshot all end up with the entry
+        // Requests racing on a new snapshot all end up with the entry
         // stored first, so it is encoded once.
         let fresh = Arc::new(Bodies::new(Arc::clone(snapshot)));
         let prev = self
@@ -124,5 +225,36 @@ mod tests {
             .body(&b, Format::OpenMetrics, true)
             .unwrap_or_default();
         assert_eq!(&gz[..2], &[0x1f, 0x8b], "gzip magic");
+    }
+
+    #[test]
+    fn each_body_is_encoded_once_per_snapshot_and_counted() {
+        let t = Arc::new(Telemetry::new());
+        let cache = BodyCache::counting(Arc::clone(&t));
+        let history = Mutex::new(History::new());
+        let lock = || history.lock().unwrap_or_else(|e| e.into_inner());
+        let interval = Duration::from_secs(1);
+        let (a, b) = (snapshot(), snapshot());
+        for _ in 0..10 {
+            for gzip in [false, true] {
+                cache.body(&a, Format::Text, gzip);
+                cache.body(&a, Format::OpenMetrics, gzip);
+                assert!(cache.snapshot_json(&a, interval, gzip).is_some());
+                assert!(cache.history_json(&a, 600, &lock, gzip).is_some());
+                assert!(cache.history_json(&a, 60, &lock, gzip).is_some());
+            }
+        }
+        assert_eq!(t.read().http_body_encodes, [1, 1, 1, 2]);
+        cache.snapshot_json(&b, interval, false);
+        assert_eq!(t.read().http_body_encodes, [1, 1, 2, 2], "a new snapshot");
+        // More distinct `seconds` than slots: encoded per request beyond.
+        for s in 0..(HISTORY_SLOTS as u64 + 2) {
+            cache.history_json(&b, s, &lock, false);
+            cache.history_json(&b, s, &lock, false);
+        }
+        let h = t.read().http_body_encodes[3];
+        assert_eq!(h, 2 + HISTORY_SLOTS as u64 + 4);
+        let json = cache.snapshot_json(&b, interval, false).unwrap_or_default();
+        assert_eq!(json.first(), Some(&b'{'));
     }
 }

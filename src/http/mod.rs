@@ -1,6 +1,6 @@
 //! The HTTP side: the listener and its limits ([`listener`]), routes
 //! ([`routes`]), content negotiation ([`negotiate`]), the per-snapshot body
-//! cache ([`cache`]), the web config file ([`web_config`]) with TLS
+//! cache ([`cache`]), the live page and its JSON ([`page`]), the web config file ([`web_config`]) with TLS
 //! ([`tls`]) and basic auth ([`auth`]). Nothing here calls NVML; a scrape is
 //! a cache lookup, or one encode per new snapshot and format.
 
@@ -8,6 +8,7 @@ pub mod auth;
 pub mod cache;
 pub mod listener;
 pub mod negotiate;
+pub mod page;
 pub mod routes;
 pub mod tls;
 pub mod web_config;

@@ -1,44 +1,57 @@
-//! Routes: `/metrics` (or the configured path), `/healthz`, `/readyz`, `/`.
-//! Handlers only read the published snapshot and the body cache; none of
-//! them calls NVML.
+//! Routes: `/metrics` (or the configured path), `/healthz`, `/readyz`, the
+//! live page `/` with its script and style ([`page`]), and the JSON API
+//! `/api/v1/snapshot` and `/api/v1/history`. Handlers only read the
+//! published snapshot, the history and the body cache; none of them calls
+//! NVML.
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{RawQuery, Request, State};
 use axum::http::header::{
-    ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, VARY, WWW_AUTHENTICATE,
+    ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CACHE_CONTROL, CONTENT_ENCODING,
+    CONTENT_SECURITY_POLICY, CONTENT_TYPE, REFERRER_POLICY, VARY, WWW_AUTHENTICATE,
+    X_CONTENT_TYPE_OPTIONS,
 };
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use super::cache::BodyCache;
 use super::negotiate;
+use super::page;
 use super::web_config::WebConfig;
+use crate::expose::json;
+use crate::model::Snapshot;
 use crate::publish::Shared;
+use bytes::Bytes;
 
 #[derive(Clone)]
 struct App {
     shared: Arc<Shared>,
     bodies: Arc<BodyCache>,
-    telemetry_path: Arc<str>,
+    /// The page's HTML, with the metrics path filled in once.
+    index: Bytes,
 }
 
 pub fn router(shared: Arc<Shared>, telemetry_path: &str) -> Router {
     let app = App {
+        bodies: Arc::new(BodyCache::counting(Arc::clone(shared.telemetry()))),
         shared,
-        bodies: Arc::new(BodyCache::new()),
-        telemetry_path: Arc::from(telemetry_path),
+        index: page::index(telemetry_path),
     };
     Router::new()
         .route(telemetry_path, get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/", get(landing))
+        .route("/", get(index))
+        .route(page::SCRIPT_PATH, get(script))
+        .route(page::STYLE_PATH, get(style))
+        .route("/api/v1/snapshot", get(api_snapshot))
+        .route("/api/v1/history", get(api_history))
         .fallback(not_found)
         .with_state(app)
 }
@@ -90,16 +103,117 @@ async fn readyz(State(app): State<App>) -> Response {
     }
 }
 
-async fn landing(State(app): State<App>) -> Html<String> {
-    let p = &app.telemetry_path;
-    Html(format!(
-        "<!doctype html>\n<html><head><title>gpumem-exporter</title></head><body>\n\
-         <h1>gpumem-exporter {}</h1>\n<p>GPU memory per GPU and per process, from NVML.</p>\n<ul>\n\
-         <li><a href=\"{p}\">{p}</a> metrics</li>\n\
-         <li><a href=\"/healthz\">/healthz</a> liveness</li>\n\
-         <li><a href=\"/readyz\">/readyz</a> readiness</li>\n</ul>\n</body></html>\n",
-        crate::expose::VERSION
-    ))
+/// A static part of the page, with the headers every part carries.
+fn asset(content_type: &'static str, body: Bytes) -> Response {
+    (
+        [
+            (CONTENT_TYPE, content_type),
+            (CONTENT_SECURITY_POLICY, page::CSP),
+            (X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (REFERRER_POLICY, "no-referrer"),
+            // Small, and must follow an upgrade at once.
+            (CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn index(State(app): State<App>) -> Response {
+    asset("text/html; charset=utf-8", app.index.clone())
+}
+
+async fn script() -> Response {
+    asset(
+        "text/javascript; charset=utf-8",
+        Bytes::from_static(page::SCRIPT.as_bytes()),
+    )
+}
+
+async fn style() -> Response {
+    asset(
+        "text/css; charset=utf-8",
+        Bytes::from_static(page::STYLE.as_bytes()),
+    )
+}
+
+/// `{"schema_version": 1, "error": why}` with `status`.
+fn json_error(status: StatusCode, why: &str) -> Response {
+    let body = serde_json::json!({
+        "schema_version": json::SCHEMA_VERSION,
+        "error": why,
+    });
+    (
+        status,
+        [
+            (CONTENT_TYPE, json::JSON_CONTENT_TYPE),
+            (CACHE_CONTROL, "no-store"),
+        ],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// A cached JSON body, gzipped when the client accepts it.
+fn json_body(body: Option<Bytes>, gzip: bool) -> Response {
+    let Some(body) = body else {
+        return json_error(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed");
+    };
+    let mut response = (
+        [
+            (CONTENT_TYPE, json::JSON_CONTENT_TYPE),
+            (VARY, "Accept-Encoding"),
+            (CACHE_CONTROL, "no-store"),
+            (X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response();
+    if gzip {
+        response
+            .headers_mut()
+            .insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
+    response
+}
+
+/// The latest snapshot, or why there is none (a 503).
+fn latest(app: &App) -> Result<Arc<Snapshot>, String> {
+    app.shared.latest().ok_or_else(|| match app.shared.ready() {
+        Err(why) => format!("no sample yet: {why}"),
+        Ok(()) => "no sample yet".to_string(),
+    })
+}
+
+async fn api_snapshot(State(app): State<App>, headers: HeaderMap) -> Response {
+    let snapshot = match latest(&app) {
+        Ok(s) => s,
+        Err(why) => return json_error(StatusCode::SERVICE_UNAVAILABLE, &why),
+    };
+    let gzip = negotiate::accepts_gzip(headers.get(ACCEPT_ENCODING).and_then(|v| v.to_str().ok()));
+    let body = app
+        .bodies
+        .snapshot_json(&snapshot, app.shared.interval(), gzip);
+    json_body(body, gzip)
+}
+
+async fn api_history(
+    State(app): State<App>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let seconds = match page::history_seconds(query.as_deref()) {
+        Ok(s) => s,
+        Err(why) => return json_error(StatusCode::BAD_REQUEST, &why),
+    };
+    let snapshot = match latest(&app) {
+        Ok(s) => s,
+        Err(why) => return json_error(StatusCode::SERVICE_UNAVAILABLE, &why),
+    };
+    let gzip = negotiate::accepts_gzip(headers.get(ACCEPT_ENCODING).and_then(|v| v.to_str().ok()));
+    let history = || app.shared.history();
+    let body = app.bodies.history_json(&snapshot, seconds, &history, gzip);
+    json_body(body, gzip)
 }
 
 async fn not_found() -> (StatusCode, &'static str) {

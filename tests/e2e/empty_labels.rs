@@ -21,10 +21,10 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use crate::harness::cluster::{FakeNode, pods_resolved, team_pods};
+use crate::harness::kubelet::FakeKubelet;
 use crate::harness::prom::{
     Prometheus, QueryResult, grafana_regex, grafana_substitute, prometheus_binary,
 };
-use crate::harness::kubelet::FakeKubelet;
 use crate::harness::tools::empty_label_lines;
 use crate::harness::*;
 use crate::prometheus::{

@@ -17,6 +17,7 @@
 //!   API (whole GPUs, MIG devices, time-slicing replicas).
 //! - `torch`: the torch bridge with real Python processes and a stub torch.
 //! - `web`: connection limits, TLS, mTLS, basic auth, web config reload.
+//! - `page`: the live page in a real headless Chromium, and its JSON API.
 //! - `prometheus`: every dashboard query and rule in a real Prometheus.
 //! - `empty_labels`: the same queries answer the same series whether the
 //!   exposition leaves empty labels out (it does) or writes them.
@@ -55,6 +56,7 @@ mod fuzz;
 mod golden;
 mod kube_watch;
 mod ops_artifacts;
+mod page;
 mod peaks;
 mod prometheus;
 mod record;

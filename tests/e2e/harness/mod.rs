@@ -1,12 +1,14 @@
 //! The harness of the end-to-end tests: build the fake NVML, write its
 //! scenarios, run the real `gpumem-exporter` binary, scrape it over plain
 //! HTTP. Beside it:
+//! - `browser`: a headless Chromium driven over the DevTools protocol,
 //! - `cluster`: a fake node (/proc root, pods, Kubernetes list/watch API),
 //! - `kubelet`: a fake kubelet's pod-resources gRPC API on a Unix socket,
 //! - `prom`: a real Prometheus server, PromQL and Grafana helpers,
 //! - `python`: Python children running the torch bridge, the stub torch,
 //! - `tools`: the external programs the tests run.
 
+pub mod browser;
 pub mod cluster;
 pub mod kubelet;
 pub mod prom;

@@ -1,0 +1,465 @@
+//! Snapshot → JSON for `/api/v1/snapshot`, and the memory history → JSON
+//! for `/api/v1/history`: the schema of [docs/api.md](../../docs/api.md),
+//! version [`SCHEMA_VERSION`]. Field names are the metrics' label names
+//! (`gpu`, `uuid`, `pid`, `process`, `user`, `namespace`, `pod`, …) and
+//! value names follow the metric names without their prefix
+//! (`gpu_memory_used_bytes` → `memory.used_bytes`); ratios are 0–1, bytes
+//! are integers. A figure the exporter does not have is `null`, never a
+//! fake 0. Like the exposition, this reads only the [`Snapshot`] (and the
+//! history it is handed). serde_json writes it.
+//!
+//! Bounded: at most [`MAX_PROCESSES_PER_GPU`] processes per GPU are listed
+//! (the largest); the rest are summed in `processes_omitted`. Strings are
+//! bounded where they are read (comm 16 bytes, Kubernetes names 253,
+//! the command line by `processes.cmdline_max_length`).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::exporter::{REVISION, VERSION};
+use crate::history::{History, unix_seconds};
+use crate::model::{DeviceSample, MemoryInfo, ProcessSample, Snapshot, Utilization};
+
+/// `schema_version` of both documents; bumped on any incompatible change
+/// (a field removed, renamed or retyped). New fields may appear within a
+/// version.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Processes listed per GPU in `/api/v1/snapshot`, largest first when
+/// there are more (then sorted by pid like the rest).
+pub const MAX_PROCESSES_PER_GPU: usize = 512;
+
+pub const JSON_CONTENT_TYPE: &str = "application/json";
+
+fn seconds(t: SystemTime) -> f64 {
+    // Millisecond resolution, so the text is short and exact.
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as f64 / 1000.0)
+        .unwrap_or(0.0)
+}
+
+fn ratio(percent: u32) -> f64 {
+    f64::from(percent) / 100.0
+}
+
+#[derive(Serialize)]
+struct SnapshotDoc<'a> {
+    schema_version: u32,
+    exporter: Exporter,
+    taken_at: f64,
+    sample_interval_seconds: f64,
+    driver: Driver<'a>,
+    gpus: Vec<Gpu<'a>>,
+    nvml_errors: Vec<NvmlError>,
+    process_lookup_failures: u64,
+    nvml_reinit_attempts: u64,
+    kubernetes: Option<Kubernetes>,
+}
+
+#[derive(Serialize)]
+struct Exporter {
+    version: &'static str,
+    revision: &'static str,
+}
+
+#[derive(Serialize)]
+struct Driver<'a> {
+    driver_version: &'a str,
+    nvml_version: &'a str,
+    cuda_driver_version: &'a str,
+}
+
+#[derive(Serialize)]
+struct Memory {
+    total_bytes: u64,
+    reserved_bytes: u64,
+    used_bytes: u64,
+    free_bytes: u64,
+}
+
+impl From<MemoryInfo> for Memory {
+    fn from(m: MemoryInfo) -> Self {
+        Memory {
+            total_bytes: m.total,
+            reserved_bytes: m.reserved,
+            used_bytes: m.used,
+            free_bytes: m.free,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Gpu<'a> {
+    gpu: &'a str,
+    uuid: &'a str,
+    name: &'a str,
+    pci_bus_id: &'a str,
+    up: bool,
+    memory: Option<Memory>,
+    memory_used_peak_bytes: Option<u64>,
+    utilization: Option<GpuUtilization>,
+    processes: Vec<Process<'a>>,
+    processes_other: Option<Rollup>,
+    processes_omitted: Option<Rollup>,
+    mig: Vec<Mig<'a>>,
+}
+
+#[derive(Serialize)]
+struct GpuUtilization {
+    gpu_ratio: Option<f64>,
+    memory_ratio: Option<f64>,
+    encoder_ratio: Option<f64>,
+    decoder_ratio: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Rollup {
+    count: u64,
+    memory_used_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct Mig<'a> {
+    mig_uuid: &'a str,
+    name: &'a str,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
+    memory: Option<Memory>,
+}
+
+#[derive(Serialize)]
+struct Process<'a> {
+    pid: u32,
+    process: &'a str,
+    user: &'a str,
+    namespace: &'a str,
+    pod: &'a str,
+    container: &'a str,
+    container_id: &'a str,
+    pod_uid: &'a str,
+    cmdline: Option<&'a str>,
+    gpu_instance_id: Option<u32>,
+    compute_instance_id: Option<u32>,
+    memory_used_bytes: Option<u64>,
+    memory_used_peak_bytes: Option<u64>,
+    utilization: Option<ProcessUtilization>,
+    torch: Option<Torch>,
+}
+
+#[derive(Serialize)]
+struct ProcessUtilization {
+    sm_ratio: f64,
+    memory_ratio: f64,
+    encoder_ratio: f64,
+    decoder_ratio: f64,
+}
+
+#[derive(Serialize)]
+struct Torch {
+    allocated_bytes: u64,
+    reserved_bytes: u64,
+    allocated_peak_bytes: u64,
+    reserved_peak_bytes: u64,
+    active_bytes: u64,
+    inactive_split_bytes: u64,
+    alloc_retries: u64,
+    ooms: u64,
+    limit_bytes: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct NvmlError {
+    operation: &'static str,
+    error: &'static str,
+    count: u64,
+}
+
+#[derive(Serialize)]
+struct Kubernetes {
+    synced: bool,
+    pods: u64,
+}
+
+fn process(p: &ProcessSample) -> Process<'_> {
+    let i = &p.ident;
+    Process {
+        pid: p.pid,
+        process: &i.comm,
+        user: &i.user,
+        namespace: &i.namespace,
+        pod: &i.pod,
+        container: &i.container,
+        container_id: &i.container_id,
+        pod_uid: &i.pod_uid,
+        cmdline: i.cmdline.as_deref(),
+        gpu_instance_id: p.gpu_instance_id,
+        compute_instance_id: p.compute_instance_id,
+        memory_used_bytes: p.used_bytes,
+        memory_used_peak_bytes: p.used_peak_bytes,
+        utilization: p.utilization.map(|u| ProcessUtilization {
+            sm_ratio: ratio(u.sm),
+            memory_ratio: ratio(u.memory),
+            encoder_ratio: ratio(u.encoder),
+            decoder_ratio: ratio(u.decoder),
+        }),
+        torch: p.torch.map(|t| Torch {
+            allocated_bytes: t.allocated,
+            reserved_bytes: t.reserved,
+            allocated_peak_bytes: t.allocated_peak,
+            reserved_peak_bytes: t.reserved_peak,
+            active_bytes: t.active,
+            inactive_split_bytes: t.inactive_split,
+            alloc_retries: t.alloc_retries,
+            ooms: t.ooms,
+            limit_bytes: t.limit,
+        }),
+    }
+}
+
+/// The processes listed (at most [`MAX_PROCESSES_PER_GPU`], by pid) and
+/// the rollup of those left out.
+fn processes(d: &DeviceSample) -> (Vec<Process<'_>>, Option<Rollup>) {
+    let all = &d.processes;
+    if all.len() <= MAX_PROCESSES_PER_GPU {
+        return (all.iter().map(process).collect(), None);
+    }
+    let mut by_size: Vec<&ProcessSample> = all.iter().collect();
+    by_size.sort_by_key(|p| std::cmp::Reverse(p.used_bytes.unwrap_or(0)));
+    let (kept, left) = by_size.split_at(MAX_PROCESSES_PER_GPU);
+    let mut kept = kept.to_vec();
+    kept.sort_by_key(|p| p.pid);
+    let omitted = Rollup {
+        count: left.len() as u64,
+        memory_used_bytes: left.iter().filter_map(|p| p.used_bytes).sum(),
+    };
+    (kept.into_iter().map(process).collect(), Some(omitted))
+}
+
+fn gpu(d: &DeviceSample) -> Gpu<'_> {
+    let i = &d.info;
+    let (processes, processes_omitted) = processes(d);
+    Gpu {
+        gpu: &i.gpu,
+        uuid: &i.uuid,
+        name: &i.name,
+        pci_bus_id: &i.pci_bus_id,
+        up: d.up(),
+        memory: d.memory.map(Memory::from),
+        memory_used_peak_bytes: d.used_peak_bytes,
+        // The collector on, but no figure supported: as if off.
+        utilization: d
+            .utilization
+            .filter(|u| *u != Utilization::default())
+            .map(|u| GpuUtilization {
+                gpu_ratio: u.gpu.map(ratio),
+                memory_ratio: u.memory.map(ratio),
+                encoder_ratio: u.encoder.map(ratio),
+                decoder_ratio: u.decoder.map(ratio),
+            }),
+        processes,
+        processes_other: d.other.map(|o| Rollup {
+            count: o.count,
+            memory_used_bytes: o.used_bytes,
+        }),
+        processes_omitted,
+        mig: d
+            .mig
+            .iter()
+            .map(|m| Mig {
+                mig_uuid: &m.info.mig_uuid,
+                name: &m.info.name,
+                gpu_instance_id: m.info.gpu_instance_id,
+                compute_instance_id: m.info.compute_instance_id,
+                memory: m.memory.map(Memory::from),
+            })
+            .collect(),
+    }
+}
+
+/// `/api/v1/snapshot`: `s` as JSON; `sample_interval` is the full sample
+/// interval it was taken at (the page refreshes at that pace).
+pub fn snapshot(s: &Snapshot, sample_interval: Duration) -> Result<Vec<u8>, serde_json::Error> {
+    let doc = SnapshotDoc {
+        schema_version: SCHEMA_VERSION,
+        exporter: Exporter {
+            version: VERSION,
+            revision: REVISION,
+        },
+        taken_at: seconds(s.taken_at),
+        sample_interval_seconds: sample_interval.as_secs_f64(),
+        driver: Driver {
+            driver_version: &s.driver.driver_version,
+            nvml_version: &s.driver.nvml_version,
+            cuda_driver_version: &s.driver.cuda_driver_version,
+        },
+        gpus: s.devices.iter().map(gpu).collect(),
+        nvml_errors: s
+            .nvml_errors
+            .iter()
+            .map(|(&(operation, error), &count)| NvmlError {
+                operation,
+                error,
+                count,
+            })
+            .collect(),
+        process_lookup_failures: s.process_lookup_failures,
+        nvml_reinit_attempts: s.nvml_reinit_attempts,
+        kubernetes: s.kubernetes.map(|k| Kubernetes {
+            synced: k.synced,
+            pods: k.pods,
+        }),
+    };
+    serde_json::to_vec(&doc)
+}
+
+#[derive(Serialize)]
+struct HistoryDoc<'a> {
+    schema_version: u32,
+    taken_at: f64,
+    seconds: u64,
+    resolution_seconds: u64,
+    gpus: Vec<HistoryGpu<'a>>,
+}
+
+#[derive(Serialize)]
+struct HistoryGpu<'a> {
+    gpu: &'a str,
+    uuid: &'a str,
+    memory_total_bytes: Option<u64>,
+    /// `[unix seconds, largest used bytes in that second]`, oldest first.
+    points: Vec<(u64, u64)>,
+}
+
+/// `/api/v1/history?seconds=N`: the last `seconds` of `history` up to
+/// the time of `s` (newer points, of a snapshot published since, are left
+/// out, so the document agrees with `s`).
+pub fn history(
+    s: &Snapshot,
+    history: &History,
+    seconds_back: u64,
+) -> Result<Vec<u8>, serde_json::Error> {
+    let until = unix_seconds(s.taken_at);
+    let doc = HistoryDoc {
+        schema_version: SCHEMA_VERSION,
+        taken_at: seconds(s.taken_at),
+        seconds: seconds_back,
+        resolution_seconds: 1,
+        gpus: s
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| HistoryGpu {
+                gpu: &d.info.gpu,
+                uuid: &d.info.uuid,
+                memory_total_bytes: d.memory.map(|m| m.total),
+                points: history
+                    .points(i, until, seconds_back)
+                    .into_iter()
+                    .map(|p| (p.t, p.used))
+                    .collect(),
+            })
+            .collect(),
+    };
+    serde_json::to_vec(&doc)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::model::{DeviceInfo, TorchStats};
+
+    fn proc(pid: u32, used: Option<u64>) -> ProcessSample {
+        ProcessSample {
+            pid,
+            used_bytes: used,
+            ident: Arc::default(),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+            used_peak_bytes: None,
+            torch: None,
+            utilization: None,
+        }
+    }
+
+    fn one_gpu(processes: Vec<ProcessSample>) -> Snapshot {
+        let mut s = Snapshot::empty(UNIX_EPOCH + Duration::from_millis(1_500));
+        s.devices.push(DeviceSample {
+            info: Arc::new(DeviceInfo::unknown(0)),
+            memory: None,
+            used_peak_bytes: None,
+            processes: processes.into(),
+            other: None,
+            mig: Arc::new([]),
+            utilization: Some(Utilization::default()),
+            power: None,
+            health: None,
+        });
+        s
+    }
+
+    fn doc(s: &Snapshot) -> serde_json::Value {
+        let bytes = snapshot(s, Duration::from_millis(250)).unwrap_or_default();
+        serde_json::from_slice(&bytes).unwrap_or_default()
+    }
+
+    #[test]
+    fn at_most_512_processes_the_largest_by_pid_the_rest_summed() {
+        // pid p uses p bytes; 600 of them, one without a figure.
+        let mut ps: Vec<ProcessSample> = (1..=600).map(|p| proc(p, Some(u64::from(p)))).collect();
+        ps[599].used_bytes = None;
+        let v = doc(&one_gpu(ps));
+        let listed = v["gpus"][0]["processes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(listed.len(), MAX_PROCESSES_PER_GPU);
+        let pids: Vec<u64> = listed.iter().filter_map(|p| p["pid"].as_u64()).collect();
+        // The largest 512 with a figure: 88..=599.
+        assert_eq!(pids, (88..=599).collect::<Vec<u64>>());
+        assert_eq!(
+            v["gpus"][0]["processes_omitted"],
+            serde_json::json!({"count": 88, "memory_used_bytes": (1..=87).sum::<u64>()})
+        );
+        assert_eq!(v["taken_at"], 1.5);
+        assert_eq!(v["sample_interval_seconds"], 0.25);
+        assert_eq!(v["gpus"][0]["up"], false);
+        assert_eq!(v["gpus"][0]["memory"], serde_json::Value::Null);
+        assert_eq!(
+            v["gpus"][0]["utilization"],
+            serde_json::Value::Null,
+            "collector on, nothing supported"
+        );
+        let few = doc(&one_gpu(vec![proc(7, Some(1))]));
+        assert_eq!(few["gpus"][0]["processes_omitted"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn torch_figures_as_the_bridge_gave_them() {
+        let mut p = proc(9, Some(11_782 << 20));
+        p.torch = Some(TorchStats {
+            allocated: 10_240 << 20,
+            reserved: 11_264 << 20,
+            allocated_peak: 10_300 << 20,
+            reserved_peak: 11_300 << 20,
+            active: 10_240 << 20,
+            inactive_split: 3,
+            alloc_retries: 2,
+            ooms: 1,
+            limit: None,
+            ..TorchStats::default()
+        });
+        let v = doc(&one_gpu(vec![p]));
+        assert_eq!(
+            v["gpus"][0]["processes"][0]["torch"],
+            serde_json::json!({
+                "allocated_bytes": 10_240u64 << 20, "reserved_bytes": 11_264u64 << 20,
+                "allocated_peak_bytes": 10_300u64 << 20, "reserved_peak_bytes": 11_300u64 << 20,
+                "active_bytes": 10_240u64 << 20, "inactive_split_bytes": 3,
+                "alloc_retries": 2, "ooms": 1, "limit_bytes": null,
+            })
+        );
+    }
+}

@@ -1,0 +1,322 @@
+// gpumem-exporter's live page. Reads api/v1/snapshot every sample interval
+// and api/v1/history (sparklines) at most once a second; builds the DOM with
+// textContent only (process and pod names are data, never markup). No inline
+// handlers, no inline styles: the page's Content-Security-Policy forbids them.
+'use strict';
+(function () {
+  const MIB = 1048576;
+  const SVG_NS = 'http://www.w3.org/2000/svg';
+  const HISTORY_SECONDS = 600;
+  const state = {
+    sort: { key: 'mem', desc: true },
+    snap: null,
+    hist: null,
+    histAt: 0,
+    started: 0,
+  };
+
+  function el(tag, cls, ...children) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    for (const c of children) {
+      if (c === null || c === undefined) continue;
+      e.append(typeof c === 'string' ? document.createTextNode(c) : c);
+    }
+    return e;
+  }
+  function svg(tag, attrs) {
+    const e = document.createElementNS(SVG_NS, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
+    return e;
+  }
+  function group(n) {
+    return String(n).replace(/\B(?=(\d{3})+(?!\d))/g, ',');
+  }
+  function mib(bytes) {
+    return group(Math.round(bytes / MIB)) + ' MiB';
+  }
+  function pct(ratio) {
+    return Math.round(ratio * 100) + ' %';
+  }
+  function ago(seconds) {
+    if (seconds < 60) return seconds.toFixed(1) + ' s';
+    if (seconds < 3600) return Math.round(seconds / 60) + ' min';
+    return (seconds / 3600).toFixed(1) + ' h';
+  }
+  function clamp(v, lo, hi) {
+    return Math.min(hi, Math.max(lo, v));
+  }
+
+  async function getJSON(path) {
+    const r = await fetch(path, { cache: 'no-store', credentials: 'same-origin' });
+    let body = null;
+    try {
+      body = await r.json();
+    } catch (e) {
+      body = null;
+    }
+    return { ok: r.ok, status: r.status, body };
+  }
+
+  async function refresh() {
+    let delay = 1000;
+    // Numbered, so a test can tell which refresh showed a change.
+    const seq = ++state.started;
+    document.body.dataset.started = String(seq);
+    try {
+      const r = await getJSON('api/v1/snapshot');
+      if (!r.ok || !r.body || !Array.isArray(r.body.gpus)) {
+        state.snap = null;
+        const why = r.body && r.body.error ? r.body.error : 'the exporter answered HTTP ' + r.status;
+        problems([why.charAt(0).toUpperCase() + why.slice(1) + '.']);
+        document.getElementById('gpus').replaceChildren();
+        document.getElementById('health').replaceChildren();
+      } else {
+        state.snap = r.body;
+        delay = clamp((r.body.sample_interval_seconds || 1) * 1000, 100, 60000);
+        if (Date.now() - state.histAt >= 1000) {
+          state.histAt = Date.now();
+          const h = await getJSON('api/v1/history?seconds=' + HISTORY_SECONDS);
+          if (h.ok && h.body && Array.isArray(h.body.gpus)) state.hist = h.body;
+        }
+        render();
+        document.body.dataset.rendered = String(seq);
+      }
+    } catch (e) {
+      problems(['Cannot reach the exporter (' + (e && e.message ? e.message : e) + ').']);
+    }
+    setTimeout(refresh, delay);
+  }
+
+  function problems(lines) {
+    const box = document.getElementById('problems');
+    box.replaceChildren(...lines.map((l) => el('p', 'problem', l)));
+  }
+
+  function render() {
+    const s = state.snap;
+    const age = Math.max(0, Date.now() / 1000 - s.taken_at);
+    const stale = Math.max(3 * s.sample_interval_seconds, 5);
+    const lines = [];
+    if (s.gpus.length === 0) lines.push('NVML lists no GPU on this host.');
+    for (const g of s.gpus) {
+      if (!g.up) lines.push('GPU ' + g.gpu + (g.name ? ' (' + g.name + ')' : '') + ' is not answering (gpu_up 0).');
+    }
+    if (age > stale) {
+      lines.push('The last sample is ' + ago(age) + ' old: the sampler may be stuck (see /healthz).');
+    }
+    problems(lines);
+    const d = s.driver;
+    document.getElementById('summary').textContent =
+      s.gpus.length + (s.gpus.length === 1 ? ' GPU' : ' GPUs') +
+      ' · driver ' + (d.driver_version || '?') + ' · CUDA ' + (d.cuda_driver_version || '?') +
+      ' · sampled every ' + s.sample_interval_seconds + ' s';
+    const hist = new Map();
+    if (state.hist) for (const h of state.hist.gpus) hist.set(h.gpu + '/' + h.uuid, h);
+    document.getElementById('gpus').replaceChildren(...s.gpus.map((g) => gpuCard(g, hist.get(g.gpu + '/' + g.uuid))));
+    document.getElementById('health').replaceChildren(health(s, age));
+  }
+
+  function gpuCard(g, hist) {
+    const card = el('section', 'gpu' + (g.up ? '' : ' down'));
+    card.dataset.gpu = g.gpu;
+    card.dataset.uuid = g.uuid;
+    const badge = el('span', g.up ? 'badge up' : 'badge down', g.up ? 'up' : 'not answering');
+    card.append(el('h2', null, 'GPU ' + g.gpu + ' ', el('span', 'name', g.name || 'unknown'), ' ', badge));
+    card.append(el('p', 'dim ident', [g.uuid, g.pci_bus_id].filter(Boolean).join(' · ') || 'identity not read yet'));
+    const m = g.memory;
+    if (!m) {
+      card.append(el('p', 'problem', 'No memory figures: the last sample of this GPU failed.'));
+      return card;
+    }
+    card.append(bar(m, g.memory_used_peak_bytes));
+    const legend = el('p', 'legend',
+      el('span', 'key used', 'used ' + mib(m.used_bytes)), ' ',
+      el('span', 'key reserved', 'reserved ' + mib(m.reserved_bytes)), ' ',
+      el('span', 'key free', 'free ' + mib(m.free_bytes)), ' ',
+      el('span', 'total', 'of ' + mib(m.total_bytes)));
+    if (g.memory_used_peak_bytes !== null) {
+      legend.append(' ', el('span', 'key peak', 'peak ' + mib(g.memory_used_peak_bytes)));
+    }
+    card.append(legend);
+    const u = g.utilization;
+    if (u) {
+      const parts = [];
+      if (u.gpu_ratio !== null) parts.push('GPU ' + pct(u.gpu_ratio));
+      if (u.memory_ratio !== null) parts.push('memory ' + pct(u.memory_ratio));
+      if (u.encoder_ratio !== null) parts.push('encoder ' + pct(u.encoder_ratio));
+      if (u.decoder_ratio !== null) parts.push('decoder ' + pct(u.decoder_ratio));
+      if (parts.length) card.append(el('p', 'util', 'utilisation: ' + parts.join(' · ')));
+    }
+    card.append(sparkline(hist, m.total_bytes));
+    for (const mig of g.mig) {
+      card.append(el('p', 'mig dim', 'MIG ' + mig.name + ' (GI ' + mig.gpu_instance_id + ', CI ' + mig.compute_instance_id + '): ' +
+        (mig.memory ? mib(mig.memory.used_bytes) + ' of ' + mib(mig.memory.total_bytes) : 'no figures')));
+    }
+    card.append(processTable(g, m.total_bytes));
+    return card;
+  }
+
+  function bar(m, peak) {
+    const w = 1000;
+    const x = (b) => (m.total_bytes > 0 ? clamp((b / m.total_bytes) * w, 0, w) : 0);
+    const s = svg('svg', { class: 'bar', viewBox: '0 0 1000 24', preserveAspectRatio: 'none', role: 'img' });
+    s.append(svg('title', {}));
+    s.firstChild.textContent = 'used ' + mib(m.used_bytes) + ', reserved ' + mib(m.reserved_bytes) + ', free ' + mib(m.free_bytes);
+    s.append(svg('rect', { class: 'free', x: 0, y: 0, width: w, height: 24 }));
+    s.append(svg('rect', { class: 'used', x: 0, y: 0, width: x(m.used_bytes), height: 24 }));
+    s.append(svg('rect', { class: 'reserved', x: x(m.used_bytes), y: 0, width: x(m.reserved_bytes), height: 24 }));
+    if (peak !== null && peak !== undefined) {
+      const px = clamp(x(peak), 2, w - 2);
+      s.append(svg('line', { class: 'peak', x1: px, x2: px, y1: 0, y2: 24 }));
+    }
+    return s;
+  }
+
+  function sparkline(hist, total) {
+    const W = HISTORY_SECONDS;
+    const H = 40;
+    const wrap = el('div', 'spark');
+    const s = svg('svg', { class: 'sparkline', viewBox: '0 0 ' + W + ' ' + H, preserveAspectRatio: 'none', role: 'img' });
+    const pts = hist ? hist.points : [];
+    if (pts.length === 0 || !(total > 0)) {
+      wrap.append(el('p', 'dim', 'used memory, last 10 min: no history yet'));
+      return wrap;
+    }
+    // Scaled to the highest point (a flat line at 8 % of the GPU says
+    // little); the caption gives the scale.
+    const end = Math.floor(state.hist.taken_at);
+    const max = pts.reduce((m, p) => Math.max(m, p[1]), 0);
+    const top = Math.max(max * 1.1, MIB);
+    const xs = (t) => clamp(W - (end - t), 0, W);
+    const ys = (b) => H - clamp((b / top) * H, 0, H);
+    let d = '';
+    let prev = null;
+    for (const [t, used] of pts) {
+      d += (prev !== null && t - prev <= 2 ? 'L' : 'M') + xs(t).toFixed(1) + ' ' + ys(used).toFixed(1);
+      prev = t;
+    }
+    s.append(svg('path', { class: 'line', d }));
+    wrap.append(s, el('p', 'dim', 'used memory, last 10 min: highest ' + mib(max) + ' (' + pct(max / total) + ' of the GPU)'));
+    return wrap;
+  }
+
+  const COLUMNS = [
+    { key: 'pid', label: 'pid' },
+    { key: 'process', label: 'process' },
+    { key: 'user', label: 'user' },
+    { key: 'pod', label: 'namespace / pod' },
+    { key: 'mem', label: 'memory' },
+    { key: 'mem', label: 'share', share: true },
+  ];
+  function sortValue(p, key) {
+    switch (key) {
+      case 'pid': return p.pid;
+      case 'mem': return p.memory_used_bytes === null ? -1 : p.memory_used_bytes;
+      case 'pod': return (p.namespace + '/' + p.pod).toLowerCase();
+      default: return String(p[key] || '').toLowerCase();
+    }
+  }
+
+  function processTable(g, total) {
+    const procs = g.processes.slice();
+    const { key, desc } = state.sort;
+    procs.sort((a, b) => {
+      const va = sortValue(a, key);
+      const vb = sortValue(b, key);
+      const c = va < vb ? -1 : va > vb ? 1 : a.pid - b.pid;
+      return desc ? -c : c;
+    });
+    const torch = procs.some((p) => p.torch);
+    const util = procs.some((p) => p.utilization);
+    const cols = COLUMNS.slice();
+    if (util) cols.push({ key: null, label: 'SM' });
+    if (torch) cols.push({ key: null, label: 'torch allocated / reserved' });
+    const head = el('tr');
+    for (const c of cols) {
+      if (!c.key || c.share) {
+        head.append(el('th', c.share ? 'num' : null, c.label));
+        continue;
+      }
+      const arrow = c.key === key ? (desc ? ' ▼' : ' ▲') : '';
+      const b = el('button', 'sort', c.label + arrow);
+      b.type = 'button';
+      b.dataset.key = c.key;
+      b.addEventListener('click', () => sortBy(c.key));
+      const th = el('th', c.key === 'mem' ? 'num' : null, b);
+      th.setAttribute('aria-sort', c.key === key ? (desc ? 'descending' : 'ascending') : 'none');
+      head.append(th);
+    }
+    const body = el('tbody');
+    for (const p of procs) {
+      const tr = el('tr');
+      tr.dataset.pid = String(p.pid);
+      const used = p.memory_used_bytes;
+      const where = p.pod ? p.namespace + '/' + p.pod + (p.container ? ' (' + p.container + ')' : '') : '—';
+      tr.append(
+        el('td', 'pid num', String(p.pid)),
+        el('td', 'process', p.process || '?'),
+        el('td', 'user', p.user || '?'),
+        el('td', 'pod', where),
+        el('td', 'mem num', used === null ? 'n/a' : mib(used)),
+        el('td', 'share num', used === null || !(total > 0) ? '—' : (100 * used / total).toFixed(1) + ' %'));
+      if (util) tr.append(el('td', 'sm num', p.utilization ? pct(p.utilization.sm_ratio) : '—'));
+      if (torch) {
+        tr.append(el('td', 'torch num', p.torch ? mib(p.torch.allocated_bytes) + ' / ' + mib(p.torch.reserved_bytes) : '—'));
+      }
+      body.append(tr);
+    }
+    for (const [label, r] of [['other', g.processes_other], ['not listed', g.processes_omitted]]) {
+      if (!r) continue;
+      const tr = el('tr', 'rollup');
+      const cells = [
+        el('td', null, ''),
+        el('td', null, label + ' (' + r.count + (r.count === 1 ? ' process)' : ' processes)')),
+        el('td', null, ''),
+        el('td', null, ''),
+        el('td', 'mem num', mib(r.memory_used_bytes)),
+        el('td', 'share num', total > 0 ? (100 * r.memory_used_bytes / total).toFixed(1) + ' %' : '—'),
+      ];
+      if (util) cells.push(el('td', null, ''));
+      if (torch) cells.push(el('td', null, ''));
+      tr.append(...cells);
+      body.append(tr);
+    }
+    if (body.childElementCount === 0) {
+      const tr = el('tr', 'empty');
+      const td = el('td', 'dim', 'no process on this GPU');
+      td.colSpan = cols.length;
+      tr.append(td);
+      body.append(tr);
+    }
+    return el('table', 'procs', el('thead', null, head), body);
+  }
+
+  function sortBy(key) {
+    const s = state.sort;
+    if (s.key === key) s.desc = !s.desc;
+    else {
+      s.key = key;
+      s.desc = key === 'mem';
+    }
+    if (state.snap) render();
+  }
+
+  function health(s, age) {
+    const up = s.gpus.filter((g) => g.up).length;
+    const errors = s.nvml_errors.reduce((n, e) => n + e.count, 0);
+    const list = el('ul', 'facts',
+      el('li', 'gpu-up', 'gpu_up: ' + up + ' of ' + s.gpus.length + ' answering'),
+      el('li', 'age', 'last sample: ' + ago(age) + ' ago'),
+      el('li', 'errors', 'NVML errors: ' + group(errors) + (errors ? ' (' + s.nvml_errors.map((e) => e.operation + ' ' + e.error + ' × ' + e.count).join(', ') + ')' : '')),
+      el('li', null, 'processes not found in /proc: ' + group(s.process_lookup_failures)),
+      el('li', null, 'NVML re-opened: ' + group(s.nvml_reinit_attempts) + ' times'));
+    if (s.kubernetes) {
+      list.append(el('li', null, 'Kubernetes: ' + (s.kubernetes.synced ? 'synced, ' : 'not synced yet, ') + s.kubernetes.pods + ' pods'));
+    }
+    list.append(el('li', 'dim', 'gpumem-exporter ' + s.exporter.version + ' (' + s.exporter.revision + ')'));
+    return el('div', null, el('h2', null, 'Health'), list);
+  }
+
+  document.addEventListener('DOMContentLoaded', refresh);
+})();
