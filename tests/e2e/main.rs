@@ -14,6 +14,9 @@
 //! - `attribution`: pods, users, command lines, MIG and MPS on a fake node.
 //! - `torch`: the torch bridge with real Python processes and a stub torch.
 //! - `web`: connection limits, TLS, mTLS, basic auth, web config reload.
+//! - `attack`: slowhttptest floods (slow headers, slow body, slow read,
+//!   range header; 3,000 connections) while a scraper loses no scrape;
+//!   sslscan on the TLS listener.
 //! - `prometheus`: every dashboard query and rule in a real Prometheus.
 //! - `kube_watch`: the pod watcher against the list/watch wire format.
 //! - `config_corpus`: every malformed config in tests/config-corpus.
@@ -36,6 +39,7 @@
 
 mod harness;
 
+mod attack;
 mod attribution;
 mod collectors;
 mod config_corpus;
