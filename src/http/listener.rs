@@ -494,3 +494,134 @@ pub(super) fn raise_fd_limit(max_connections: usize) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Connections with the epoch an hour back, so ages can be set.
+    fn conns(max: usize, per_ip: usize) -> Arc<Conns> {
+        let limits = Limits {
+            max_connections: max,
+            max_connections_per_ip: per_ip,
+            ..Limits::default()
+        };
+        let mut c = Conns::new(limits, Arc::new(Telemetry::default()));
+        c.epoch = Instant::now() - Duration::from_secs(3600);
+        Arc::new(c)
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// `r` last became idle `secs` ago, having served `served` requests.
+    fn age(c: &Conns, r: &Registration, secs: f64, served: u64) {
+        let ago = duration_nanos(Duration::from_secs_f64(secs));
+        r.state.idle_since.store(c.now() - ago, Ordering::Relaxed);
+        r.state.served.store(served, Ordering::Relaxed);
+    }
+
+    fn evicted(r: &Registration) -> bool {
+        r.state.closing.load(Ordering::Acquire)
+    }
+
+    #[test]
+    fn the_per_address_cap_evicts_that_address_slowest_first() {
+        let c = conns(100, 3);
+        let a: Vec<Registration> = (0..3).map(|_| c.admit(ip("10.0.0.1")).unwrap()).collect();
+        let b = c.admit(ip("10.0.0.2")).unwrap();
+        age(&c, &b, 60.0, 0); // the oldest of all, but another address
+        age(&c, &a[0], 2.0, 0); // half-open for 2 s: slow
+        age(&c, &a[1], 5.0, 1); // keep-alive, idle 5 s
+        age(&c, &a[2], 0.5, 0); // half-open, but just connected
+
+        let a3 = c.admit(ip("10.0.0.1")).unwrap();
+        let gone: Vec<bool> = a.iter().map(evicted).collect();
+        assert_eq!(gone, [true, false, false], "slow half-open first");
+        let a4 = c.admit(ip("10.0.0.1")).unwrap();
+        let gone: Vec<bool> = a.iter().map(evicted).collect();
+        assert_eq!(gone, [true, true, false], "then the longest idle");
+        assert!(!evicted(&b) && !evicted(&a3) && !evicted(&a4));
+
+        // Every one of the address's connections busy: refused.
+        let busy: Vec<Busy> = [&a[2], &a3, &a4]
+            .into_iter()
+            .map(|r| Busy::new(Arc::clone(&r.state), Arc::clone(&c)))
+            .collect();
+        assert!(c.admit(ip("10.0.0.1")).is_none());
+        // Another address is not affected.
+        assert!(c.admit(ip("10.0.0.3")).is_some());
+        let t = &c.telemetry;
+        assert_eq!(t.http_connections_evicted.load(Ordering::Relaxed), 2);
+        assert_eq!(t.http_connections_refused.load(Ordering::Relaxed), 1);
+        drop(busy);
+    }
+
+    #[test]
+    fn the_global_cap_spares_busy_and_newest_connections() {
+        let c = conns(3, 3);
+        let r: Vec<Registration> = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+            .iter()
+            .map(|a| c.admit(ip(a)).unwrap())
+            .collect();
+        age(&c, &r[0], 30.0, 0);
+        age(&c, &r[1], 0.3, 0);
+        age(&c, &r[2], 0.1, 0);
+        let busy = Busy::new(Arc::clone(&r[0].state), Arc::clone(&c));
+        let r3 = c.admit(ip("10.0.0.4")).unwrap();
+        let gone: Vec<bool> = r.iter().map(evicted).collect();
+        assert_eq!(gone, [false, true, false], "busy kept; oldest idle goes");
+        assert!(!evicted(&r3));
+        drop(busy);
+        // Answered now, so it is the newest idle: the next to go is r[2].
+        let _r4 = c.admit(ip("10.0.0.5")).unwrap();
+        assert!(!evicted(&r[0]) && evicted(&r[2]));
+    }
+
+    /// Evicted connections still hold their slots until they close: the
+    /// reserve takes the connections admitted meanwhile, then admission
+    /// refuses until one closes.
+    #[test]
+    fn the_reserve_bounds_connections_admitted_while_evicted_ones_close() {
+        let c = conns(16, 16);
+        assert_eq!(reserve(16), 16);
+        let held: Vec<Registration> = (0..32u8)
+            .map(|i| c.admit(IpAddr::from([10, 0, 1, i])).unwrap())
+            .collect();
+        assert_eq!(held.iter().filter(|r| evicted(r)).count(), 16);
+        assert!(c.admit(ip("10.0.2.1")).is_none(), "cap and reserve full");
+        let closed = held.into_iter().find(evicted);
+        drop(closed);
+        assert!(c.admit(ip("10.0.2.1")).is_some());
+        assert_eq!(reserve(2048), 256);
+    }
+
+    #[test]
+    fn the_per_address_key() {
+        for (peer, key) in [
+            ("192.0.2.7", "192.0.2.7"),
+            ("::ffff:192.0.2.7", "192.0.2.7"),
+            ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::"),
+            ("2001:db8:1:2:ffff::1", "2001:db8:1:2::"),
+            ("::1", "::"),
+        ] {
+            assert_eq!(client_key(ip(peer)), ip(key), "{peer}");
+        }
+    }
+
+    #[test]
+    fn only_requests_with_a_body_have_one() {
+        let req = |headers: &[(&str, &str)]| {
+            let mut b = hyper::Request::builder();
+            for (k, v) in headers {
+                b = b.header(*k, *v);
+            }
+            has_body(&b.body(()).unwrap())
+        };
+        assert!(!req(&[]));
+        assert!(!req(&[("content-length", "0")]));
+        assert!(req(&[("content-length", "8192")]));
+        assert!(req(&[("transfer-encoding", "chunked")]));
+    }
+}

@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::harness::tools::{output_text, require_tool};
+use crate::harness::tools::{output_text, require_on_path, require_tool};
 use crate::harness::*;
 
 const SCENARIO: &str = r#"devices:
@@ -157,7 +157,7 @@ fn slowhttptest_counts(output: &str) -> u64 {
 /// second) against `addr` until `secs` have passed; the connections it
 /// made in all, and its runs.
 fn flood(addr: SocketAddr, mode: &str, extra: &str, secs: u64) -> (u64, u32) {
-    require_tool("slowhttptest");
+    require_on_path("slowhttptest");
     let start = Instant::now();
     let (mut connections, mut runs) = (0, 0);
     while start.elapsed() < Duration::from_secs(secs) {
@@ -448,7 +448,7 @@ fn sslscan_check_fails_on_a_server_offering_tls10() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").port()
     };
-    let mut server = Command::new("openssl")
+    let mut server = Command::new(require_on_path("openssl"))
         .args([
             "s_server",
             "-quiet",
