@@ -259,8 +259,8 @@ fn idle_and_slowloris_connections_do_not_starve_the_scraper() {
         s.set_read_timeout(Some(left.max(Duration::from_millis(10))))
             .ok();
         let mut b = [0u8; 16];
-        // A signal to this process (another test's child exiting) may
-        // interrupt the read: read again.
+        // Seen once: the read interrupted (EINTR, cause not found); a
+        // retry is the same check.
         let read = loop {
             match s.read(&mut b) {
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
