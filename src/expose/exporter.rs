@@ -219,12 +219,12 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
     for (name, help, n) in [
         (
             "gpumem_exporter_http_connections_evicted",
-            "Idle HTTP connections closed to make room at the connection cap (http_server_config.max_connections).",
+            "HTTP connections not being answered (slow half-open ones first) closed to make room at a connection cap (http_server_config.max_connections or max_connections_per_ip).",
             own.http_connections_evicted,
         ),
         (
             "gpumem_exporter_http_connections_refused",
-            "HTTP connections closed at once: the cap was reached and every connection was busy.",
+            "HTTP connections closed at once: at a cap with every connection (of that address) busy, or with the cap and its reserve full.",
             own.http_connections_refused,
         ),
     ] {

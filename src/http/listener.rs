@@ -1,16 +1,23 @@
 //! The accept loop's parts: a hand-written listener instead of
-//! `axum::serve`, for what that lacks: a cap on open connections (the
-//! oldest idle one makes room, so idle or slowloris clients cannot starve a
-//! scraper), header count/size limits, a deadline for headers and the TLS
-//! handshake, and plain HTTP refused on the TLS port.
+//! `axum::serve`, for what that lacks: admission that never waits, caps on
+//! open connections overall and per client address (the slowest connection
+//! makes room, so idle, slowloris or slow-reading clients cannot starve a
+//! scraper: see [`Conns`]), header count/size limits, a deadline for
+//! headers and the TLS handshake, requests with a body answered and then
+//! closed, and plain HTTP refused on the TLS port.
+//!
+//! Measured with slowhttptest (3,000 connections, slow headers, slow body,
+//! slow read, range header) in RELIABILITY.md; the e2e module `attack`
+//! repeats those runs.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::http::{HeaderValue, Method, header};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -27,8 +34,14 @@ pub const MAX_HEADERS: usize = 64;
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Pending connections the kernel may queue (capped by `net.core.somaxconn`).
 const LISTEN_BACKLOG: u32 = 4096;
-/// At the cap, how long a new connection waits for an evicted one to close.
-const ADMIT_WAIT: Duration = Duration::from_millis(500);
+/// A connection that has not sent a whole request this long after it was
+/// accepted is slow (a real client sends its headers within a round trip);
+/// younger ones are ranked with the rest, so a scraper that has just
+/// connected is never the first to go.
+const HALF_OPEN_SLOW: Duration = Duration::from_secs(1);
+/// How long an evicted connection may take to finish a response it is
+/// writing (a slow reader) before it is dropped.
+const EVICT_GRACE: Duration = Duration::from_millis(200);
 
 const PLAIN_HTTP_REFUSED: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: 48\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
 /// Listen with a backlog as deep as the kernel allows (`somaxconn`, as Go
@@ -45,6 +58,7 @@ pub(super) fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
+/// Serve one connection (TLS first when configured) until the client
 /// leaves, a deadline passes, it is evicted, or the server stops.
 pub(super) async fn connection(
     stream: TcpStream,
@@ -52,13 +66,12 @@ pub(super) async fn connection(
     web: Arc<WebConfig>,
     conn: Registration,
     mut stop: watch::Receiver<bool>,
-    _slot: OwnedSemaphorePermit,
 ) {
     let _ = stream.set_nodelay(true);
     let limits = web.limits;
     let state = Arc::clone(&conn.state);
     let Some(tls) = web.tls.clone() else {
-        return http1(TokioIo::new(stream), app, limits, state, stop).await;
+        return http1(TokioIo::new(stream), app, limits, &conn, stop).await;
     };
     let handshake = async move {
         let mut first = [0u8; 1];
@@ -85,7 +98,7 @@ pub(super) async fn connection(
         },
         () = closing(&mut stop, &state) => return,
     };
-    http1(TokioIo::new(stream), app, limits, state, stop).await
+    http1(TokioIo::new(stream), app, limits, &conn, stop).await
 }
 
 /// Answer plain HTTP on the TLS port with a 400, as Go's server does.
@@ -105,19 +118,32 @@ async fn http1<I>(
     io: I,
     app: Router,
     limits: Limits,
-    state: Arc<ConnState>,
+    conn: &Registration,
     mut stop: watch::Receiver<bool>,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let tracked = Arc::clone(&state);
+    let state = Arc::clone(&conn.state);
+    let (tracked, conns) = (Arc::clone(&state), Arc::clone(&conn.conns));
     let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let mut app = app.clone();
-        let busy = Busy::new(Arc::clone(&tracked));
+        let busy = Busy::new(Arc::clone(&tracked), Arc::clone(&conns));
+        // Only GET and HEAD are served, and they have no body: a request
+        // with one (or another method) is answered, then the connection is
+        // closed rather than drained, so a body trickled in (slowhttptest
+        // -B, "R-U-Dead-Yet") holds nothing.
+        let close_after = has_body(&req) || !matches!(*req.method(), Method::GET | Method::HEAD);
         async move {
             let _busy = busy;
             // Router is always ready, so `call` needs no `poll_ready` first.
-            tower_service::Service::call(&mut app, req).await
+            let mut response = tower_service::Service::call(&mut app, req).await;
+            if let Ok(r) = &mut response
+                && close_after
+            {
+                r.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            response
         }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -136,11 +162,27 @@ async fn http1<I>(
             }
         }
         () = closing(&mut stop, &state) => {
-            // Idle: closes now. Mid-request: the response is finished first.
+            // Idle: closes now. Mid-request: the response is finished first
+            // (within the shutdown grace when the server stops; within
+            // EVICT_GRACE when evicted, so a slow reader cannot keep the
+            // slot it lost).
             conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
+            if *stop.borrow() {
+                let _ = conn.await;
+            } else {
+                let _ = tokio::time::timeout(EVICT_GRACE, conn).await;
+            }
         }
     }
+}
+
+/// Whether a request announces a body (a length above 0, or chunks).
+fn has_body<B>(req: &hyper::Request<B>) -> bool {
+    let headers = req.headers();
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
 }
 
 /// Resolves when the server stops or this connection is evicted.
@@ -151,68 +193,198 @@ async fn closing(stop: &mut watch::Receiver<bool>, state: &ConnState) {
     }
 }
 
-/// The open connections: a slot each, and what eviction needs to know.
+/// The open connections, and what admission and eviction need to know of
+/// each. Admission never waits: the accept loop takes connections as fast
+/// as the kernel hands them over, so a scraper's connection is not queued
+/// behind a flood.
+///
+/// - At `max_connections` (or at `max_connections_per_ip` for the new
+///   connection's address), the new connection is admitted and the slowest
+///   connection that is not being answered (of that address, for the
+///   per-address cap) is told to close: first those that have not sent a
+///   whole request within [`HALF_OPEN_SLOW`] of connecting (slowloris,
+///   idle, a stalled TLS handshake), oldest first, then any other, longest
+///   idle first (slow readers, keep-alive). So the newest connection, a
+///   scraper's that has just connected, is the last candidate. A scrape
+///   being answered is never closed. With no candidate the new one is
+///   refused.
+/// - Evicted connections take a moment to close, so admission keeps a
+///   reserve above the cap ([`reserve`]) for the connections admitted
+///   meanwhile; beyond cap + reserve a new connection is refused.
 pub(super) struct Conns {
     slots: Arc<Semaphore>,
+    total_slots: usize,
     max: usize,
+    per_ip: AtomicUsize,
     telemetry: Arc<Telemetry>,
+    epoch: Instant,
     next_id: AtomicU64,
-    open: Mutex<HashMap<u64, Arc<ConnState>>>,
+    table: Mutex<Table>,
+}
+
+#[derive(Default)]
+struct Table {
+    conns: HashMap<u64, Entry>,
+    /// Connections per client address, not counting those already told to
+    /// close.
+    per_ip: HashMap<IpAddr, usize>,
+    /// All connections, not counting those already told to close.
+    live: usize,
+}
+
+struct Entry {
+    ip: IpAddr,
+    state: Arc<ConnState>,
 }
 
 struct ConnState {
     /// Requests being handled now.
     busy: AtomicUsize,
-    /// When the connection last became idle (accepted, or answered).
-    idle_since: Mutex<Instant>,
+    /// Requests received whole so far; 0: half-open (headers or the TLS
+    /// handshake never finished).
+    served: AtomicU64,
+    /// Nanoseconds after [`Conns::epoch`] when the connection last became
+    /// idle (accepted, or answered).
+    idle_since: AtomicU64,
     closing: AtomicBool,
     close: Notify,
 }
 
+fn duration_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Connections admitted above the cap while the ones they evicted close:
+/// 1/8 of the cap, at least 16.
+pub(super) fn reserve(max_connections: usize) -> usize {
+    (max_connections / 8).max(16)
+}
+
+/// The address a per-client limit counts: IPv4 as is (IPv4-mapped IPv6
+/// too), IPv6 by its /64, which is what one host or one customer gets.
+pub(super) fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(
+                u128::from(v6) & 0xffff_ffff_ffff_ffff_0000_0000_0000_0000,
+            )),
+        },
+    }
+}
+
 impl Conns {
-    pub(super) fn new(max: usize, telemetry: Arc<Telemetry>) -> Conns {
+    pub(super) fn new(limits: Limits, telemetry: Arc<Telemetry>) -> Conns {
+        let max = limits.max_connections;
+        let total_slots = max + reserve(max);
         Conns {
-            slots: Arc::new(Semaphore::new(max)),
+            slots: Arc::new(Semaphore::new(total_slots)),
+            total_slots,
             max,
+            per_ip: AtomicUsize::new(limits.max_connections_per_ip.min(max)),
             telemetry,
+            epoch: Instant::now(),
             next_id: AtomicU64::new(0),
-            open: Mutex::new(HashMap::new()),
+            table: Mutex::new(Table::default()),
         }
     }
 
-    /// A slot for a new connection. At the cap, close the connection that
-    /// has waited longest for a request and take its slot; `None` when
-    /// every connection is busy.
-    pub(super) async fn admit(&self) -> Option<OwnedSemaphorePermit> {
-        if let Ok(p) = Arc::clone(&self.slots).try_acquire_owned() {
-            return Some(p);
-        }
-        if !self.evict_oldest_idle() {
-            return None;
-        }
-        tokio::time::timeout(ADMIT_WAIT, Arc::clone(&self.slots).acquire_owned())
-            .await
-            .ok()?
-            .ok()
+    /// A new per-address cap (SIGHUP); the global cap needs a restart.
+    pub(super) fn set_per_ip(&self, per_ip: usize) {
+        self.per_ip.store(per_ip.min(self.max), Ordering::Relaxed);
     }
 
-    pub(super) fn evict_oldest_idle(&self) -> bool {
-        let Ok(open) = self.open.lock() else {
+    fn now(&self) -> u64 {
+        duration_nanos(self.epoch.elapsed())
+    }
+
+    /// Admit a connection from `peer`, making room as described on
+    /// [`Conns`]; `None`: refused (counted).
+    pub(super) fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Registration> {
+        let ip = client_key(peer);
+        let refused = || {
+            Telemetry::bump(&self.telemetry.http_connections_refused);
+            None
+        };
+        let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
+            tracing::debug!(peer = %peer, "connection refused: cap and reserve full");
+            return refused();
+        };
+        let Ok(mut table) = self.table.lock() else {
+            return refused();
+        };
+        let from_ip = table.per_ip.get(&ip).copied().unwrap_or(0);
+        if from_ip >= self.per_ip.load(Ordering::Relaxed) {
+            if !self.evict(&mut table, Some(ip)) {
+                tracing::debug!(peer = %peer, "connection refused: per-address cap, all busy");
+                return refused();
+            }
+        } else if table.live >= self.max && !self.evict(&mut table, None) {
+            tracing::debug!(peer = %peer, "connection refused: cap reached, all busy");
+            return refused();
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(ConnState {
+            busy: AtomicUsize::new(0),
+            served: AtomicU64::new(0),
+            idle_since: AtomicU64::new(self.now()),
+            closing: AtomicBool::new(false),
+            close: Notify::new(),
+        });
+        table.conns.insert(
+            id,
+            Entry {
+                ip,
+                state: Arc::clone(&state),
+            },
+        );
+        *table.per_ip.entry(ip).or_insert(0) += 1;
+        table.live += 1;
+        drop(table);
+        Telemetry::bump(&self.telemetry.http_connections_open);
+        Some(Registration {
+            conns: Arc::clone(self),
+            id,
+            state,
+            _slot: permit,
+        })
+    }
+
+    /// Close the slowest connection that is not being answered (of `ip`
+    /// only, when given), as ranked on [`Conns`]. `false`: none to close.
+    fn evict(&self, table: &mut Table, ip: Option<IpAddr>) -> bool {
+        let slow_before = self.now().saturating_sub(duration_nanos(HALF_OPEN_SLOW));
+        let victim = table
+            .conns
+            .values()
+            .filter(|e| ip.is_none_or(|ip| e.ip == ip))
+            .filter(|e| {
+                e.state.busy.load(Ordering::Acquire) == 0
+                    && !e.state.closing.load(Ordering::Acquire)
+            })
+            .min_by_key(|e| {
+                let since = e.state.idle_since.load(Ordering::Relaxed);
+                let slow_half_open =
+                    e.state.served.load(Ordering::Relaxed) == 0 && since < slow_before;
+                (!slow_half_open, since)
+            })
+            .map(|e| (e.ip, Arc::clone(&e.state)));
+        let Some((victim_ip, state)) = victim else {
             return false;
         };
-        let victim = open
-            .values()
-            .filter(|c| c.busy.load(Ordering::Acquire) == 0 && !c.closing.load(Ordering::Acquire))
-            .filter_map(|c| c.idle_since.lock().ok().map(|t| (*t, c)))
-            .min_by_key(|(t, _)| *t);
-        match victim {
-            Some((_, c)) => {
-                c.closing.store(true, Ordering::Release);
-                c.close.notify_one();
-                Telemetry::bump(&self.telemetry.http_connections_evicted);
-                true
-            }
-            None => false,
+        state.closing.store(true, Ordering::Release);
+        state.close.notify_one();
+        Table::forget(table, victim_ip);
+        Telemetry::bump(&self.telemetry.http_connections_evicted);
+        true
+    }
+
+    /// Make room when the process is out of file descriptors.
+    pub(super) fn evict_one(&self) -> bool {
+        match self.table.lock() {
+            Ok(mut table) => self.evict(&mut table, None),
+            Err(_) => false,
         }
     }
 
@@ -225,41 +397,40 @@ impl Conns {
     pub(super) async fn drained(&self) {
         let _ = self
             .slots
-            .acquire_many(u32::try_from(self.max).unwrap_or(u32::MAX))
+            .acquire_many(u32::try_from(self.total_slots).unwrap_or(u32::MAX))
             .await;
     }
+}
 
-    pub(super) fn register(self: &Arc<Self>) -> Registration {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(ConnState {
-            busy: AtomicUsize::new(0),
-            idle_since: Mutex::new(Instant::now()),
-            closing: AtomicBool::new(false),
-            close: Notify::new(),
-        });
-        if let Ok(mut open) = self.open.lock() {
-            open.insert(id, Arc::clone(&state));
-        }
-        Telemetry::bump(&self.telemetry.http_connections_open);
-        Registration {
-            conns: Arc::clone(self),
-            id,
-            state,
+impl Table {
+    /// `ip`'s connection no longer counts against the caps.
+    fn forget(table: &mut Table, ip: IpAddr) {
+        table.live = table.live.saturating_sub(1);
+        if let Some(n) = table.per_ip.get_mut(&ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                table.per_ip.remove(&ip);
+            }
         }
     }
 }
 
-/// A connection's entry in [`Conns`], removed when the connection ends.
+/// A connection's entry in [`Conns`] and its slot, both given back when the
+/// connection ends.
 pub(super) struct Registration {
     conns: Arc<Conns>,
     id: u64,
     state: Arc<ConnState>,
+    _slot: OwnedSemaphorePermit,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Ok(mut open) = self.conns.open.lock() {
-            open.remove(&self.id);
+        if let Ok(mut table) = self.conns.table.lock()
+            && let Some(e) = table.conns.remove(&self.id)
+            && !e.state.closing.load(Ordering::Acquire)
+        {
+            Table::forget(&mut table, e.ip);
         }
         self.conns
             .telemetry
@@ -270,21 +441,25 @@ impl Drop for Registration {
 
 /// Marks a connection busy while one request is handled (also when the
 /// handler is dropped half-way).
-struct Busy(Arc<ConnState>);
+struct Busy {
+    state: Arc<ConnState>,
+    conns: Arc<Conns>,
+}
 
 impl Busy {
-    fn new(state: Arc<ConnState>) -> Busy {
+    fn new(state: Arc<ConnState>, conns: Arc<Conns>) -> Busy {
         state.busy.fetch_add(1, Ordering::AcqRel);
-        Busy(state)
+        state.served.fetch_add(1, Ordering::Relaxed);
+        Busy { state, conns }
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        if let Ok(mut t) = self.0.idle_since.lock() {
-            *t = Instant::now();
-        }
-        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+        self.state
+            .idle_since
+            .store(self.conns.now(), Ordering::Relaxed);
+        self.state.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -317,5 +492,136 @@ pub(super) fn raise_fd_limit(max_connections: usize) {
             max_connections,
             "the open-file limit is below http_server_config.max_connections; raise it (ulimit -n, LimitNOFILE=)"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Connections with the epoch an hour back, so ages can be set.
+    fn conns(max: usize, per_ip: usize) -> Arc<Conns> {
+        let limits = Limits {
+            max_connections: max,
+            max_connections_per_ip: per_ip,
+            ..Limits::default()
+        };
+        let mut c = Conns::new(limits, Arc::new(Telemetry::default()));
+        c.epoch = Instant::now() - Duration::from_secs(3600);
+        Arc::new(c)
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// `r` last became idle `secs` ago, having served `served` requests.
+    fn age(c: &Conns, r: &Registration, secs: f64, served: u64) {
+        let ago = duration_nanos(Duration::from_secs_f64(secs));
+        r.state.idle_since.store(c.now() - ago, Ordering::Relaxed);
+        r.state.served.store(served, Ordering::Relaxed);
+    }
+
+    fn evicted(r: &Registration) -> bool {
+        r.state.closing.load(Ordering::Acquire)
+    }
+
+    #[test]
+    fn the_per_address_cap_evicts_that_address_slowest_first() {
+        let c = conns(100, 3);
+        let a: Vec<Registration> = (0..3).map(|_| c.admit(ip("10.0.0.1")).unwrap()).collect();
+        let b = c.admit(ip("10.0.0.2")).unwrap();
+        age(&c, &b, 60.0, 0); // the oldest of all, but another address
+        age(&c, &a[0], 2.0, 0); // half-open for 2 s: slow
+        age(&c, &a[1], 5.0, 1); // keep-alive, idle 5 s
+        age(&c, &a[2], 0.5, 0); // half-open, but just connected
+
+        let a3 = c.admit(ip("10.0.0.1")).unwrap();
+        let gone: Vec<bool> = a.iter().map(evicted).collect();
+        assert_eq!(gone, [true, false, false], "slow half-open first");
+        let a4 = c.admit(ip("10.0.0.1")).unwrap();
+        let gone: Vec<bool> = a.iter().map(evicted).collect();
+        assert_eq!(gone, [true, true, false], "then the longest idle");
+        assert!(!evicted(&b) && !evicted(&a3) && !evicted(&a4));
+
+        // Every one of the address's connections busy: refused.
+        let busy: Vec<Busy> = [&a[2], &a3, &a4]
+            .into_iter()
+            .map(|r| Busy::new(Arc::clone(&r.state), Arc::clone(&c)))
+            .collect();
+        assert!(c.admit(ip("10.0.0.1")).is_none());
+        // Another address is not affected.
+        assert!(c.admit(ip("10.0.0.3")).is_some());
+        let t = &c.telemetry;
+        assert_eq!(t.http_connections_evicted.load(Ordering::Relaxed), 2);
+        assert_eq!(t.http_connections_refused.load(Ordering::Relaxed), 1);
+        drop(busy);
+    }
+
+    #[test]
+    fn the_global_cap_spares_busy_and_newest_connections() {
+        let c = conns(3, 3);
+        let r: Vec<Registration> = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+            .iter()
+            .map(|a| c.admit(ip(a)).unwrap())
+            .collect();
+        age(&c, &r[0], 30.0, 0);
+        age(&c, &r[1], 0.3, 0);
+        age(&c, &r[2], 0.1, 0);
+        let busy = Busy::new(Arc::clone(&r[0].state), Arc::clone(&c));
+        let r3 = c.admit(ip("10.0.0.4")).unwrap();
+        let gone: Vec<bool> = r.iter().map(evicted).collect();
+        assert_eq!(gone, [false, true, false], "busy kept; oldest idle goes");
+        assert!(!evicted(&r3));
+        drop(busy);
+        // Answered now, so it is the newest idle: the next to go is r[2].
+        let _r4 = c.admit(ip("10.0.0.5")).unwrap();
+        assert!(!evicted(&r[0]) && evicted(&r[2]));
+    }
+
+    /// Evicted connections still hold their slots until they close: the
+    /// reserve takes the connections admitted meanwhile, then admission
+    /// refuses until one closes.
+    #[test]
+    fn the_reserve_bounds_connections_admitted_while_evicted_ones_close() {
+        let c = conns(16, 16);
+        assert_eq!(reserve(16), 16);
+        let held: Vec<Registration> = (0..32u8)
+            .map(|i| c.admit(IpAddr::from([10, 0, 1, i])).unwrap())
+            .collect();
+        assert_eq!(held.iter().filter(|r| evicted(r)).count(), 16);
+        assert!(c.admit(ip("10.0.2.1")).is_none(), "cap and reserve full");
+        let closed = held.into_iter().find(evicted);
+        drop(closed);
+        assert!(c.admit(ip("10.0.2.1")).is_some());
+        assert_eq!(reserve(2048), 256);
+    }
+
+    #[test]
+    fn the_per_address_key() {
+        for (peer, key) in [
+            ("192.0.2.7", "192.0.2.7"),
+            ("::ffff:192.0.2.7", "192.0.2.7"),
+            ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::"),
+            ("2001:db8:1:2:ffff::1", "2001:db8:1:2::"),
+            ("::1", "::"),
+        ] {
+            assert_eq!(client_key(ip(peer)), ip(key), "{peer}");
+        }
+    }
+
+    #[test]
+    fn only_requests_with_a_body_have_one() {
+        let req = |headers: &[(&str, &str)]| {
+            let mut b = hyper::Request::builder();
+            for (k, v) in headers {
+                b = b.header(*k, *v);
+            }
+            has_body(&b.body(()).unwrap())
+        };
+        assert!(!req(&[]));
+        assert!(!req(&[("content-length", "0")]));
+        assert!(req(&[("content-length", "8192")]));
+        assert!(req(&[("transfer-encoding", "chunked")]));
     }
 }

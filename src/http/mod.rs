@@ -47,8 +47,9 @@ pub async fn serve(
     mut signals: Signals,
 ) -> Result<(), ServeError> {
     let Web { path, config } = web;
-    let max = config.limits.max_connections;
-    listener::raise_fd_limit(max);
+    let limits = config.limits;
+    let max = limits.max_connections;
+    listener::raise_fd_limit(max + listener::reserve(max));
     let listen = |source| ServeError::Listen {
         address: cfg.listen_address,
         source,
@@ -61,13 +62,15 @@ pub async fn serve(
         tls = config.tls.is_some(),
         basic_auth = config.users.is_some(),
         max_connections = max,
+        max_connections_per_ip = limits.max_connections_per_ip,
+        header_read_timeout = ?limits.header_read_timeout,
         "listening"
     );
     let current = Arc::new(ArcSwap::from_pointee(config));
     let app = routes::router(shared, &cfg.telemetry_path).layer(
         axum::middleware::from_fn_with_state(Arc::clone(&current), routes::require_auth),
     );
-    let conns = Arc::new(Conns::new(max, Arc::clone(&telemetry)));
+    let conns = Arc::new(Conns::new(limits, Arc::clone(&telemetry)));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut hangups = signals.clone();
     let mut accept_warned: Option<Instant> = None;
@@ -75,22 +78,19 @@ pub async fn serve(
         tokio::select! {
             biased;
             () = signals.stopped() => break,
-            () = hangups.hangup() => reload(path.as_deref(), &current, max, &telemetry),
+            () = hangups.hangup() => reload(path.as_deref(), &current, &conns, max, &telemetry),
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    let Some(permit) = conns.admit().await else {
-                        Telemetry::bump(&telemetry.http_connections_refused);
-                        tracing::debug!("connection refused: {max} connections open, all busy");
+                Ok((stream, peer)) => {
+                    // Never waits: a refused connection is dropped (counted).
+                    let Some(registration) = conns.admit(peer.ip()) else {
                         continue;
                     };
-                    let registration = conns.register();
                     tokio::spawn(listener::connection(
                         stream,
                         app.clone(),
                         current.load_full(),
                         registration,
                         stop_rx.clone(),
-                        permit,
                     ));
                 }
                 Err(e) => {
@@ -103,7 +103,7 @@ pub async fn serve(
                         tracing::warn!(error = %e, open = conns.open(), "cannot accept connections");
                         accept_warned = Some(Instant::now());
                     }
-                    conns.evict_oldest_idle();
+                    conns.evict_one();
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             },
@@ -124,6 +124,7 @@ pub async fn serve(
 fn reload(
     path: Option<&Path>,
     current: &ArcSwap<WebConfig>,
+    conns: &Conns,
     max_connections: usize,
     telemetry: &Telemetry,
 ) {
@@ -139,6 +140,7 @@ fn reload(
                     "web config: a new http_server_config.max_connections takes effect only after a restart"
                 );
             }
+            conns.set_per_ip(new.limits.max_connections_per_ip);
             tracing::info!(
                 tls = new.tls.is_some(),
                 basic_auth = new.users.is_some(),

@@ -5,12 +5,16 @@
 //! CI runs each target for FUZZ_SECONDS (default 3). The long run
 //! documented in RELIABILITY.md:
 //!
-//!     FUZZ_SECONDS=600 cargo test --release --test e2e fuzz:: -- --nocapture --test-threads=5
+//!     FUZZ_SECONDS=600 cargo test --release --test e2e fuzz:: -- --nocapture --test-threads=6
+//!
+//! These are blind to coverage; the coverage-guided targets (cargo-afl,
+//! AFL++) of the same parsers with the same checks are in fuzz/, run by
+//! scripts/fuzz.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
-use gpumem_exporter::attribute::{cgroup, passwd, procfs, redact};
+use gpumem_exporter::attribute::{cgroup, passwd, procfs, redact, torch};
 use gpumem_exporter::config;
 use gpumem_exporter::http::{negotiate, web_config};
 use proptest::prelude::*;
@@ -182,8 +186,29 @@ const WEB_CONFIGS: &[&str] = &[
 fn fuzz_web_config_parser() {
     let dir = tempfile::tempdir().unwrap();
     fuzz("web-config", WEB_CONFIGS, |text| {
-        if let Err(e) = web_config::parse(text, "web.yml", dir.path()) {
-            assert!(!e.to_string().contains('\n'), "errors are one line: {e:?}");
+        match web_config::parse(text, "web.yml", dir.path()) {
+            Ok(c) => {
+                let l = c.limits;
+                assert!(l.max_connections_per_ip >= 1);
+                assert!(l.max_connections_per_ip <= l.max_connections);
+            }
+            Err(e) => assert!(!e.to_string().contains('\n'), "errors are one line: {e:?}"),
+        }
+    });
+}
+
+const TORCH_DOCUMENTS: &[&str] = &[
+    r#"{"v":1,"seq":7,"allocator":{"backend":"native","expandable_segments":false,"max_split_size":null},"devices":[{"uuid":"GPU-aaaaaaaa-1717-0000-0000-000000000000","allocated":1024,"reserved":2048,"allocated_peak":4096,"reserved_peak":8192,"active":512,"inactive_split":0,"alloc_retries":1,"ooms":0,"pools":{"large":{"allocated":1,"reserved":2,"inactive_split":3,"segments":4},"small":{"allocated":1,"reserved":2,"inactive_split":3,"segments":4}},"limit":75377410048,"oom_snapshots":0}]}"#,
+    r#"{"v":1,"devices":[]}"#,
+    r#"{"v":1,"allocator":{"backend":"cudaMallocAsync","expandable_segments":true,"max_split_size":1048576},"devices":[{"uuid":"x","allocated":0,"reserved":0,"allocated_peak":0,"reserved_peak":0,"active":0,"inactive_split":0,"alloc_retries":0,"ooms":0}]}"#,
+];
+
+/// The torch bridge document (read from another process's memfd).
+#[test]
+fn fuzz_torch_bridge_document() {
+    fuzz("torch", TORCH_DOCUMENTS, |text| {
+        if torch::parse(text.as_bytes()).is_ok() {
+            assert!(text.len() as u64 <= torch::MAX_DOCUMENT_BYTES);
         }
     });
 }

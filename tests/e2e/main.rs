@@ -18,6 +18,9 @@
 //! - `torch`: the torch bridge with real Python processes and a stub torch.
 //! - `web`: connection limits, TLS, mTLS, basic auth, web config reload.
 //! - `page`: the live page in a real headless Chromium, and its JSON API.
+//! - `attack`: slowhttptest floods (slow headers, slow body, slow read,
+//!   range header; 3,000 connections) while a scraper loses no scrape;
+//!   sslscan on the TLS listener.
 //! - `prometheus`: every dashboard query and rule in a real Prometheus.
 //! - `empty_labels`: the same queries answer the same series whether the
 //!   exposition leaves empty labels out (it does) or writes them.
@@ -45,6 +48,7 @@
 mod harness;
 
 mod allocation;
+mod attack;
 mod attribution;
 mod collectors;
 mod config_corpus;

@@ -20,6 +20,9 @@ fn install_hint(program: &str) -> &'static str {
              or `apt-get install -y kubectl` from pkgs.k8s.io"
         }
         "systemd-analyze" => "install it: `apt-get install -y systemd` (Debian/Ubuntu)",
+        "slowhttptest" | "sslscan" | "openssl" => {
+            "install it: `apt-get install -y slowhttptest sslscan openssl` (Debian/Ubuntu; scripts/test does)"
+        }
         _ => "install it and put it on PATH",
     }
 }
@@ -36,6 +39,19 @@ pub fn require_tool(tool: &'static str) -> &'static str {
         .unwrap_or(false);
     assert!(ok, "`{tool}` does not run; {}", install_hint(tool));
     tool
+}
+
+/// `program` if it is on PATH (for tools without a `--version`, such as
+/// slowhttptest), else a loud failure saying how to install it.
+pub fn require_on_path(program: &'static str) -> &'static str {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()));
+    assert!(
+        found,
+        "`{program}` is not on PATH; {}",
+        install_hint(program)
+    );
+    program
 }
 
 /// Runs `program args...` in the repository root, feeding `stdin`.
