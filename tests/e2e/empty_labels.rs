@@ -20,17 +20,12 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::harness::cluster::{FakeNode, pods_resolved, team_pods};
-use crate::harness::kubelet::FakeKubelet;
 use crate::harness::prom::{
     Prometheus, QueryResult, grafana_regex, grafana_substitute, prometheus_binary,
 };
 use crate::harness::tools::empty_label_lines;
 use crate::harness::*;
-use crate::prometheus::{
-    RATE_INTERVAL, STALE_AHEAD_S, TORCH_ALLOCATED, Trainer, dashboard_queries, fake_proc,
-    kubelet_pods, main_scenario, rules, stale_scenario,
-};
+use crate::prometheus::{RATE_INTERVAL, STALE_AHEAD_S, World, dashboard_queries, rules};
 
 /// The labels each family carried before issue 18, in the order the
 /// encoder writes them, for the families where one could be empty. A
@@ -285,44 +280,8 @@ fn every_query_answers_the_same_series_with_and_without_empty_labels() {
     prometheus_binary();
     // The world of the `prometheus` test: a hung exporter, the main one
     // on a fake node with pods, MIG, a torch process, a lost GPU.
-    let stale_scn = Scenario::new(&stale_scenario(0));
-    let stale = Exporter::with_config(
-        &stale_scn,
-        "kubernetes:\n  enabled: false\nprocesses:\n  enabled: false\n",
-        &["--sample-interval", "1s"],
-    );
-    stale_scn.write(&stale_scenario(60_000));
-    let node = FakeNode::start(team_pods());
-    let kubelet = FakeKubelet::start(kubelet_pods());
-    let trainer = Trainer::start();
-    fake_proc(node.proc_root.path(), trainer.py.pid);
-    // As in the Prometheus e2e: GPU 2 lost from the start, every collector.
-    let scenario = Scenario::new(&main_scenario(trainer.py.pid, 1));
-    let config = node.config_with(
-        &scenario,
-        "  min_bytes: 1000000000\n  top_n: 2\n",
-        &format!(
-            "  pod_resources_socket: {}\n  pod_resources_interval: 1s\n",
-            kubelet.socket.display()
-        ),
-    ) + "collectors:\n  process_utilization: true\n";
-    let main = Exporter::with_config(&scenario, &config, &[]);
-    let pid = trainer.py.pid.to_string();
-    wait_for(
-        Duration::from_secs(10),
-        "pod names and the trainer's torch figures on the main exporter",
-        || {
-            let m = main.metrics();
-            let torch = m.find(
-                "gpu_process_torch_allocated_bytes",
-                &[("pid", pid.as_str()), ("pod", "trainer-0")],
-            );
-            (pods_resolved(&m, &["trainer-0", "notebook"])
-                && torch.len() == 1
-                && torch[0].1 == TORCH_ALLOCATED as f64)
-                .then_some(())
-        },
-    );
+    let world = World::start();
+    let (stale, main) = (&world.stale, &world.main);
 
     // The padding is real: the exporter writes no empty label, the proxy
     // puts them back wherever the old encoder wrote one.

@@ -887,58 +887,88 @@ impl Checks<'_> {
     }
 }
 
+/// What both Prometheus tests scrape: a hung exporter whose sample ages,
+/// and the main one on a fake node (pods, a kubelet, MIG, a torch process,
+/// GPU 2 lost from the start, every collector), started and ready: pod names
+/// and the trainer's torch figures are served. Everything stops on drop.
+pub(super) struct World {
+    pub(super) stale: Exporter,
+    pub(super) main: Exporter,
+    pub(super) trainer: Trainer,
+    pub(super) scenario: Scenario,
+    _stale_scenario: Scenario,
+    _node: FakeNode,
+    _kubelet: FakeKubelet,
+}
+
+impl World {
+    pub(super) fn start() -> World {
+        // The hung exporter first: its served sample starts ageing at once.
+        let stale_scn = Scenario::new(&stale_scenario(0));
+        let stale = Exporter::with_config(
+            &stale_scn,
+            "kubernetes:\n  enabled: false\nprocesses:\n  enabled: false\n",
+            &["--sample-interval", "1s"],
+        );
+        stale_scn.write(&stale_scenario(60_000));
+
+        // The Kubernetes API, the kubelet and the fake /proc root of the
+        // main exporter.
+        let node = FakeNode::start(team_pods());
+        let kubelet = FakeKubelet::start(kubelet_pods());
+        let trainer = Trainer::start();
+        fake_proc(node.proc_root.path(), trainer.py.pid);
+
+        // GPU 2 is lost from the start (fell off the bus before the
+        // exporter started): the exporter serves the two others at once and
+        // GPU 2 as gpu_up 0 with no uuid, so every panel has data and
+        // GpuDown is pending.
+        let scenario = Scenario::new(&main_scenario(trainer.py.pid, 1));
+        let config = node.config_with(
+            &scenario,
+            "  min_bytes: 1000000000\n  top_n: 2\n",
+            &format!(
+                "  pod_resources_socket: {}\n  pod_resources_interval: 1s\n",
+                kubelet.socket.display()
+            ),
+        ) + "collectors:\n  process_utilization: true\n";
+        let main = Exporter::with_config(&scenario, &config, &[]);
+        let pid = trainer.py.pid.to_string();
+        wait_for(
+            Duration::from_secs(10),
+            "pod names and the trainer's torch figures (gpu_process_torch_*) on the main exporter",
+            || {
+                let m = main.metrics();
+                let torch = m.find(
+                    "gpu_process_torch_allocated_bytes",
+                    &[("pid", pid.as_str()), ("pod", "trainer-0")],
+                );
+                (pods_resolved(&m, &["trainer-0", "notebook"])
+                    && torch.len() == 1
+                    && torch[0].1 == TORCH_ALLOCATED as f64)
+                    .then_some(())
+            },
+        );
+        World {
+            stale,
+            main,
+            trainer,
+            scenario,
+            _stale_scenario: stale_scn,
+            _node: node,
+            _kubelet: kubelet,
+        }
+    }
+}
+
 #[test]
 fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
     let started = Instant::now();
     prometheus_binary();
 
-    // The hung exporter first: its served sample starts ageing at once.
-    let stale_scn = Scenario::new(&stale_scenario(0));
-    let stale = Exporter::with_config(
-        &stale_scn,
-        "kubernetes:\n  enabled: false\nprocesses:\n  enabled: false\n",
-        &["--sample-interval", "1s"],
-    );
-    stale_scn.write(&stale_scenario(60_000));
-
-    // The Kubernetes API, the kubelet and the fake /proc root of the main
-    // exporter.
-    let node = FakeNode::start(team_pods());
-    let kubelet = FakeKubelet::start(kubelet_pods());
-    let trainer = Trainer::start();
-    fake_proc(node.proc_root.path(), trainer.py.pid);
-
-    // GPU 2 is lost from the start (fell off the bus before the exporter
-    // started): the exporter serves the two others at once and GPU 2 as
-    // gpu_up 0 with no uuid, so every panel has data and GpuDown is pending.
-    let scenario = Scenario::new(&main_scenario(trainer.py.pid, 1));
-    let config = node.config_with(
-        &scenario,
-        "  min_bytes: 1000000000\n  top_n: 2\n",
-        &format!(
-            "  pod_resources_socket: {}\n  pod_resources_interval: 1s\n",
-            kubelet.socket.display()
-        ),
-    ) + "collectors:\n  process_utilization: true\n";
-    let main = Exporter::with_config(&scenario, &config, &[]);
-    wait_for(
-        Duration::from_secs(10),
-        "pod names on the main exporter",
-        || pods_resolved(&main.metrics(), &["trainer-0", "notebook"]).then_some(()),
-    );
-    wait_for(
-        Duration::from_secs(10),
-        "the trainer's torch bridge figures on the main exporter (gpu_process_torch_*)",
-        || {
-            let m = main.metrics();
-            let pid = trainer.py.pid.to_string();
-            let found = m.find(
-                "gpu_process_torch_allocated_bytes",
-                &[("pid", pid.as_str()), ("pod", "trainer-0")],
-            );
-            (found.len() == 1 && found[0].1 == TORCH_ALLOCATED as f64).then_some(())
-        },
-    );
+    let world = World::start();
+    let (stale, trainer, scenario, main) =
+        (&world.stale, &world.trainer, &world.scenario, &world.main);
 
     // The exporter's metric families, as Prometheus names their series.
     let families: Vec<String> = main
