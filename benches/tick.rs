@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use gpumem_exporter::attribute::procfs::ProcRoot;
 use gpumem_exporter::attribute::{ProcCache, ProcessLookup};
-use gpumem_exporter::config::Timing;
+use gpumem_exporter::config::{SamplerConfig, Timing};
 use gpumem_exporter::gpu::nvml::NvmlSource;
 use gpumem_exporter::gpu::{GpuSource, RawProcess};
 use gpumem_exporter::model::DurationHistogram;
@@ -83,7 +83,12 @@ fn main() {
     let gpu = NvmlSource::open(Some(&lib)).expect("open fake NVML");
     let open_time = t.elapsed();
     assert_eq!(gpu.device_count(), common::GPUS);
-    let mut sampler = Sampler::new(gpu, ProcCache::new(ProcRoot::default()), TIMING);
+    let config = SamplerConfig {
+        timing: TIMING,
+        selection: Default::default(),
+        collectors: Default::default(),
+    };
+    let mut sampler = Sampler::new(gpu, ProcCache::new(ProcRoot::default()), config);
     let t = Instant::now();
     let first = sampler.tick();
     let first_tick = t.elapsed();

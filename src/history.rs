@@ -133,9 +133,7 @@ mod tests {
                 processes: Arc::new([]),
                 other: None,
                 mig: Arc::new([]),
-                utilization: None,
-                power: None,
-                health: None,
+                readings: Default::default(),
             })
             .collect();
         s

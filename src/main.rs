@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Arg, ArgAction, ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use gpumem_exporter::attribute::ProcCache;
 use gpumem_exporter::attribute::kube::{self, PodIndex};
@@ -24,7 +24,7 @@ use gpumem_exporter::http::web_config::Web;
 use gpumem_exporter::podres::{self, PodResources};
 use gpumem_exporter::publish::Shared;
 use gpumem_exporter::record::{self, Target};
-use gpumem_exporter::sample::{self, Control, OpenFailure};
+use gpumem_exporter::sample::{self, Control, OpenFailure, collectors};
 use gpumem_exporter::signals::{self, Signals};
 use gpumem_exporter::telemetry::Telemetry;
 use gpumem_exporter::{expose, http, logging};
@@ -78,90 +78,6 @@ struct Cli {
     /// logfmt or json [default: logfmt]
     #[arg(long = "log.format", global = true, value_name = "FORMAT")]
     log_format: Option<String>,
-    /// Collector memory: device memory and peaks; always on (--no-collector.memory is refused)
-    #[arg(
-        long = "collector.memory",
-        global = true,
-        overrides_with = "no_collector_memory"
-    )]
-    collector_memory: bool,
-    /// Switch the memory collector off
-    #[arg(
-        long = "no-collector.memory",
-        global = true,
-        overrides_with = "collector_memory"
-    )]
-    no_collector_memory: bool,
-    /// Collector processes: per-process memory and attribution [default: on]
-    #[arg(
-        long = "collector.processes",
-        global = true,
-        overrides_with = "no_collector_processes"
-    )]
-    collector_processes: bool,
-    /// Switch the processes collector off
-    #[arg(
-        long = "no-collector.processes",
-        global = true,
-        overrides_with = "collector_processes"
-    )]
-    no_collector_processes: bool,
-    /// Collector utilization: GPU, memory-controller, encoder and decoder utilisation [default: on]
-    #[arg(
-        long = "collector.utilization",
-        global = true,
-        overrides_with = "no_collector_utilization"
-    )]
-    collector_utilization: bool,
-    /// Switch the utilization collector off
-    #[arg(
-        long = "no-collector.utilization",
-        global = true,
-        overrides_with = "collector_utilization"
-    )]
-    no_collector_utilization: bool,
-    /// Collector process_utilization: per-process SM, memory, encoder and decoder utilisation, like nvidia-smi pmon [default: off]
-    #[arg(
-        long = "collector.process_utilization",
-        global = true,
-        overrides_with = "no_collector_process_utilization"
-    )]
-    collector_process_utilization: bool,
-    /// Switch the process_utilization collector off
-    #[arg(
-        long = "no-collector.process_utilization",
-        global = true,
-        overrides_with = "collector_process_utilization"
-    )]
-    no_collector_process_utilization: bool,
-    /// Collector power_thermal: temperature, power, energy, clocks, P-state, clock event reasons [default: on]
-    #[arg(
-        long = "collector.power_thermal",
-        global = true,
-        overrides_with = "no_collector_power_thermal"
-    )]
-    collector_power_thermal: bool,
-    /// Switch the power_thermal collector off
-    #[arg(
-        long = "no-collector.power_thermal",
-        global = true,
-        overrides_with = "collector_power_thermal"
-    )]
-    no_collector_power_thermal: bool,
-    /// Collector health: ECC errors, row remapping, retired pages, critical Xid events [default: on]
-    #[arg(
-        long = "collector.health",
-        global = true,
-        overrides_with = "no_collector_health"
-    )]
-    collector_health: bool,
-    /// Switch the health collector off
-    #[arg(
-        long = "no-collector.health",
-        global = true,
-        overrides_with = "collector_health"
-    )]
-    no_collector_health: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -218,6 +134,59 @@ fn open_nvml(library: Option<&str>) -> Result<NvmlSource, OpenFailure<InitError>
     })
 }
 
+/// `--collector.<name>` and `--no-collector.<name>` for every row of the
+/// collector registry, global (they apply after `record` too); the later of
+/// the two wins.
+fn collector_flags(cmd: clap::Command) -> clap::Command {
+    collectors::REGISTRY.iter().fold(cmd, |cmd, def| {
+        let (on, off) = (
+            format!("collector.{}", def.name),
+            format!("no-collector.{}", def.name),
+        );
+        let default = match (def.switchable, def.default) {
+            (false, _) => format!("always on (--no-collector.{} is refused)", def.name),
+            (true, true) => "on".to_string(),
+            (true, false) => "off".to_string(),
+        };
+        cmd.arg(
+            Arg::new(on.clone())
+                .long(on.clone())
+                .action(ArgAction::SetTrue)
+                .global(true)
+                .overrides_with(off.clone())
+                .help(format!(
+                    "Collector {}: {} [default: {default}]",
+                    def.name, def.help
+                )),
+        )
+        .arg(
+            Arg::new(off.clone())
+                .long(off)
+                .action(ArgAction::SetTrue)
+                .global(true)
+                .overrides_with(on)
+                .help(format!("Switch the {} collector off", def.name)),
+        )
+    })
+}
+
+/// The collector flags given, as (name, on).
+fn collector_choices(m: &ArgMatches) -> Vec<(&'static str, bool)> {
+    collectors::REGISTRY
+        .iter()
+        .filter_map(|def| {
+            let given = |id: String| m.get_flag(&id);
+            if given(format!("collector.{}", def.name)) {
+                Some((def.name, true))
+            } else if given(format!("no-collector.{}", def.name)) {
+                Some((def.name, false))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
 impl Cli {
     /// The flags that override config file keys.
     fn overrides(&self) -> Overrides {
@@ -232,37 +201,7 @@ impl Cli {
             log_level: self.log_level.clone(),
             log_format: self.log_format.clone(),
             procfs: self.procfs.clone(),
-            collectors: [
-                ("memory", self.collector_memory, self.no_collector_memory),
-                (
-                    "processes",
-                    self.collector_processes,
-                    self.no_collector_processes,
-                ),
-                (
-                    "utilization",
-                    self.collector_utilization,
-                    self.no_collector_utilization,
-                ),
-                (
-                    "process_utilization",
-                    self.collector_process_utilization,
-                    self.no_collector_process_utilization,
-                ),
-                (
-                    "power_thermal",
-                    self.collector_power_thermal,
-                    self.no_collector_power_thermal,
-                ),
-                ("health", self.collector_health, self.no_collector_health),
-            ]
-            .into_iter()
-            .filter_map(|(name, on, off)| match (on, off) {
-                (true, _) => Some((name, true)),
-                (_, true) => Some((name, false)),
-                _ => None,
-            })
-            .collect(),
+            collectors: Vec::new(),
         }
     }
 }
@@ -275,8 +214,15 @@ fn main() -> ExitCode {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
-    let cli = Cli::parse();
-    let overrides = cli.overrides();
+    let matches = collector_flags(Cli::command()).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    let overrides = Overrides {
+        collectors: collector_choices(&matches),
+        ..cli.overrides()
+    };
     let env = |k: &str| std::env::var(k).ok();
     let cfg = match config::load(cli.config_file.as_deref(), &overrides, &env) {
         Ok(c) => c,
@@ -383,11 +329,7 @@ async fn reload_on_sighup(
                         "config reloaded; these changed keys take effect only after a restart"
                     );
                 }
-                let _ = control.send(Control::Reconfigure(
-                    new.timing,
-                    new.selection,
-                    new.collectors,
-                ));
+                let _ = control.send(Control::Reconfigure(new.sampler()));
                 tracing::info!("config reloaded");
                 current = new;
             }
@@ -424,9 +366,7 @@ fn run(
     let _sampler = sample::spawn(
         move || open_nvml(library.as_deref()),
         lookup,
-        cfg.timing,
-        cfg.selection,
-        cfg.collectors,
+        cfg.sampler(),
         Arc::clone(&shared),
         control_rx,
     )?;

@@ -1,9 +1,13 @@
 //! Plain data that flows from the sampler to the encoder. No NVML types, no
 //! behaviour beyond small helpers: a [`Snapshot`] is immutable once published.
 
+use std::any::Any;
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
+
+use crate::gpu::error::{ErrorKind, Operation};
 
 /// Identity of one GPU: read when NVML is opened, and retried at each full
 /// sample while it cannot be read (then `uuid`, `name` and `pci_bus_id` are
@@ -118,9 +122,10 @@ pub struct ProcessSample {
     /// PyTorch allocator figures the process itself published for this GPU
     /// (torch bridge, read in this tick); `None` without the bridge.
     pub torch: Option<TorchStats>,
-    /// Busy percentages (`process_utilization` collector); `None` when it
-    /// is off or the GPU does not support the query.
-    pub utilization: Option<ProcessUtilization>,
+    /// What the switchable collectors read of this process (e.g. the
+    /// `process_utilization` collector's busy percentages); empty when
+    /// they are off or the GPU does not support their calls.
+    pub readings: Readings,
 }
 
 /// PyTorch caching-allocator figures of one process on one GPU, from
@@ -222,12 +227,10 @@ pub struct DeviceSample {
     pub other: Option<OtherProcesses>,
     /// MIG instances with their memory (empty without MIG).
     pub mig: Arc<[MigSample]>,
-    /// `utilization` collector; `None` when it is off or the GPU is down.
-    pub utilization: Option<Utilization>,
-    /// `power_thermal` collector; `None` when it is off or the GPU is down.
-    pub power: Option<PowerThermal>,
-    /// `health` collector; `None` when it is off or the GPU is down.
-    pub health: Option<Health>,
+    /// What the switchable collectors (`sample/collectors/`) read of this
+    /// GPU, one reading per collector that is on and answered; empty while
+    /// the GPU is down.
+    pub readings: Readings,
 }
 
 impl DeviceSample {
@@ -235,6 +238,69 @@ impl DeviceSample {
         self.memory.is_some()
     }
 }
+
+/// What one collector read of one GPU or process in one sample: any plain
+/// data type (`Debug`, `Eq`, shareable), found again by its type. The
+/// collector module and its family group in `expose/` agree on the type;
+/// this file does not need to know it, so a new collector adds none here.
+pub trait Reading: Any + fmt::Debug + Send + Sync {
+    fn as_any(&self) -> &dyn Any;
+    /// Equal to `other` (same type, same value).
+    fn same(&self, other: &dyn Reading) -> bool;
+}
+
+impl<T: Any + fmt::Debug + Send + Sync + Eq> Reading for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn same(&self, other: &dyn Reading) -> bool {
+        other.as_any().downcast_ref::<T>() == Some(self)
+    }
+}
+
+/// The readings of one GPU (or process) in one sample, at most one per
+/// type. Cloning shares them (`Arc`): a memory-only sample carries the
+/// last full sample's readings at the cost of a few pointer copies.
+#[derive(Debug, Clone, Default)]
+pub struct Readings(Vec<Arc<dyn Reading>>);
+
+impl Readings {
+    /// The reading of type `T`, if a collector left one.
+    pub fn get<T: Reading>(&self) -> Option<&T> {
+        self.0
+            .iter()
+            .find_map(|r| (**r).as_any().downcast_ref::<T>())
+    }
+
+    /// Add a reading (replacing one of the same type).
+    pub fn put(&mut self, reading: Arc<dyn Reading>) {
+        let id = (*reading).as_any().type_id();
+        self.0.retain(|r| (**r).as_any().type_id() != id);
+        self.0.push(reading);
+    }
+
+    /// These readings and `reading` (building a sample by hand).
+    pub fn with<T: Reading>(mut self, reading: T) -> Self {
+        self.put(Arc::new(reading));
+        self
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl PartialEq for Readings {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.len() == other.0.len()
+            && self
+                .0
+                .iter()
+                .all(|a| other.0.iter().any(|b| (**a).same(&**b)))
+    }
+}
+
+impl Eq for Readings {}
 
 /// Cumulative histogram of tick durations, owned by the sampler and copied
 /// into each snapshot.
@@ -272,8 +338,9 @@ impl DurationHistogram {
     }
 }
 
-/// Key of the NVML error counter: (operation, error) labels.
-pub type ErrorKey = (&'static str, &'static str);
+/// Key of the NVML error counter: the `operation` and `error` labels,
+/// typed until they are encoded (ordered by label).
+pub type ErrorKey = (Operation, ErrorKind);
 
 /// Everything one scrape shows. Built fresh by every tick: a process that
 /// exited is simply not in the next snapshot.
@@ -369,94 +436,6 @@ pub struct KubeState {
     /// When the API server last confirmed the index: a completed LIST or any
     /// watch event (bookmarks included). 0 before the first LIST.
     pub last_sync_unix_seconds: u64,
-}
-
-// ------------------------------------------------------------ collectors
-
-/// Busy percentages of one GPU over NVML's last sampling period
-/// (`utilization` collector). A field is `None` when its call failed or is
-/// not supported: the family is then absent for this GPU, never a fake 0.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Utilization {
-    /// nvidia-smi `utilization.gpu`: time a kernel was running, percent.
-    pub gpu: Option<u32>,
-    /// nvidia-smi `utilization.memory`: memory controller busy, percent.
-    pub memory: Option<u32>,
-    pub encoder: Option<u32>,
-    pub decoder: Option<u32>,
-}
-
-/// One process's busy percentages (`nvidia-smi pmon -s um`), from NVML's
-/// process utilisation samples; 0 when the process had no sample since the
-/// previous full sample (it did no work).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProcessUtilization {
-    pub sm: u32,
-    pub memory: u32,
-    pub encoder: u32,
-    pub decoder: u32,
-}
-
-/// The clocks of [`PowerThermal::clocks_mhz`], in order: the `clock` label.
-pub const CLOCKS: [&str; 4] = ["graphics", "sm", "memory", "video"];
-
-/// Temperature, power, energy, clocks and performance state
-/// (`power_thermal` collector). `None`: not supported or failed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PowerThermal {
-    pub temperature_c: Option<u32>,
-    pub power_mw: Option<u32>,
-    pub power_limit_mw: Option<u32>,
-    /// Energy since the driver was loaded, in millijoules.
-    pub energy_mj: Option<u64>,
-    /// Current clocks in MHz, in [`CLOCKS`] order.
-    pub clocks_mhz: [Option<u32>; 4],
-    /// P-state: 0 (maximum performance) to 15.
-    pub performance_state: Option<u32>,
-    /// The clocks event (throttle) reasons bitmask, decoded by the encoder.
-    pub clock_event_reasons: Option<u64>,
-}
-
-/// The ECC counters of [`Health::ecc_errors`], in order: (`type`, `scope`).
-pub const ECC_COUNTERS: [(&str, &str); 4] = [
-    ("corrected", "volatile"),
-    ("corrected", "aggregate"),
-    ("uncorrected", "volatile"),
-    ("uncorrected", "aggregate"),
-];
-
-/// Memory health (`health` collector). `None`: not supported or failed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Health {
-    pub ecc_enabled: Option<bool>,
-    /// ECC error counts in [`ECC_COUNTERS`] order.
-    pub ecc_errors: [Option<u64>; 4],
-    /// Row remapping (Ampere and later).
-    pub remapped_rows: Option<RemappedRows>,
-    /// Page retirement (before Ampere).
-    pub retired_pages: Option<RetiredPages>,
-    /// Critical Xid events seen since the exporter started watching this
-    /// GPU, by Xid; `None` when the GPU does not deliver Xid events.
-    pub xid_errors: Option<Arc<BTreeMap<u64, u64>>>,
-}
-
-/// nvmlDeviceGetRemappedRows.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RemappedRows {
-    pub correctable: u32,
-    pub uncorrectable: u32,
-    /// A remap is pending: the GPU needs a reset to apply it.
-    pub pending: bool,
-    /// A remap failed: the GPU should be serviced.
-    pub failed: bool,
-}
-
-/// Retired pages by cause, and whether a retirement waits for a reboot.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RetiredPages {
-    pub single_bit_ecc: Option<u32>,
-    pub double_bit_ecc: Option<u32>,
-    pub pending: Option<bool>,
 }
 
 /// One device the kubelet allocated to one container, from the

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use criterion::Criterion;
+use gpumem_exporter::gpu::{ErrorKind, Operation};
 use gpumem_exporter::model::{
     DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, MemoryInfo, ProcIdentity,
     ProcessSample, Snapshot,
@@ -103,7 +104,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
         nvml.observe(0.003 + (i % 5) as f64 * 0.001);
     }
     let mut errors = BTreeMap::new();
-    errors.insert(("memory_info", "gpu_lost"), 3u64);
+    errors.insert((Operation::MemoryInfo, ErrorKind::GpuLost), 3u64);
     let devices = (0..GPUS)
         .map(|g| {
             let used = used_bytes();
@@ -116,7 +117,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
                     compute_instance_id: None,
                     used_peak_bytes: Some(process_bytes(k) + (k as u64 % 3) * (64 << 20)),
                     torch: None,
-                    utilization: None,
+                    readings: Default::default(),
                 })
                 .collect();
             DeviceSample {
@@ -136,9 +137,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
                 processes: Arc::from(processes),
                 other: None,
                 mig: Arc::from(Vec::new()),
-                utilization: None,
-                power: None,
-                health: None,
+                readings: Default::default(),
             }
         })
         .collect();

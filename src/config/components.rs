@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::values::{LogFormat, LogLevel};
+pub use crate::sample::collectors::Collectors;
 
 /// The HTTP server's address and metrics path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,57 +150,11 @@ pub struct Log {
     pub format: LogFormat,
 }
 
-/// Which collectors run (node_exporter style: `--collector.<name>` /
-/// `--no-collector.<name>`, or the `collectors:` map). The `memory`
-/// collector (device memory and peaks) always runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Collectors {
-    /// Per-process memory and attribution (the process list queries).
-    pub processes: bool,
-    /// GPU, memory-controller, encoder and decoder utilisation.
-    pub utilization: bool,
-    /// Per-process SM, memory, encoder and decoder utilisation (pmon).
-    pub process_utilization: bool,
-    /// Temperature, power, energy, clocks, P-state, clock event reasons.
-    pub power_thermal: bool,
-    /// ECC errors, row remapping, retired pages, critical Xid events.
-    pub health: bool,
-}
-
-impl Collectors {
-    /// Every collector name, in the order docs/metrics.md lists them.
-    pub const NAMES: [&'static str; 6] = [
-        "memory",
-        "processes",
-        "utilization",
-        "process_utilization",
-        "power_thermal",
-        "health",
-    ];
-
-    /// The switch of a collector by name (`None` for `memory`, which
-    /// cannot be switched, and for unknown names).
-    pub fn switch(&mut self, name: &str) -> Option<&mut bool> {
-        match name {
-            "processes" => Some(&mut self.processes),
-            "utilization" => Some(&mut self.utilization),
-            "process_utilization" => Some(&mut self.process_utilization),
-            "power_thermal" => Some(&mut self.power_thermal),
-            "health" => Some(&mut self.health),
-            _ => None,
-        }
-    }
-}
-
-impl Default for Collectors {
-    /// The defaults, chosen from the H200 measurements in BENCHMARKS.md.
-    fn default() -> Self {
-        Collectors {
-            processes: true,
-            utilization: true,
-            process_utilization: false,
-            power_thermal: true,
-            health: true,
-        }
-    }
+/// Everything the sampler takes: timing, process selection and which
+/// collectors run. A reload (SIGHUP) hands the sampler a new one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SamplerConfig {
+    pub timing: Timing,
+    pub selection: Selection,
+    pub collectors: Collectors,
 }

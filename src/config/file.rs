@@ -1,7 +1,12 @@
 //! The config file as serde reads it. These types stay here: validation
 //! ([`super::build`]) turns them into the runtime [`Config`](super::Config).
 
+use std::fmt;
+
 use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+
+use crate::sample::collectors;
 
 use super::values::{
     ApiUrl, CmdlineLength, Interval, KubeMode, ListenAddress, LogFormat, LogLevel, TelemetryPath,
@@ -23,17 +28,46 @@ pub(super) struct FileConfig {
     pub(super) collectors: FileCollectors,
 }
 
-/// `collectors:` — each collector on (true) or off (false); absent keys
-/// keep their default.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct FileCollectors {
-    pub(super) memory: Option<bool>,
-    pub(super) processes: Option<bool>,
-    pub(super) utilization: Option<bool>,
-    pub(super) process_utilization: Option<bool>,
-    pub(super) power_thermal: Option<bool>,
-    pub(super) health: Option<bool>,
+/// `collectors:` — each collector on (true) or off (false), by its name in
+/// the registry ([`collectors::REGISTRY`]); absent keys keep their default.
+/// A name the registry does not have is refused while reading, so the
+/// error carries the line and column.
+#[derive(Debug, Default)]
+pub(super) struct FileCollectors(Vec<(&'static collectors::Def, bool)>);
+
+impl FileCollectors {
+    /// The choices in file order.
+    pub(super) fn choices(&self) -> impl Iterator<Item = (&'static collectors::Def, bool)> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+impl<'de> Deserialize<'de> for FileCollectors {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = FileCollectors;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map of collector names to true or false")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FileCollectors, A::Error> {
+                let mut out = Vec::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    let Some(def) = collectors::find(&name) else {
+                        let names: Vec<&str> =
+                            collectors::REGISTRY.iter().map(|d| d.name).collect();
+                        return Err(de::Error::custom(format!(
+                            "unknown field `{name}`, expected one of {}",
+                            names.join(", ")
+                        )));
+                    };
+                    out.push((def, map.next_value::<bool>()?));
+                }
+                Ok(FileCollectors(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -14,13 +14,15 @@ mod file;
 mod values;
 pub mod yaml;
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
 pub use components::{
-    Attribution, Collectors, Http, KubeConfig, Log, PodResourcesConfig, Selection, Timing,
+    Attribution, Collectors, Http, KubeConfig, Log, PodResourcesConfig, SamplerConfig, Selection,
+    Timing,
 };
 pub use values::{
     ApiUrl, CmdlineLength, HumanDuration, Interval, KubeMode, ListenAddress, LogFormat, LogLevel,
@@ -29,6 +31,8 @@ pub use values::{
 
 use file::{FileCollectors, FileConfig, FileKubernetes, FileProcesses};
 use yaml::{ReadError, YamlError};
+
+use crate::sample::collectors;
 
 /// Default listen address. 9877 is not taken by a well-known exporter
 /// (node 9100, dcgm-exporter 9400, nvitop-exporter 9445,
@@ -77,12 +81,15 @@ pub enum ConfigError {
     #[error("{0}")]
     Yaml(#[from] YamlError),
     #[error("flag --{flag}: {reason}")]
-    Flag { flag: &'static str, reason: String },
+    Flag {
+        flag: Cow<'static, str>,
+        reason: String,
+    },
     #[error("config file {origin}{}: key {key}: {reason}", line.map(|l| format!(" line {l}")).unwrap_or_default())]
     Key {
         origin: String,
         line: Option<usize>,
-        key: &'static str,
+        key: Cow<'static, str>,
         reason: String,
     },
 }
@@ -105,6 +112,17 @@ pub struct Config {
     /// `None`: the pod-resources client is off (`kubernetes.enabled:
     /// false`, or an empty `kubernetes.pod_resources_socket`).
     pub pod_resources: Option<PodResourcesConfig>,
+}
+
+impl Config {
+    /// What the sampler takes.
+    pub fn sampler(&self) -> SamplerConfig {
+        SamplerConfig {
+            timing: self.timing,
+            selection: self.selection,
+            collectors: self.collectors.clone(),
+        }
+    }
 }
 
 impl Default for Config {
@@ -184,8 +202,8 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
 /// (already complete) or a key.
 #[derive(Debug)]
 enum Located {
-    Flag(&'static str, String),
-    Key(&'static str, String),
+    Flag(Cow<'static, str>, String),
+    Key(Cow<'static, str>, String),
 }
 
 /// Errors found after parsing (relations between keys) name a key; add the
@@ -195,7 +213,7 @@ fn locate(e: Located, text: &str, origin: &str) -> ConfigError {
         Located::Flag(flag, reason) => ConfigError::Flag { flag, reason },
         Located::Key(key, reason) => ConfigError::Key {
             origin: origin.to_string(),
-            line: yaml::line_of_key(text, key),
+            line: yaml::line_of_key(text, &key),
             key,
             reason,
         },
@@ -225,7 +243,7 @@ fn flag<T: FromStr<Err = String>>(
     v: &Option<String>,
 ) -> Result<Option<T>, Located> {
     v.as_deref()
-        .map(|s| s.parse::<T>().map_err(|e| Located::Flag(name, e)))
+        .map(|s| s.parse::<T>().map_err(|e| Located::Flag(name.into(), e)))
         .transpose()
 }
 
@@ -266,9 +284,9 @@ fn build(
             HumanDuration(interval)
         );
         return Err(if mem_from_flag {
-            Located::Flag("memory-sample-interval", msg)
+            Located::Flag("memory-sample-interval".into(), msg)
         } else {
-            Located::Key("memory_sample_interval", msg)
+            Located::Key("memory_sample_interval".into(), msg)
         });
     }
     // Default: 30s, or one sample interval when that is longer.
@@ -321,40 +339,44 @@ fn build(
 }
 
 /// The `collectors:` map, then the `--collector.<name>` /
-/// `--no-collector.<name>` flags in the order given.
+/// `--no-collector.<name>` flags in the order given. Names were checked
+/// against the registry when the file was read and by the flag parser;
+/// switching off a collector that always runs is refused here.
 fn collectors(
     file: &FileCollectors,
     flags: &[(&'static str, bool)],
 ) -> Result<Collectors, Located> {
     let mut c = Collectors::default();
-    if file.memory == Some(false) {
-        return Err(Located::Key(
-            "collectors.memory",
-            "the memory collector (device memory and peaks) cannot be switched off".into(),
-        ));
-    }
-    for (name, value) in [
-        ("processes", file.processes),
-        ("utilization", file.utilization),
-        ("process_utilization", file.process_utilization),
-        ("power_thermal", file.power_thermal),
-        ("health", file.health),
-    ] {
-        if let (Some(v), Some(switch)) = (value, c.switch(name)) {
-            *switch = v;
+    let refused = |def: &collectors::Def| {
+        format!(
+            "the {} collector ({}) cannot be switched off",
+            def.name, def.help
+        )
+    };
+    for (def, on) in file.choices() {
+        if !on && !def.switchable {
+            return Err(Located::Key(
+                format!("collectors.{}", def.name).into(),
+                refused(def),
+            ));
         }
+        c.set(def, on);
     }
     for &(name, on) in flags {
-        match c.switch(name) {
-            Some(switch) => *switch = on,
-            None if on => {}
-            None => {
-                return Err(Located::Flag(
-                    "no-collector.memory",
-                    "the memory collector (device memory and peaks) cannot be switched off".into(),
-                ));
-            }
+        let Some(def) = collectors::find(name) else {
+            let flag = if on { "collector" } else { "no-collector" };
+            return Err(Located::Flag(
+                format!("{flag}.{name}").into(),
+                "no such collector".into(),
+            ));
+        };
+        if !on && !def.switchable {
+            return Err(Located::Flag(
+                format!("no-collector.{name}").into(),
+                refused(def),
+            ));
         }
+        c.set(def, on);
     }
     Ok(c)
 }
@@ -383,9 +405,9 @@ fn not_below_interval(
         HumanDuration(interval)
     );
     Err(if from_flag_set {
-        Located::Flag(flag_name, msg)
+        Located::Flag(flag_name.into(), msg)
     } else {
-        Located::Key(key, msg)
+        Located::Key(key.into(), msg)
     })
 }
 
@@ -465,7 +487,7 @@ fn kubernetes(
     if !named && !kubeconfig_present(env) {
         return if mode == KubeMode::On {
             Err(Located::Key(
-                "kubernetes.enabled",
+                "kubernetes.enabled".into(),
                 "is true but no API is known: set kubernetes.api_url or KUBECONFIG, or run in a cluster (KUBERNETES_SERVICE_HOST)".into(),
             ))
         } else {
@@ -480,7 +502,7 @@ fn kubernetes(
             return Ok(None);
         }
         return Err(Located::Key(
-            "kubernetes.node_name",
+            "kubernetes.node_name".into(),
             "is empty and NODE_NAME is not set: the pod watcher needs this node's name (downward API spec.nodeName), or set kubernetes.enabled: false".into(),
         ));
     };
@@ -510,7 +532,7 @@ fn pod_resources(f: FileKubernetes) -> Result<Option<PodResourcesConfig>, Locate
         let (domain, rest) = name.split_once('/').unwrap_or(("", ""));
         if domain.is_empty() || rest.is_empty() || name.contains(char::is_whitespace) {
             return Err(Located::Key(
-                "kubernetes.pod_resources_extra_resources",
+                "kubernetes.pod_resources_extra_resources".into(),
                 format!(
                     "invalid resource name {name:?} (an extended resource such as nvidia.com/gpu.shared)"
                 ),
@@ -618,21 +640,23 @@ mod tests {
 
     #[test]
     fn collectors_from_the_file_then_the_flags() {
+        let on = |c: &Config, name: &str| c.collectors.is_on(collectors::find(name).unwrap());
         let c = parse("", "t").unwrap();
         assert_eq!(c.collectors, Collectors::default());
-        assert!(!c.collectors.process_utilization, "off by default");
+        assert!(!on(&c, "process_utilization"), "off by default");
+        assert!(on(&c, "health") && on(&c, "memory"));
         let text = "collectors:\n  health: false\n  process_utilization: true\n  memory: true\n";
         let c = parse(text, "t").unwrap();
-        assert!(!c.collectors.health && c.collectors.process_utilization);
+        assert!(!on(&c, "health") && on(&c, "process_utilization"));
         let o = Overrides {
             collectors: vec![("health", true), ("utilization", false), ("memory", true)],
             ..Default::default()
         };
         let file = parse_yaml(text, "t").unwrap();
         let c = build(file, &o, &|_| None).unwrap();
-        assert!(c.collectors.health, "a flag beats the file");
-        assert!(!c.collectors.utilization);
-        assert!(c.collectors.process_utilization);
+        assert!(on(&c, "health"), "a flag beats the file");
+        assert!(!on(&c, "utilization"));
+        assert!(on(&c, "process_utilization"));
 
         let e = parse("collectors:\n  memory: false\n", "c.yaml")
             .unwrap_err()
@@ -645,6 +669,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown field `gpu_temp`"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+        let e = parse("collectors:\n  health: 3\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2"), "{e}");
         let o = Overrides {
             collectors: vec![("memory", false)],
             ..Default::default()
@@ -807,7 +836,7 @@ mod tests {
         };
         assert!(matches!(
             kubernetes(&forced, &vars(vec![("KUBECONFIG", "/etc/k.yaml".into())])),
-            Err(Located::Key("kubernetes.node_name", _))
+            Err(Located::Key(ref k, _)) if k == "kubernetes.node_name"
         ));
         // ~/.kube/config counts once it exists.
         let home_env = vars(vec![

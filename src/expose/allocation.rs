@@ -185,9 +185,7 @@ mod tests {
                     memory: None,
                 })
                 .collect(),
-            utilization: None,
-            power: None,
-            health: None,
+            readings: Default::default(),
         }
     }
 

@@ -189,7 +189,7 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         MetricType::Counter,
     )?;
     for ((op, err), n) in s.nvml_errors.iter() {
-        let labels = Labels([("operation", *op), ("error", *err)]);
+        let labels = Labels([("operation", op.label()), ("error", err.label())]);
         m.encode_family(&labels)?
             .encode_counter::<NoLabelSet, _, u64>(n, None)?;
     }

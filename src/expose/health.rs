@@ -7,10 +7,11 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
 use super::encoder::{Labels, gauge, gpu_labels};
-use crate::model::{DeviceSample, ECC_COUNTERS, Health, Snapshot};
+use crate::gpu::readings::{EccCounter, Health};
+use crate::model::{DeviceSample, Snapshot};
 
 fn health(d: &DeviceSample) -> Option<&Health> {
-    d.health.as_ref()
+    d.readings.get::<Health>()
 }
 
 fn any(s: &Snapshot, has: impl Fn(&Health) -> bool) -> bool {
@@ -41,9 +42,10 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         )?;
         for d in &s.devices {
             let Some(h) = health(d) else { continue };
-            for ((kind, scope), n) in ECC_COUNTERS.iter().zip(h.ecc_errors) {
-                if let Some(n) = n {
+            for c in EccCounter::ALL {
+                if let Some(n) = h.ecc_errors[c as usize] {
                     let Labels([g, u]) = gpu_labels(d);
+                    let (kind, scope) = (c.error_type(), c.scope());
                     m.encode_family(&Labels([g, u, ("type", kind), ("scope", scope)]))?
                         .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
                 }
@@ -68,7 +70,7 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
                 }
             }
         }
-        type Flag = fn(&crate::model::RemappedRows) -> bool;
+        type Flag = fn(&crate::gpu::readings::RemappedRows) -> bool;
         let flags: [(&str, &str, Flag); 2] = [
             (
                 "gpu_memory_row_remap_pending",

@@ -18,8 +18,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use super::exporter::{REVISION, VERSION};
+use crate::gpu::readings::{self, Utilization};
 use crate::history::{History, unix_seconds};
-use crate::model::{DeviceSample, MemoryInfo, ProcessSample, Snapshot, Utilization};
+use crate::model::{DeviceSample, MemoryInfo, ProcessSample, Snapshot};
 
 /// `schema_version` of both documents; bumped on any incompatible change
 /// (a field removed, renamed or retyped). New fields may appear within a
@@ -197,12 +198,15 @@ fn process(p: &ProcessSample) -> Process<'_> {
         compute_instance_id: p.compute_instance_id,
         memory_used_bytes: p.used_bytes,
         memory_used_peak_bytes: p.used_peak_bytes,
-        utilization: p.utilization.map(|u| ProcessUtilization {
-            sm_ratio: ratio(u.sm),
-            memory_ratio: ratio(u.memory),
-            encoder_ratio: ratio(u.encoder),
-            decoder_ratio: ratio(u.decoder),
-        }),
+        utilization: p
+            .readings
+            .get::<readings::ProcessUtilization>()
+            .map(|u| ProcessUtilization {
+                sm_ratio: ratio(u.sm),
+                memory_ratio: ratio(u.memory),
+                encoder_ratio: ratio(u.encoder),
+                decoder_ratio: ratio(u.decoder),
+            }),
         torch: p.torch.map(|t| Torch {
             allocated_bytes: t.allocated,
             reserved_bytes: t.reserved,
@@ -249,8 +253,9 @@ fn gpu(d: &DeviceSample) -> Gpu<'_> {
         memory_used_peak_bytes: d.used_peak_bytes,
         // The collector on, but no figure supported: as if off.
         utilization: d
-            .utilization
-            .filter(|u| *u != Utilization::default())
+            .readings
+            .get::<Utilization>()
+            .filter(|u| **u != Utilization::default())
             .map(|u| GpuUtilization {
                 gpu_ratio: u.gpu.map(ratio),
                 memory_ratio: u.memory.map(ratio),
@@ -298,8 +303,8 @@ pub fn snapshot(s: &Snapshot, sample_interval: Duration) -> Result<Vec<u8>, serd
             .nvml_errors
             .iter()
             .map(|(&(operation, error), &count)| NvmlError {
-                operation,
-                error,
+                operation: operation.label(),
+                error: error.label(),
                 count,
             })
             .collect(),
@@ -380,7 +385,7 @@ mod tests {
             compute_instance_id: None,
             used_peak_bytes: None,
             torch: None,
-            utilization: None,
+            readings: Default::default(),
         }
     }
 
@@ -393,9 +398,12 @@ mod tests {
             processes: processes.into(),
             other: None,
             mig: Arc::new([]),
-            utilization: Some(Utilization::default()),
-            power: None,
-            health: None,
+            // The collector on, but no figure supported.
+            readings: {
+                let mut r = crate::model::Readings::default();
+                r.put(Arc::new(Utilization::default()));
+                r
+            },
         });
         s
     }

@@ -7,7 +7,8 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
 use super::encoder::{Labels, gauge, gpu_labels};
-use crate::model::{CLOCKS, DeviceSample, PowerThermal, Snapshot};
+use crate::gpu::readings::{Clock, PowerThermal};
+use crate::model::{DeviceSample, Snapshot};
 
 /// NVML's clocks event reason bits (nvmlClocksEventReason*) and their
 /// `reason` label values.
@@ -24,7 +25,7 @@ pub const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [
 ];
 
 fn power(d: &DeviceSample) -> Option<&PowerThermal> {
-    d.power.as_ref()
+    d.readings.get::<PowerThermal>()
 }
 
 /// Every family of this collector; each is absent when no GPU has it.
@@ -93,10 +94,10 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         )?;
         for d in &s.devices {
             let Some(p) = power(d) else { continue };
-            for (clock, mhz) in CLOCKS.iter().zip(p.clocks_mhz) {
-                if let Some(mhz) = mhz {
+            for c in Clock::ALL {
+                if let Some(mhz) = p.clocks_mhz[c as usize] {
                     let Labels([g, u]) = gpu_labels(d);
-                    m.encode_family(&Labels([g, u, ("clock", clock)]))?
+                    m.encode_family(&Labels([g, u, ("clock", c.label())]))?
                         .encode_gauge(&(u64::from(mhz) * 1_000_000))?;
                 }
             }

@@ -50,7 +50,7 @@ fn process_family(
         compute_instance_id: None,
         used_peak_bytes: None,
         torch: None,
-        utilization: None,
+        readings: Default::default(),
     };
     let mut ids = Ids::default();
     for d in &s.devices {

@@ -8,7 +8,8 @@ use prometheus_client::encoding::DescriptorEncoder;
 
 use super::encoder::{Ids, gauge, gpu_labels};
 use super::process::process_labels;
-use crate::model::{ProcessUtilization, Snapshot, Utilization};
+use crate::gpu::readings::{ProcessUtilization, Utilization};
+use crate::model::Snapshot;
 
 type DevicePick = fn(&Utilization) -> Option<u32>;
 type ProcessPick = fn(&ProcessUtilization) -> u32;
@@ -38,7 +39,7 @@ pub(super) fn devices(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), f
         ),
     ];
     for (name, help, pick) in families {
-        let value = |d: &crate::model::DeviceSample| d.utilization.as_ref().and_then(pick);
+        let value = |d: &crate::model::DeviceSample| d.readings.get::<Utilization>().and_then(pick);
         if !s.devices.iter().any(|d| value(d).is_some()) {
             continue;
         }
@@ -56,10 +57,11 @@ pub(super) fn devices(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), f
 /// `gpu_process_*_utilization_ratio`, with the labels of
 /// `gpu_process_memory_used_bytes`.
 pub(super) fn processes(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
-    let any = s
-        .devices
-        .iter()
-        .any(|d| d.processes.iter().any(|p| p.utilization.is_some()));
+    let any = s.devices.iter().any(|d| {
+        d.processes
+            .iter()
+            .any(|p| p.readings.get::<ProcessUtilization>().is_some())
+    });
     if !any {
         return Ok(());
     }
@@ -90,7 +92,7 @@ pub(super) fn processes(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(),
         let mut m = gauge(enc, name, help)?;
         for d in &s.devices {
             for p in d.processes.iter() {
-                if let Some(u) = &p.utilization {
+                if let Some(u) = p.readings.get::<ProcessUtilization>() {
                     let (pid, gi, ci) = ids.all(p);
                     m.encode_family(&process_labels(d, p, pid, gi, ci))?
                         .encode_gauge(&(f64::from(pick(u)) / 100.0))?;

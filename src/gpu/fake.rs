@@ -6,10 +6,11 @@
 //! The end-to-end tests use the cdylib in `tests/fake-nvml` instead, which
 //! stands in for the real library under the production NVML code.
 
-use super::{GpuError, GpuSource, ProcessUtilizationSample, RawProcess, merge_process};
-use crate::model::{
-    DeviceInfo, DriverInfo, Health, MemoryInfo, MigInfo, PowerThermal, Utilization,
+use super::readings::{Health, PowerThermal, Utilization};
+use super::{
+    ErrorKind, GpuError, GpuSource, Operation, ProcessUtilizationSample, RawProcess, merge_process,
 };
+use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
 
 /// One scripted GPU.
 #[derive(Debug, Clone)]
@@ -112,11 +113,6 @@ pub struct FakeGpu {
     handed_out: Vec<Vec<String>>,
 }
 
-const CLOSED: GpuError = GpuError {
-    operation: "fake",
-    error: "uninitialized",
-};
-
 impl FakeGpu {
     /// These devices, as NVML enumerates them when opened.
     pub fn new(devices: Vec<FakeDevice>) -> Self {
@@ -133,20 +129,14 @@ impl FakeGpu {
         }
     }
 
-    fn device(&self, i: usize, operation: &'static str) -> Result<&FakeDevice, GpuError> {
+    fn device(&self, i: usize, operation: Operation) -> Result<&FakeDevice, GpuError> {
         if self.closed {
-            return Err(GpuError {
-                operation,
-                ..CLOSED
-            });
+            return Err(GpuError::new(operation, ErrorKind::Uninitialized));
         }
         self.devices
             .get(i)
             .filter(|_| i < self.count)
-            .ok_or(GpuError {
-                operation,
-                error: super::error::INVALID_DEVICE_INDEX,
-            })
+            .ok_or(GpuError::new(operation, ErrorKind::InvalidDeviceIndex))
     }
 }
 
@@ -161,16 +151,16 @@ impl GpuSource for FakeGpu {
 
     fn identify(&mut self, device: usize) -> Result<DeviceInfo, GpuError> {
         self.identify_calls += 1;
-        let d = self.device(device, "device_uuid")?;
+        let d = self.device(device, Operation::DeviceUuid)?;
         match &d.identity_error {
-            Some(e) => Err(e.clone()),
+            Some(e) => Err(*e),
             None => Ok(d.info.clone()),
         }
     }
 
     fn mig_layout(&mut self, device: usize) -> Result<Vec<MigInfo>, GpuError> {
         self.mig_layout_calls += 1;
-        let d = self.device(device, "mig_mode")?;
+        let d = self.device(device, Operation::MigMode)?;
         let infos: Vec<MigInfo> = d.mig.iter().map(|(m, _)| m.clone()).collect();
         if let Some(slot) = self.handed_out.get_mut(device) {
             *slot = infos.iter().map(|m| m.mig_uuid.clone()).collect();
@@ -179,13 +169,13 @@ impl GpuSource for FakeGpu {
     }
 
     fn memory(&mut self, device: usize) -> Result<MemoryInfo, GpuError> {
-        self.device(device, "memory_info")?.memory.clone()
+        self.device(device, Operation::MemoryInfo)?.memory
     }
 
     fn processes(&mut self, device: usize, out: &mut Vec<RawProcess>) -> Result<(), GpuError> {
         self.process_calls += 1;
         for p in self
-            .device(device, "running_compute_processes")?
+            .device(device, Operation::RunningComputeProcesses)?
             .processes
             .clone()?
         {
@@ -195,32 +185,29 @@ impl GpuSource for FakeGpu {
     }
 
     fn mig_memory(&mut self, device: usize, mig: usize) -> Result<MemoryInfo, GpuError> {
-        let d = self.device(device, "mig_memory_info")?;
-        let invalid = |error| GpuError {
-            operation: "mig_memory_info",
-            error,
-        };
+        let d = self.device(device, Operation::MigMemoryInfo)?;
+        let invalid = |kind| GpuError::new(Operation::MigMemoryInfo, kind);
         let uuid = self
             .handed_out
             .get(device)
             .and_then(|l| l.get(mig))
-            .ok_or(invalid(super::error::INVALID_DEVICE_INDEX))?;
+            .ok_or(invalid(ErrorKind::InvalidDeviceIndex))?;
         match d.mig.iter().find(|(m, _)| &m.mig_uuid == uuid) {
-            Some((_, m)) => m.clone(),
+            Some((_, m)) => *m,
             // The instance was destroyed: its handle is stale.
-            None => Err(invalid("invalid_arg")),
+            None => Err(invalid(ErrorKind::InvalidArg)),
         }
     }
 
     fn utilization(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Utilization {
         self.collector_calls[0] += 1;
-        match self.device(device, "utilization_rates") {
+        match self.device(device, Operation::UtilizationRates) {
             Ok(d) => {
                 let u = d.utilization;
                 for (op, missing) in [
-                    ("utilization_rates", u.gpu.is_none()),
-                    ("encoder_utilization", u.encoder.is_none()),
-                    ("decoder_utilization", u.decoder.is_none()),
+                    (Operation::UtilizationRates, u.gpu.is_none()),
+                    (Operation::EncoderUtilization, u.encoder.is_none()),
+                    (Operation::DecoderUtilization, u.decoder.is_none()),
                 ] {
                     if missing {
                         failed.push(unsupported(op));
@@ -237,14 +224,14 @@ impl GpuSource for FakeGpu {
 
     fn power_thermal(&mut self, device: usize, failed: &mut Vec<GpuError>) -> PowerThermal {
         self.collector_calls[1] += 1;
-        match self.device(device, "temperature") {
+        match self.device(device, Operation::Temperature) {
             Ok(d) => {
                 if let Some(e) = &d.collector_error {
-                    failed.push(e.clone());
+                    failed.push(*e);
                     return PowerThermal::default();
                 }
                 if d.power.temperature_c.is_none() {
-                    failed.push(unsupported("temperature"));
+                    failed.push(unsupported(Operation::Temperature));
                 }
                 PowerThermal {
                     energy_mj: None,
@@ -260,26 +247,26 @@ impl GpuSource for FakeGpu {
 
     fn energy(&mut self, device: usize) -> Result<u64, GpuError> {
         self.slow_calls += 1;
-        self.device(device, "total_energy_consumption")?
+        self.device(device, Operation::TotalEnergyConsumption)?
             .power
             .energy_mj
-            .ok_or(unsupported("total_energy_consumption"))
+            .ok_or(unsupported(Operation::TotalEnergyConsumption))
     }
 
     fn ecc_mode(&mut self, device: usize) -> Result<bool, GpuError> {
         self.slow_calls += 1;
-        self.device(device, "ecc_mode")?
+        self.device(device, Operation::EccMode)?
             .health
             .ecc_enabled
-            .ok_or(unsupported("ecc_mode"))
+            .ok_or(unsupported(Operation::EccMode))
     }
 
     fn health(&mut self, device: usize, ecc_enabled: bool, failed: &mut Vec<GpuError>) -> Health {
         self.collector_calls[2] += 1;
-        match self.device(device, "remapped_rows") {
+        match self.device(device, Operation::RemappedRows) {
             Ok(d) => {
                 if d.health.remapped_rows.is_none() {
-                    failed.push(unsupported("remapped_rows"));
+                    failed.push(unsupported(Operation::RemappedRows));
                 }
                 Health {
                     ecc_enabled: None,
@@ -306,19 +293,19 @@ impl GpuSource for FakeGpu {
         out: &mut Vec<ProcessUtilizationSample>,
     ) -> Result<(), GpuError> {
         self.collector_calls[3] += 1;
-        let d = self.device(device, "process_utilization")?;
+        let d = self.device(device, Operation::ProcessUtilization)?;
         let samples = d
             .process_utilization
             .as_ref()
-            .ok_or(unsupported("process_utilization"))?;
+            .ok_or(unsupported(Operation::ProcessUtilization))?;
         out.extend(samples.iter().filter(|p| p.timestamp_us > since_us));
         Ok(())
     }
 
     fn watch_xid(&mut self, device: usize) -> Result<(), GpuError> {
-        let d = self.device(device, "register_events")?;
+        let d = self.device(device, Operation::RegisterEvents)?;
         if d.xid.is_none() {
-            return Err(unsupported("register_events"));
+            return Err(unsupported(Operation::RegisterEvents));
         }
         self.xid_watched.push(device);
         Ok(())
@@ -327,10 +314,10 @@ impl GpuSource for FakeGpu {
     fn xid_events(&mut self, out: &mut Vec<(usize, u64)>) -> Result<(), GpuError> {
         self.collector_calls[4] += 1;
         if self.closed {
-            return Err(GpuError {
-                operation: "event_set_wait",
-                ..CLOSED
-            });
+            return Err(GpuError::new(
+                Operation::EventSetWait,
+                ErrorKind::Uninitialized,
+            ));
         }
         for &i in &self.xid_watched {
             if let Some(list) = self.devices.get_mut(i).and_then(|d| d.xid.as_mut()) {
@@ -345,9 +332,6 @@ impl GpuSource for FakeGpu {
     }
 }
 
-fn unsupported(operation: &'static str) -> GpuError {
-    GpuError {
-        operation,
-        error: "not_supported",
-    }
+fn unsupported(operation: Operation) -> GpuError {
+    GpuError::new(operation, ErrorKind::NotSupported)
 }

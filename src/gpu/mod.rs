@@ -1,25 +1,17 @@
 //! The only code that talks to the GPU driver. [`GpuSource`] is the small
 //! seam the sampler uses; [`nvml::NvmlSource`] is the production impl,
 //! [`fake::FakeGpu`] an in-process one for unit tests of the tick, and
-//! [`error`] maps NVML errors to the `error` label.
+//! [`error`] holds the typed errors (kind and operation) and their labels.
 
 pub mod error;
 pub mod fake;
 pub mod nvml;
+pub mod readings;
 
-use crate::model::{
-    DeviceInfo, DriverInfo, Health, MemoryInfo, MigInfo, PowerThermal, ProcessUtilization,
-    Utilization,
-};
+use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
+use readings::{Health, PowerThermal, ProcessUtilization, Utilization};
 
-/// A failed driver call: the operation and a stable snake_case error name,
-/// exactly the labels of `gpumem_exporter_nvml_errors_total`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{operation}: {error}")]
-pub struct GpuError {
-    pub operation: &'static str,
-    pub error: &'static str,
-}
+pub use error::{ErrorKind, GpuError, Operation};
 
 /// One process as the driver lists it, before /proc lookups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,14 +31,6 @@ pub struct ProcessUtilizationSample {
     pub timestamp_us: u64,
     pub utilization: ProcessUtilization,
 }
-
-/// The error label of a call the GPU does not support: the family is left
-/// out for that GPU, logged once, not counted.
-pub const NOT_SUPPORTED: &[&str] = &[
-    "not_supported",
-    "function_not_found",
-    "failed_to_load_symbol",
-];
 
 /// What the sampler needs from a GPU driver. Implementations are owned by
 /// the sampler thread and never shared.
@@ -70,7 +54,7 @@ pub trait GpuSource {
     /// Memory of MIG instance `mig` (its index in the last `mig_layout`).
     fn mig_memory(&mut self, device: usize, mig: usize) -> Result<MemoryInfo, GpuError>;
     /// `utilization` collector. Each call that fails leaves its field `None`
-    /// and is pushed to `failed` (`not_supported` included).
+    /// and is pushed to `failed` (unsupported calls included).
     fn utilization(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Utilization;
     /// `power_thermal` collector without the energy counter, as
     /// [`GpuSource::utilization`].
@@ -98,27 +82,9 @@ pub trait GpuSource {
     fn xid_events(&mut self, out: &mut Vec<(usize, u64)>) -> Result<(), GpuError>;
     /// Let go of the driver (handles, and the library itself), so that the
     /// next open loads it afresh, e.g. after a driver upgrade. Every call
-    /// after this fails with `uninitialized`.
+    /// after this fails with [`ErrorKind::Uninitialized`].
     fn close(&mut self);
 }
-
-/// Errors after which no call on this NVML instance can succeed: the driver
-/// was upgraded under the loaded library, unloaded, or NVML shut down. The
-/// sampler closes the source and opens NVML afresh, with backoff.
-pub const DRIVER_GONE: &[&str] = &[
-    "lib_rm_version_mismatch",
-    "driver_not_loaded",
-    "uninitialized",
-];
-
-/// Errors of a MIG instance call that mean the layout changed under the
-/// handle (instance destroyed, MIG turned off): rescan the layout.
-pub const MIG_LAYOUT_CHANGED: &[&str] = &[
-    "invalid_arg",
-    "not_found",
-    "not_supported",
-    error::INVALID_DEVICE_INDEX,
-];
 
 /// Merge `p` into `out`, keeping one entry per pid. A process with both a
 /// compute and a graphics context is listed by both queries with the same

@@ -12,11 +12,11 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::{Device, EventSet, Nvml};
 
-use super::{GpuError, GpuSource, ProcessUtilizationSample, RawProcess, error, merge_process};
-use crate::model::{
-    DeviceInfo, DriverInfo, Health, MemoryInfo, MigInfo, PowerThermal, ProcessUtilization,
-    Utilization,
+use super::readings::{Health, PowerThermal, ProcessUtilization, Utilization};
+use super::{
+    ErrorKind, GpuError, GpuSource, Operation, ProcessUtilizationSample, RawProcess, merge_process,
 };
+use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
 
 /// The library name the dynamic loader resolves when none is configured.
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -40,17 +40,14 @@ pub enum InitError {
     #[error("NVML initialisation failed ({where_}): {operation}: {source}")]
     Other {
         where_: String,
-        operation: &'static str,
+        operation: Operation,
         #[source]
         source: NvmlError,
     },
 }
 
-fn gpu_err(operation: &'static str) -> impl Fn(NvmlError) -> GpuError {
-    move |e| GpuError {
-        operation,
-        error: error::label(&e),
-    }
+fn gpu_err(operation: Operation) -> impl Fn(NvmlError) -> GpuError {
+    move |e| GpuError::nvml(operation, &e)
 }
 
 /// NVML plus the device handles it hands out, or nothing after
@@ -85,7 +82,7 @@ impl Opened {
 }
 
 /// The error of every call after `close` (as NVML answers after shutdown).
-const CLOSED: &str = "uninitialized";
+const CLOSED: ErrorKind = ErrorKind::Uninitialized;
 
 impl NvmlSource {
     /// Load and initialise NVML and count the GPUs. Identities are read by
@@ -117,11 +114,11 @@ impl NvmlSource {
             },
             other => InitError::Other {
                 where_: where_.clone(),
-                operation: "init",
+                operation: Operation::Init,
                 source: other,
             },
         })?;
-        let other = |operation: &'static str| {
+        let other = |operation: Operation| {
             let where_ = where_.clone();
             move |source: NvmlError| InitError::Other {
                 where_,
@@ -132,16 +129,16 @@ impl NvmlSource {
         let driver = DriverInfo {
             driver_version: nvml
                 .sys_driver_version()
-                .map_err(other("system_driver_version"))?,
+                .map_err(other(Operation::SystemDriverVersion))?,
             nvml_version: nvml
                 .sys_nvml_version()
-                .map_err(other("system_nvml_version"))?,
+                .map_err(other(Operation::SystemNvmlVersion))?,
             cuda_driver_version: nvml
                 .sys_cuda_driver_version()
                 .map(cuda_version_string)
-                .map_err(other("system_cuda_driver_version"))?,
+                .map_err(other(Operation::SystemCudaDriverVersion))?,
         };
-        let count = nvml.device_count().map_err(other("device_count"))? as usize;
+        let count = nvml.device_count().map_err(other(Operation::DeviceCount))? as usize;
         Ok(Self {
             opened: Some(Opened {
                 handles: (0..count).map(|_| None).collect(),
@@ -154,26 +151,20 @@ impl NvmlSource {
         })
     }
 
-    fn opened(&mut self, operation: &'static str) -> Result<&mut Opened, GpuError> {
-        self.opened.as_mut().ok_or(GpuError {
-            operation,
-            error: CLOSED,
-        })
+    fn opened(&mut self, operation: Operation) -> Result<&mut Opened, GpuError> {
+        self.opened.as_mut().ok_or(GpuError::new(operation, CLOSED))
     }
 
-    fn handle(&self, device: usize, operation: &'static str) -> Result<&Device<'static>, GpuError> {
-        let opened = self.opened.as_ref().ok_or(GpuError {
-            operation,
-            error: CLOSED,
-        })?;
+    fn handle(&self, device: usize, operation: Operation) -> Result<&Device<'static>, GpuError> {
+        let opened = self
+            .opened
+            .as_ref()
+            .ok_or(GpuError::new(operation, CLOSED))?;
         opened
             .handles
             .get(device)
             .and_then(Option::as_ref)
-            .ok_or(GpuError {
-                operation,
-                error: error::INVALID_DEVICE_INDEX,
-            })
+            .ok_or(GpuError::new(operation, ErrorKind::InvalidDeviceIndex))
     }
 }
 
@@ -186,11 +177,11 @@ fn mig_instances(dev: &Device<'static>) -> Result<(Vec<Device<'static>>, Vec<Mig
         Ok(_) | Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {
             return Ok((Vec::new(), Vec::new()));
         }
-        Err(e) => return Err(gpu_err("mig_mode")(e)),
+        Err(e) => return Err(gpu_err(Operation::MigMode)(e)),
     }
     let max = dev
         .mig_device_count()
-        .map_err(gpu_err("max_mig_device_count"))?;
+        .map_err(gpu_err(Operation::MaxMigDeviceCount))?;
     let mut handles = Vec::new();
     let mut infos = Vec::new();
     for i in 0..max {
@@ -198,15 +189,15 @@ fn mig_instances(dev: &Device<'static>) -> Result<(Vec<Device<'static>>, Vec<Mig
             Ok(m) => m,
             // Slots without an instance answer NOT_FOUND.
             Err(NvmlError::NotFound) | Err(NvmlError::InvalidArg) => continue,
-            Err(e) => return Err(gpu_err("mig_device_by_index")(e)),
+            Err(e) => return Err(gpu_err(Operation::MigDeviceByIndex)(e)),
         };
         infos.push(MigInfo {
-            mig_uuid: mig.uuid().map_err(gpu_err("mig_device_uuid"))?,
+            mig_uuid: mig.uuid().map_err(gpu_err(Operation::MigDeviceUuid))?,
             name: mig.name().unwrap_or_default(),
             gpu_instance_id: instance_id(&mig, InstanceKind::Gpu)
-                .map_err(gpu_err("mig_gpu_instance_id"))?,
+                .map_err(gpu_err(Operation::MigGpuInstanceId))?,
             compute_instance_id: instance_id(&mig, InstanceKind::Compute)
-                .map_err(gpu_err("mig_compute_instance_id"))?,
+                .map_err(gpu_err(Operation::MigComputeInstanceId))?,
         });
         handles.push(mig);
     }
@@ -251,7 +242,7 @@ fn raw(p: nvml_wrapper::struct_wrappers::device::ProcessInfo) -> RawProcess {
 }
 
 fn memory_of(dev: &Device<'static>) -> Result<MemoryInfo, GpuError> {
-    let m = dev.memory_info().map_err(gpu_err("memory_info"))?;
+    let m = dev.memory_info().map_err(gpu_err(Operation::MemoryInfo))?;
     Ok(MemoryInfo {
         total: m.total,
         reserved: m.reserved,
@@ -270,34 +261,36 @@ impl GpuSource for NvmlSource {
     }
 
     fn identify(&mut self, device: usize) -> Result<DeviceInfo, GpuError> {
-        let opened = self.opened("device_by_index")?;
+        let opened = self.opened(Operation::DeviceByIndex)?;
         let nvml = opened.nvml();
-        let slot = opened.handles.get_mut(device).ok_or(GpuError {
-            operation: "device_by_index",
-            error: error::INVALID_DEVICE_INDEX,
-        })?;
+        let slot = opened.handles.get_mut(device).ok_or(GpuError::new(
+            Operation::DeviceByIndex,
+            ErrorKind::InvalidDeviceIndex,
+        ))?;
         let dev = match slot.take() {
             Some(dev) => dev,
             None => {
-                let index = u32::try_from(device).map_err(|_| GpuError {
-                    operation: "device_by_index",
-                    error: error::INVALID_DEVICE_INDEX,
+                let index = u32::try_from(device).map_err(|_| {
+                    GpuError::new(Operation::DeviceByIndex, ErrorKind::InvalidDeviceIndex)
                 })?;
                 nvml.device_by_index(index)
-                    .map_err(gpu_err("device_by_index"))?
+                    .map_err(gpu_err(Operation::DeviceByIndex))?
             }
         };
         let dev = slot.insert(dev);
         Ok(DeviceInfo {
             gpu: device.to_string(),
-            uuid: dev.uuid().map_err(gpu_err("device_uuid"))?,
-            name: dev.name().map_err(gpu_err("device_name"))?,
-            pci_bus_id: dev.pci_info().map_err(gpu_err("device_pci_info"))?.bus_id,
+            uuid: dev.uuid().map_err(gpu_err(Operation::DeviceUuid))?,
+            name: dev.name().map_err(gpu_err(Operation::DeviceName))?,
+            pci_bus_id: dev
+                .pci_info()
+                .map_err(gpu_err(Operation::DevicePciInfo))?
+                .bus_id,
         })
     }
 
     fn mig_layout(&mut self, device: usize) -> Result<Vec<MigInfo>, GpuError> {
-        let (handles, infos) = mig_instances(self.handle(device, "mig_mode")?)?;
+        let (handles, infos) = mig_instances(self.handle(device, Operation::MigMode)?)?;
         if let Some(slot) = self
             .opened
             .as_mut()
@@ -309,14 +302,14 @@ impl GpuSource for NvmlSource {
     }
 
     fn memory(&mut self, device: usize) -> Result<MemoryInfo, GpuError> {
-        memory_of(self.handle(device, "memory_info")?)
+        memory_of(self.handle(device, Operation::MemoryInfo)?)
     }
 
     fn processes(&mut self, device: usize, out: &mut Vec<RawProcess>) -> Result<(), GpuError> {
-        let dev = self.handle(device, "running_compute_processes")?;
+        let dev = self.handle(device, Operation::RunningComputeProcesses)?;
         for p in dev
             .running_compute_processes()
-            .map_err(gpu_err("running_compute_processes"))?
+            .map_err(gpu_err(Operation::RunningComputeProcesses))?
         {
             merge_process(out, raw(p));
         }
@@ -326,34 +319,31 @@ impl GpuSource for NvmlSource {
         match dev.running_graphics_processes() {
             Ok(list) => list.into_iter().for_each(|p| merge_process(out, raw(p))),
             Err(NvmlError::NotSupported) => {}
-            Err(e) => return Err(gpu_err("running_graphics_processes")(e)),
+            Err(e) => return Err(gpu_err(Operation::RunningGraphicsProcesses)(e)),
         }
         match dev.mps_running_compute_processes() {
             Ok(list) => list.into_iter().for_each(|p| merge_process(out, raw(p))),
             Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {}
-            Err(e) => return Err(gpu_err("mps_running_compute_processes")(e)),
+            Err(e) => return Err(gpu_err(Operation::MpsRunningComputeProcesses)(e)),
         }
         Ok(())
     }
 
     fn mig_memory(&mut self, device: usize, mig: usize) -> Result<MemoryInfo, GpuError> {
-        let opened = self.opened("mig_memory_info")?;
+        let opened = self.opened(Operation::MigMemoryInfo)?;
         let h = opened
             .mig_handles
             .get(device)
             .and_then(|m| m.get(mig))
-            .ok_or(GpuError {
-                operation: "mig_memory_info",
-                error: error::INVALID_DEVICE_INDEX,
-            })?;
-        memory_of(h).map_err(|e| GpuError {
-            operation: "mig_memory_info",
-            error: e.error,
-        })
+            .ok_or(GpuError::new(
+                Operation::MigMemoryInfo,
+                ErrorKind::InvalidDeviceIndex,
+            ))?;
+        memory_of(h).map_err(|e| GpuError::new(Operation::MigMemoryInfo, e.kind))
     }
 
     fn utilization(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Utilization {
-        match self.handle(device, "utilization_rates") {
+        match self.handle(device, Operation::UtilizationRates) {
             Ok(dev) => collect::utilization(dev, failed),
             Err(e) => {
                 failed.push(e);
@@ -363,7 +353,7 @@ impl GpuSource for NvmlSource {
     }
 
     fn power_thermal(&mut self, device: usize, failed: &mut Vec<GpuError>) -> PowerThermal {
-        match self.handle(device, "temperature") {
+        match self.handle(device, Operation::Temperature) {
             Ok(dev) => collect::power_thermal(dev, failed),
             Err(e) => {
                 failed.push(e);
@@ -373,20 +363,23 @@ impl GpuSource for NvmlSource {
     }
 
     fn energy(&mut self, device: usize) -> Result<u64, GpuError> {
-        self.handle(device, "total_energy_consumption")?
+        self.handle(device, Operation::TotalEnergyConsumption)?
             .total_energy_consumption()
-            .map_err(gpu_err("total_energy_consumption"))
+            .map_err(gpu_err(Operation::TotalEnergyConsumption))
     }
 
     fn ecc_mode(&mut self, device: usize) -> Result<bool, GpuError> {
-        self.handle(device, "ecc_mode")?
+        self.handle(device, Operation::EccMode)?
             .is_ecc_enabled()
             .map(|m| m.currently_enabled)
-            .map_err(gpu_err("ecc_mode"))
+            .map_err(gpu_err(Operation::EccMode))
     }
 
     fn health(&mut self, device: usize, ecc_enabled: bool, failed: &mut Vec<GpuError>) -> Health {
-        match self.handle(device, "ecc_mode") {
+        // Without a handle, no call was made: name the one the collector
+        // always makes (row remapping), not the ECC mode, a slow read of
+        // its own.
+        match self.handle(device, Operation::RemappedRows) {
             Ok(dev) => collect::health(dev, ecc_enabled, failed),
             Err(e) => {
                 failed.push(e);
@@ -401,7 +394,7 @@ impl GpuSource for NvmlSource {
         since_us: u64,
         out: &mut Vec<ProcessUtilizationSample>,
     ) -> Result<(), GpuError> {
-        let dev = self.handle(device, "process_utilization")?;
+        let dev = self.handle(device, Operation::ProcessUtilization)?;
         match dev.process_utilization_stats(since_us) {
             Ok(samples) => {
                 out.extend(samples.into_iter().map(|p| ProcessUtilizationSample {
@@ -418,19 +411,16 @@ impl GpuSource for NvmlSource {
             }
             // No sample newer than `since_us`: no process did any work.
             Err(NvmlError::NotFound) => Ok(()),
-            Err(e) => Err(gpu_err("process_utilization")(e)),
+            Err(e) => Err(gpu_err(Operation::ProcessUtilization)(e)),
         }
     }
 
     fn watch_xid(&mut self, device: usize) -> Result<(), GpuError> {
-        const OP: &str = "register_events";
+        const OP: Operation = Operation::RegisterEvents;
         let dev = self.handle(device, OP)?;
         let supported = dev.supported_event_types().map_err(gpu_err(OP))?;
         if !supported.contains(EventTypes::CRITICAL_XID_ERROR) {
-            return Err(GpuError {
-                operation: OP,
-                error: "not_supported",
-            });
+            return Err(GpuError::new(OP, ErrorKind::NotSupported));
         }
         let opened = self.opened(OP)?;
         let set = match opened.events.take() {
@@ -438,16 +428,13 @@ impl GpuSource for NvmlSource {
             None => opened
                 .nvml()
                 .create_event_set()
-                .map_err(gpu_err("event_set_create"))?,
+                .map_err(gpu_err(Operation::EventSetCreate))?,
         };
         let dev = opened
             .handles
             .get(device)
             .and_then(Option::as_ref)
-            .ok_or(GpuError {
-                operation: OP,
-                error: error::INVALID_DEVICE_INDEX,
-            })?;
+            .ok_or(GpuError::new(OP, ErrorKind::InvalidDeviceIndex))?;
         match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
             Ok(set) => {
                 opened.events = Some(set);
@@ -461,12 +448,9 @@ impl GpuSource for NvmlSource {
     }
 
     fn xid_events(&mut self, out: &mut Vec<(usize, u64)>) -> Result<(), GpuError> {
-        const OP: &str = "event_set_wait";
+        const OP: Operation = Operation::EventSetWait;
         let Some(opened) = self.opened.as_mut() else {
-            return Err(GpuError {
-                operation: OP,
-                error: CLOSED,
-            });
+            return Err(GpuError::new(OP, CLOSED));
         };
         let Some(set) = opened.events.as_ref() else {
             return Ok(());
@@ -476,7 +460,10 @@ impl GpuSource for NvmlSource {
             match set.wait(0) {
                 Ok(event) => {
                     // Events are rare: one index query each is cheap.
-                    let index = event.device.index().map_err(gpu_err("device_index"))?;
+                    let index = event
+                        .device
+                        .index()
+                        .map_err(gpu_err(Operation::DeviceIndex))?;
                     if let Some(XidError::Value(xid)) = event.event_data {
                         out.push((index as usize, xid));
                     }

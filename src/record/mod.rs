@@ -321,16 +321,8 @@ where
     let lookup = ProcCache::from_config(&cfg.attribution, pods.clone());
     // The sampler first: its first snapshot waits in the channel while the
     // output is opened, and no file is left behind when NVML cannot load.
-    let sampler = sample::spawn(
-        open,
-        lookup,
-        cfg.timing,
-        cfg.selection,
-        cfg.collectors,
-        Arc::clone(&shared),
-        control_rx,
-    )
-    .map_err(|e| RecordError::Sampler(e.to_string()))?;
+    let sampler = sample::spawn(open, lookup, cfg.sampler(), Arc::clone(&shared), control_rx)
+        .map_err(|e| RecordError::Sampler(e.to_string()))?;
     let stop_sampler = |sampler: std::thread::JoinHandle<()>| {
         let _ = control_tx.send(Control::Stop);
         let _ = sampler.join();
@@ -584,7 +576,7 @@ mod tests {
 mod encoder_tests {
     use super::*;
     use crate::attribute::ProcessLookup;
-    use crate::config::Timing;
+    use crate::config::{SamplerConfig, Timing};
     use crate::gpu::GpuError;
     use crate::gpu::fake::{FakeDevice, FakeGpu, process};
     use crate::model::{ProcIdentity, TorchStats};
@@ -622,7 +614,12 @@ mod encoder_tests {
             peak_window: Duration::from_secs(30),
             mig_rescan_interval: Duration::from_secs(30),
         };
-        Sampler::new(FakeGpu::new(vec![d]), Names, t)
+        let config = SamplerConfig {
+            timing: t,
+            selection: Default::default(),
+            collectors: Default::default(),
+        };
+        Sampler::new(FakeGpu::new(vec![d]), Names, config)
     }
 
     /// Encode each snapshot as the writer does; the text of each sample.
@@ -747,10 +744,10 @@ mod encoder_tests {
         let first = s.tick();
         s.gpu_mut().devices[0].processes = Ok(vec![process(7, 6 * GIB)]);
         let left = s.tick();
-        s.gpu_mut().devices[0].memory = Err(GpuError {
-            operation: "memory",
-            error: "gpu_lost",
-        });
+        s.gpu_mut().devices[0].memory = Err(GpuError::new(
+            crate::gpu::Operation::MemoryInfo,
+            crate::gpu::ErrorKind::GpuLost,
+        ));
         let down = s.tick();
         let down_again = s.tick();
         let start = Stamp::new(UNIX_EPOCH);

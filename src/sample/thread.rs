@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::tick::Sampler;
 use crate::attribute::ProcessLookup;
 use crate::backoff::Backoff;
-use crate::config::{Collectors, HumanDuration, Selection, Timing};
+use crate::config::{HumanDuration, SamplerConfig};
 use crate::gpu::GpuSource;
 use crate::publish::Shared;
 
@@ -44,12 +44,12 @@ pub enum OpenFailure<E> {
 }
 
 /// Messages to the sampler thread.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum Control {
     Stop,
     /// New intervals, selection and collectors from a reloaded config
     /// (SIGHUP).
-    Reconfigure(Timing, Selection, Collectors),
+    Reconfigure(SamplerConfig),
 }
 
 /// Waits between NVML (re)initialisation attempts: 1 s doubling to 30 s.
@@ -94,9 +94,7 @@ fn wait_alive(
 pub fn spawn<G, P, E, F>(
     open: F,
     procs: P,
-    timing: Timing,
-    selection: Selection,
-    collectors: Collectors,
+    config: SamplerConfig,
     shared: Arc<Shared>,
     control: Receiver<Control>,
 ) -> Result<JoinHandle<()>, StartError<E>>
@@ -138,7 +136,7 @@ where
                         }
                         let wait = backoff.next_delay();
                         if let Some(Control::Stop) =
-                            wait_alive(&shared, &control, wait, timing.sample_interval)
+                            wait_alive(&shared, &control, wait, config.timing.sample_interval)
                         {
                             return;
                         }
@@ -148,9 +146,7 @@ where
             if attempts > 1 {
                 tracing::info!(attempts, "NVML answered; sampling starts");
             }
-            let mut sampler = Sampler::new(gpu, procs, timing)
-                .with_selection(selection)
-                .with_collectors(collectors);
+            let mut sampler = Sampler::new(gpu, procs, config);
             shared.publish(sampler.tick());
             let _ = ready_tx.send(Ok(()));
             run_loop(sampler, &shared, &control, &open);
@@ -174,19 +170,6 @@ where
 fn advance(prev: Instant, step: Duration, now: Instant) -> Instant {
     let next = prev + step;
     if next <= now { now + step } else { next }
-}
-
-/// What to tell an operator when NVML says the driver is gone.
-fn driver_gone_advice(error: &str) -> &'static str {
-    match error {
-        "lib_rm_version_mismatch" => {
-            "the NVIDIA driver was upgraded without reloading its kernel module (NVML_ERROR_LIB_RM_VERSION_MISMATCH): reboot, or stop the GPU users and reload the nvidia modules"
-        }
-        "driver_not_loaded" => {
-            "the NVIDIA kernel driver was unloaded (NVML_ERROR_DRIVER_NOT_LOADED): load it again (modprobe nvidia) or check `nvidia-smi`"
-        }
-        _ => "NVML stopped answering (NVML_ERROR_UNINITIALIZED)",
-    }
 }
 
 fn run_loop<G, P, E, F>(
@@ -220,10 +203,11 @@ fn run_loop<G, P, E, F>(
         match control.recv_timeout(wait) {
             Err(RecvTimeoutError::Timeout) => {}
             Ok(Control::Stop) | Err(RecvTimeoutError::Disconnected) => return,
-            Ok(Control::Reconfigure(timing, selection, collectors)) => {
-                sampler.reconfigure(timing, selection, collectors);
-                shared.set_interval(timing.sample_interval);
-                t = timing;
+            Ok(Control::Reconfigure(config)) => {
+                let collectors = config.collectors.enabled();
+                shared.set_interval(config.timing.sample_interval);
+                t = config.timing;
+                sampler.reconfigure(config);
                 let now = Instant::now();
                 next_full = now + t.sample_interval;
                 next_mem = now + t.memory_sample_interval;
@@ -232,7 +216,7 @@ fn run_loop<G, P, E, F>(
                     memory_sample_interval = %HumanDuration(t.memory_sample_interval),
                     peak_window = %HumanDuration(t.peak_window),
                     mig_rescan_interval = %HumanDuration(t.mig_rescan_interval),
-                    collectors = ?collectors,
+                    collectors = %collectors.join(","),
                     "sampler reconfigured"
                 );
                 continue;
@@ -281,10 +265,10 @@ fn run_loop<G, P, E, F>(
         let all_down = !snapshot.devices.is_empty() && snapshot.devices.iter().all(|d| !d.up());
         if let Some(e) = sampler.driver_gone() {
             tracing::error!(
-                operation = e.operation,
-                error = e.error,
+                operation = %e.operation,
+                error = %e.kind,
                 "{}; every GPU is exported as gpu_up 0 and /readyz answers 503 while NVML is re-opened with backoff",
-                driver_gone_advice(e.error)
+                e.kind.driver_gone_advice()
             );
             sampler.close_gpu();
             closed = true;

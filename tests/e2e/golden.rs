@@ -18,11 +18,14 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use gpumem_exporter::expose::{self, Format};
+use gpumem_exporter::gpu::readings::{
+    Health, PowerThermal, ProcessUtilization, RemappedRows, RetiredPages, Utilization,
+};
+use gpumem_exporter::gpu::{ErrorKind, Operation};
 use gpumem_exporter::model::{
     AllocatorBackend, AllocatorSettings, DeviceInfo, DeviceSample, DriverInfo, DurationHistogram,
-    ExporterCounters, Health, KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses,
-    PowerThermal, ProcIdentity, ProcessSample, ProcessUtilization, RemappedRows, RetiredPages,
-    Snapshot, TorchCounters, TorchPool, TorchPools, TorchStats, Utilization,
+    ExporterCounters, KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses, ProcIdentity,
+    ProcessSample, Readings, Snapshot, TorchCounters, TorchPool, TorchPools, TorchStats,
 };
 use gpumem_exporter::sample::SAMPLE_DURATION_BUCKETS;
 
@@ -128,7 +131,7 @@ fn fixed_snapshot() -> Snapshot {
             }),
             oom_snapshots: Some(1),
         }),
-        utilization: Some(ProcessUtilization {
+        readings: Readings::default().with(ProcessUtilization {
             sm: 87,
             memory: 41,
             encoder: 0,
@@ -143,7 +146,7 @@ fn fixed_snapshot() -> Snapshot {
         compute_instance_id: None,
         used_peak_bytes: None,
         torch: None,
-        utilization: None,
+        readings: Readings::default(),
     };
     let gpu0 = DeviceSample {
         info: h200(
@@ -159,33 +162,34 @@ fn fixed_snapshot() -> Snapshot {
             used_bytes: 3 * GIB,
         }),
         mig: Arc::from(Vec::new()),
-        utilization: Some(Utilization {
-            gpu: Some(93),
-            memory: Some(41),
-            encoder: Some(0),
-            decoder: None,
-        }),
-        power: Some(PowerThermal {
-            temperature_c: Some(62),
-            power_mw: Some(612_345),
-            power_limit_mw: Some(700_000),
-            energy_mj: Some(81_234_567_890),
-            clocks_mhz: [Some(1755), Some(1980), Some(3201), None],
-            performance_state: Some(0),
-            clock_event_reasons: Some(0x4),
-        }),
-        health: Some(Health {
-            ecc_enabled: Some(true),
-            ecc_errors: [Some(12), Some(40), Some(1), Some(1)],
-            remapped_rows: Some(RemappedRows {
-                correctable: 2,
-                uncorrectable: 1,
-                pending: true,
-                failed: false,
+        readings: Readings::default()
+            .with(Utilization {
+                gpu: Some(93),
+                memory: Some(41),
+                encoder: Some(0),
+                decoder: None,
+            })
+            .with(PowerThermal {
+                temperature_c: Some(62),
+                power_mw: Some(612_345),
+                power_limit_mw: Some(700_000),
+                energy_mj: Some(81_234_567_890),
+                clocks_mhz: [Some(1755), Some(1980), Some(3201), None],
+                performance_state: Some(0),
+                clock_event_reasons: Some(0x4),
+            })
+            .with(Health {
+                ecc_enabled: Some(true),
+                ecc_errors: [Some(12), Some(40), Some(1), Some(1)],
+                remapped_rows: Some(RemappedRows {
+                    correctable: 2,
+                    uncorrectable: 1,
+                    pending: true,
+                    failed: false,
+                }),
+                retired_pages: None,
+                xid_errors: Some(Arc::new(BTreeMap::from([(48, 1), (79, 2)]))),
             }),
-            retired_pages: None,
-            xid_errors: Some(Arc::new(BTreeMap::from([(48, 1), (79, 2)]))),
-        }),
     };
     let mig = |gi: u32, ci: u32, uuid: &str, used: Option<u64>| MigSample {
         info: Arc::new(MigInfo {
@@ -209,7 +213,7 @@ fn fixed_snapshot() -> Snapshot {
         compute_instance_id: Some(0),
         used_peak_bytes: Some(2 * GIB + MIB),
         torch: None,
-        utilization: None,
+        readings: Readings::default(),
     };
     let gpu1 = DeviceSample {
         info: h200(
@@ -230,20 +234,20 @@ fn fixed_snapshot() -> Snapshot {
             ),
             mig(2, 0, "MIG-1d2c3b4a-0000-4000-8000-000000000002", None),
         ]),
-        utilization: None,
-        power: Some(PowerThermal {
-            temperature_c: Some(38),
-            ..PowerThermal::default()
-        }),
-        health: Some(Health {
-            ecc_enabled: Some(false),
-            retired_pages: Some(RetiredPages {
-                single_bit_ecc: Some(2),
-                double_bit_ecc: Some(0),
-                pending: Some(true),
+        readings: Readings::default()
+            .with(PowerThermal {
+                temperature_c: Some(38),
+                ..PowerThermal::default()
+            })
+            .with(Health {
+                ecc_enabled: Some(false),
+                retired_pages: Some(RetiredPages {
+                    single_bit_ecc: Some(2),
+                    double_bit_ecc: Some(0),
+                    pending: Some(true),
+                }),
+                ..Health::default()
             }),
-            ..Health::default()
-        }),
     };
     let gpu2 = DeviceSample {
         info: h200(
@@ -256,9 +260,7 @@ fn fixed_snapshot() -> Snapshot {
         processes: Arc::from(Vec::new()),
         other: None,
         mig: Arc::from(Vec::new()),
-        utilization: None,
-        power: None,
-        health: None,
+        readings: Readings::default(),
     };
     // GPU 3 fell off the bus before the exporter started: no identity.
     let gpu3 = DeviceSample {
@@ -268,14 +270,12 @@ fn fixed_snapshot() -> Snapshot {
         processes: Arc::from(Vec::new()),
         other: None,
         mig: Arc::from(Vec::new()),
-        utilization: None,
-        power: None,
-        health: None,
+        readings: Readings::default(),
     };
     let mut errors = BTreeMap::new();
-    errors.insert(("device_uuid", "gpu_lost"), 4);
-    errors.insert(("memory_info", "gpu_lost"), 7);
-    errors.insert(("running_compute_processes", "unknown"), 1);
+    errors.insert((Operation::DeviceUuid, ErrorKind::GpuLost), 4);
+    errors.insert((Operation::MemoryInfo, ErrorKind::GpuLost), 7);
+    errors.insert((Operation::RunningComputeProcesses, ErrorKind::Unknown), 1);
     Snapshot {
         taken_at: UNIX_EPOCH + Duration::from_millis(1_796_112_000_250),
         driver: Arc::new(DriverInfo {

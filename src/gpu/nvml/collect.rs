@@ -10,13 +10,13 @@ use nvml_wrapper::enum_wrappers::device::{
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 
 use super::gpu_err;
-use crate::gpu::GpuError;
-use crate::model::{Health, PowerThermal, RemappedRows, RetiredPages, Utilization};
+use crate::gpu::readings::{self, Health, PowerThermal, RemappedRows, RetiredPages, Utilization};
+use crate::gpu::{GpuError, Operation};
 
 /// The value of a collector call, or `None` with its error pushed.
 pub(super) fn keep<T>(
     r: Result<T, NvmlError>,
-    operation: &'static str,
+    operation: Operation,
     failed: &mut Vec<GpuError>,
 ) -> Option<T> {
     r.map_err(|e| failed.push(gpu_err(operation)(e))).ok()
@@ -76,41 +76,57 @@ pub(super) fn pstate_number(p: PerformanceState) -> Option<u32> {
 
 /// The `utilization` collector's calls on one GPU.
 pub(super) fn utilization(dev: &Device<'static>, failed: &mut Vec<GpuError>) -> Utilization {
-    let rates = keep(dev.utilization_rates(), "utilization_rates", failed);
+    let rates = keep(dev.utilization_rates(), Operation::UtilizationRates, failed);
     Utilization {
         gpu: rates.as_ref().map(|r| r.gpu),
         memory: rates.as_ref().map(|r| r.memory),
-        encoder: keep(dev.encoder_utilization(), "encoder_utilization", failed)
-            .map(|u| u.utilization),
-        decoder: keep(dev.decoder_utilization(), "decoder_utilization", failed)
-            .map(|u| u.utilization),
+        encoder: keep(
+            dev.encoder_utilization(),
+            Operation::EncoderUtilization,
+            failed,
+        )
+        .map(|u| u.utilization),
+        decoder: keep(
+            dev.decoder_utilization(),
+            Operation::DecoderUtilization,
+            failed,
+        )
+        .map(|u| u.utilization),
     }
 }
 
 /// The `power_thermal` collector's calls on one GPU (the energy counter
 /// is a slow read of its own).
 pub(super) fn power_thermal(dev: &Device<'static>, failed: &mut Vec<GpuError>) -> PowerThermal {
-    let clock = |c: Clock, op: &'static str, failed: &mut Vec<GpuError>| {
-        keep(dev.clock_info(c), op, failed)
-    };
     PowerThermal {
         temperature_c: keep(
             dev.temperature(TemperatureSensor::Gpu),
-            "temperature",
+            Operation::Temperature,
             failed,
         ),
-        power_mw: keep(dev.power_usage(), "power_usage", failed),
-        power_limit_mw: keep(dev.enforced_power_limit(), "enforced_power_limit", failed),
+        power_mw: keep(dev.power_usage(), Operation::PowerUsage, failed),
+        power_limit_mw: keep(
+            dev.enforced_power_limit(),
+            Operation::EnforcedPowerLimit,
+            failed,
+        ),
         energy_mj: None,
-        clocks_mhz: [
-            clock(Clock::Graphics, "clock_info_graphics", failed),
-            clock(Clock::SM, "clock_info_sm", failed),
-            clock(Clock::Memory, "clock_info_memory", failed),
-            clock(Clock::Video, "clock_info_video", failed),
-        ],
-        performance_state: keep(dev.performance_state(), "performance_state", failed)
+        clocks_mhz: readings::Clock::ALL.map(|c| {
+            let (clock, op) = match c {
+                readings::Clock::Graphics => (Clock::Graphics, Operation::ClockInfoGraphics),
+                readings::Clock::Sm => (Clock::SM, Operation::ClockInfoSm),
+                readings::Clock::Memory => (Clock::Memory, Operation::ClockInfoMemory),
+                readings::Clock::Video => (Clock::Video, Operation::ClockInfoVideo),
+            };
+            keep(dev.clock_info(clock), op, failed)
+        }),
+        performance_state: keep(dev.performance_state(), Operation::PerformanceState, failed)
             .and_then(pstate_number),
-        clock_event_reasons: keep(clock_event_reasons(dev), "clock_event_reasons", failed),
+        clock_event_reasons: keep(
+            clock_event_reasons(dev),
+            Operation::ClockEventReasons,
+            failed,
+        ),
     }
 }
 
@@ -121,41 +137,43 @@ pub(super) fn health(
     ecc_enabled: bool,
     failed: &mut Vec<GpuError>,
 ) -> Health {
-    let mut ecc_errors = [None; 4];
     // Counters only mean something with ECC on (NVML answers
     // NOT_SUPPORTED otherwise); ask only then.
-    if ecc_enabled {
-        let kinds = [
-            (MemoryError::Corrected, EccCounter::Volatile),
-            (MemoryError::Corrected, EccCounter::Aggregate),
-            (MemoryError::Uncorrected, EccCounter::Volatile),
-            (MemoryError::Uncorrected, EccCounter::Aggregate),
-        ];
-        for (slot, (kind, counter)) in ecc_errors.iter_mut().zip(kinds) {
-            *slot = keep(
-                dev.total_ecc_errors(kind, counter),
-                "total_ecc_errors",
-                failed,
-            );
-        }
-    }
-    let remapped = keep(remapped_rows(dev), "remapped_rows", failed);
+    let ecc_errors = readings::EccCounter::ALL.map(|c| {
+        use readings::EccCounter as C;
+        let (kind, counter) = match c {
+            C::CorrectedVolatile => (MemoryError::Corrected, EccCounter::Volatile),
+            C::CorrectedAggregate => (MemoryError::Corrected, EccCounter::Aggregate),
+            C::UncorrectedVolatile => (MemoryError::Uncorrected, EccCounter::Volatile),
+            C::UncorrectedAggregate => (MemoryError::Uncorrected, EccCounter::Aggregate),
+        };
+        ecc_enabled
+            .then(|| {
+                keep(
+                    dev.total_ecc_errors(kind, counter),
+                    Operation::TotalEccErrors,
+                    failed,
+                )
+            })
+            .flatten()
+    });
+    let remapped = keep(remapped_rows(dev), Operation::RemappedRows, failed);
     // Page retirement is what GPUs before Ampere do instead of row
     // remapping: asked only where row remapping is not supported.
     let retired_pages = if remapped.is_none() {
         let single = keep(
             dev.retired_pages(RetirementCause::MultipleSingleBitEccErrors),
-            "retired_pages_single_bit_ecc",
+            Operation::RetiredPagesSingleBitEcc,
             failed,
         );
         let double = keep(
             dev.retired_pages(RetirementCause::DoubleBitEccError),
-            "retired_pages_double_bit_ecc",
+            Operation::RetiredPagesDoubleBitEcc,
             failed,
         );
         let pending = keep(
             dev.are_pages_pending_retired(),
-            "retired_pages_pending",
+            Operation::RetiredPagesPending,
             failed,
         );
         (single.is_some() || double.is_some() || pending.is_some()).then(|| RetiredPages {

@@ -1,0 +1,234 @@
+//! One GPU as the sampler keeps it between ticks: its identity, memory and
+//! peak window, MIG layout, and the last full sample's processes. The
+//! switchable collectors keep their own per-GPU state
+//! (`collectors/`); this holds what every sample has.
+//!
+//! Per device, a full tick walks this state machine:
+//! - identity unknown (NVML enumerated the GPU but its handle or identity
+//!   did not answer): retried every full tick; the GPU is down meanwhile;
+//! - known: memory read every tick; on a full tick also the processes, the
+//!   MIG layout when `mig_rescan_interval` has passed or a MIG call says it
+//!   changed (a process on an instance the layout does not have, a stale
+//!   instance handle), and each instance's memory.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::errors::Errors;
+use super::peaks::WindowMax;
+use crate::gpu::{GpuSource, RawProcess};
+use crate::model::{DeviceInfo, MemoryInfo, MigInfo, MigSample, OtherProcesses, ProcessSample};
+
+pub(super) struct DeviceState {
+    pub(super) index: usize,
+    pub(super) info: Arc<DeviceInfo>,
+    pub(super) memory: Option<MemoryInfo>,
+    pub(super) used_peak: WindowMax,
+    pub(super) processes: Arc<[ProcessSample]>,
+    pub(super) other: Option<OtherProcesses>,
+    pub(super) process_peaks: HashMap<u32, WindowMax>,
+    pub(super) mig: Arc<[MigSample]>,
+    /// When the MIG layout was last read; `None`: not yet.
+    mig_read_at: Option<Instant>,
+    /// Failed identity reads in a row (the first one is logged).
+    identify_failures: u32,
+}
+
+impl DeviceState {
+    pub(super) fn unknown(index: usize) -> Self {
+        DeviceState {
+            index,
+            info: Arc::new(DeviceInfo::unknown(index)),
+            memory: None,
+            used_peak: WindowMax::default(),
+            processes: Arc::from(Vec::new()),
+            other: None,
+            process_peaks: HashMap::new(),
+            mig: Arc::from(Vec::new()),
+            mig_read_at: None,
+            identify_failures: 0,
+        }
+    }
+
+    /// No answer in this sample: no memory, no processes, no MIG memory.
+    pub(super) fn mark_down(&mut self) {
+        self.memory = None;
+        self.processes = Arc::from(Vec::new());
+        self.other = None;
+        self.process_peaks.clear();
+        if self.mig.iter().any(|m| m.memory.is_some()) {
+            self.mig = self
+                .mig
+                .iter()
+                .map(|m| MigSample {
+                    info: Arc::clone(&m.info),
+                    memory: None,
+                })
+                .collect();
+        }
+    }
+
+    /// Read the memory and feed the peak window; while the identity is
+    /// unknown or the driver is gone, the GPU is down. Returns the time
+    /// spent in NVML.
+    pub(super) fn read_memory(
+        &mut self,
+        gpu: &mut dyn GpuSource,
+        errors: &mut Errors,
+        now: Instant,
+        window: Duration,
+    ) -> Duration {
+        if errors.driver_gone.is_some() || !self.info.is_known() {
+            self.mark_down();
+            self.used_peak.expire(now, window);
+            return Duration::ZERO;
+        }
+        let t = Instant::now();
+        let result = gpu.memory(self.index);
+        let spent = t.elapsed();
+        match result {
+            Ok(m) => {
+                self.used_peak.push(now, m.used, window);
+                self.memory = Some(m);
+            }
+            Err(e) => {
+                self.memory = None;
+                self.used_peak.expire(now, window);
+                errors.count(e);
+            }
+        }
+        spent
+    }
+
+    /// Read the identity and MIG layout; on success the GPU is known from
+    /// now on. Failures are counted, and the first of a run is logged.
+    pub(super) fn discover(&mut self, gpu: &mut dyn GpuSource, errors: &mut Errors, now: Instant) {
+        let i = self.index;
+        let found = gpu
+            .identify(i)
+            .and_then(|info| Ok((info, gpu.mig_layout(i)?)));
+        match found {
+            Ok((info, layout)) => {
+                if self.identify_failures > 0 {
+                    tracing::info!(
+                        gpu = i,
+                        uuid = %info.uuid,
+                        failures = self.identify_failures,
+                        "GPU answered; its series start now"
+                    );
+                }
+                self.info = Arc::new(info);
+                self.mig = layout_samples(layout);
+                self.mig_read_at = Some(now);
+                self.identify_failures = 0;
+            }
+            Err(e) => {
+                if self.identify_failures == 0 {
+                    tracing::warn!(
+                        gpu = i,
+                        operation = %e.operation,
+                        error = %e.kind,
+                        "GPU identity cannot be read; it is exported as gpu_up 0 and retried at each full sample"
+                    );
+                }
+                self.identify_failures = self.identify_failures.saturating_add(1);
+                errors.count(e);
+            }
+        }
+    }
+
+    /// Whether the MIG layout is due for a rescan at `now` (read once per
+    /// tick at most).
+    pub(super) fn mig_rescan_due(&self, now: Instant, every: Duration) -> bool {
+        self.mig_read_at
+            .is_none_or(|at| at != now && now.duration_since(at) >= every)
+    }
+
+    /// Whether the layout was read in the tick that started at `now`.
+    pub(super) fn mig_read_in(&self, now: Instant) -> bool {
+        self.mig_read_at == Some(now)
+    }
+
+    /// Read the MIG layout again; a changed layout replaces the instance
+    /// list (instances that vanished leave no series).
+    pub(super) fn rescan_mig(
+        &mut self,
+        gpu: &mut dyn GpuSource,
+        errors: &mut Errors,
+        now: Instant,
+    ) {
+        let result = gpu.mig_layout(self.index);
+        self.mig_read_at = Some(now);
+        match result {
+            Ok(layout) => {
+                let same = layout.len() == self.mig.len()
+                    && layout
+                        .iter()
+                        .zip(self.mig.iter())
+                        .all(|(a, b)| *a == *b.info);
+                if !same {
+                    tracing::info!(
+                        gpu = self.index,
+                        before = self.mig.len(),
+                        after = layout.len(),
+                        "MIG layout changed"
+                    );
+                    self.mig = layout_samples(layout);
+                }
+            }
+            Err(e) => errors.count(e),
+        }
+    }
+
+    /// Each MIG instance's memory. Returns whether a failure says the
+    /// layout changed under the handles.
+    pub(super) fn read_mig_memory(&mut self, gpu: &mut dyn GpuSource, errors: &mut Errors) -> bool {
+        let mut changed = false;
+        let mut mig = Vec::with_capacity(self.mig.len());
+        for (k, m) in self.mig.iter().enumerate() {
+            let memory = match gpu.mig_memory(self.index, k) {
+                Ok(mem) => Some(mem),
+                Err(e) => {
+                    changed |= e.kind.is_layout_changed();
+                    errors.count(e);
+                    None
+                }
+            };
+            mig.push(MigSample {
+                info: Arc::clone(&m.info),
+                memory,
+            });
+        }
+        self.mig = Arc::from(mig);
+        changed
+    }
+
+    /// The MIG instance process `p` runs on, if the layout has it.
+    pub(super) fn instance_of(&self, p: &RawProcess) -> Option<&MigSample> {
+        let gi = p.gpu_instance_id?;
+        self.mig.iter().find(|m| {
+            m.info.gpu_instance_id == gi
+                && p.compute_instance_id
+                    .is_none_or(|ci| ci == m.info.compute_instance_id)
+        })
+    }
+
+    /// A listed process runs on a MIG instance the layout does not have.
+    pub(super) fn unknown_instance(&self, listed: &[RawProcess]) -> bool {
+        listed
+            .iter()
+            .any(|p| p.gpu_instance_id.is_some() && self.instance_of(p).is_none())
+    }
+}
+
+/// A MIG layout as samples without memory (read in the same tick).
+fn layout_samples(layout: Vec<MigInfo>) -> Arc<[MigSample]> {
+    layout
+        .into_iter()
+        .map(|m| MigSample {
+            info: Arc::new(m),
+            memory: None,
+        })
+        .collect()
+}

@@ -1,0 +1,67 @@
+//! The process step of a full sample, for one GPU: feed every listed
+//! process's peak window, select the ones that get series of their own
+//! (the rest summed), and ask attribution who each is (with the torch
+//! bridge's figures for this GPU or its MIG instance) and the per-process
+//! collectors what they read.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::collectors::Running;
+use super::device::DeviceState;
+use super::peaks::WindowMax;
+use super::select::select;
+use crate::attribute::ProcessLookup;
+use crate::config::Selection;
+use crate::gpu::RawProcess;
+use crate::model::ProcessSample;
+
+/// Replace `dev`'s processes with `listed` (sorted by pid, one per pid).
+pub(super) fn update<P: ProcessLookup>(
+    dev: &mut DeviceState,
+    listed: &[RawProcess],
+    selection: &Selection,
+    procs: &mut P,
+    collectors: &Running,
+    now: Instant,
+    window: Duration,
+) {
+    // Peaks follow every listed process, exported or not, so a process
+    // that climbs into the top N arrives with its history.
+    for p in listed {
+        if let Some(b) = p.used_bytes {
+            dev.process_peaks
+                .entry(p.pid)
+                .or_default()
+                .push(now, b, window);
+        }
+    }
+    dev.process_peaks
+        .retain(|pid, _| listed.binary_search_by_key(pid, |p| p.pid).is_ok());
+    let (keep, other) = select(listed, selection);
+    let mut list = Vec::with_capacity(keep.len());
+    for k in keep {
+        let p = &listed[k];
+        let ident = procs.identify(p.pid);
+        // The process's MIG instance, whose UUID torch reports.
+        let torch = match dev.instance_of(p) {
+            Some(m) => procs.torch(p.pid, &[m.info.mig_uuid.as_str(), dev.info.uuid.as_str()]),
+            None => procs.torch(p.pid, &[dev.info.uuid.as_str()]),
+        };
+        list.push(ProcessSample {
+            pid: p.pid,
+            used_bytes: p.used_bytes,
+            ident,
+            gpu_instance_id: p.gpu_instance_id,
+            compute_instance_id: p.compute_instance_id,
+            used_peak_bytes: p
+                .used_bytes
+                .and_then(|_| dev.process_peaks.get(&p.pid))
+                .and_then(WindowMax::max),
+            torch,
+            readings: collectors.process_readings(dev.index, p.pid),
+        });
+    }
+    dev.processes = Arc::from(list);
+    dev.other = other;
+}

@@ -1,0 +1,599 @@
+use super::*;
+use crate::config::Collectors;
+use crate::gpu::fake::{FakeDevice, FakeGpu, memory, process};
+use crate::gpu::readings::{Health, PowerThermal, ProcessUtilization, Utilization};
+use crate::gpu::{ErrorKind, Operation, ProcessUtilizationSample};
+use crate::model::{MigInfo, OtherProcesses, ProcIdentity};
+use crate::sample::collectors;
+
+const GIB: u64 = 1 << 30;
+
+/// A lookup that records what the sampler asks and names pid `n` "pn".
+#[derive(Default)]
+struct Recorder {
+    identified: Vec<u32>,
+    torch_asked: Vec<(u32, Vec<String>)>,
+    live_after_tick: Vec<u32>,
+}
+
+impl ProcessLookup for Recorder {
+    fn identify(&mut self, pid: u32) -> Arc<ProcIdentity> {
+        self.identified.push(pid);
+        Arc::new(ProcIdentity {
+            comm: Arc::from(format!("p{pid}")),
+            ..ProcIdentity::default()
+        })
+    }
+    fn retain(&mut self, live: &dyn Fn(u32) -> bool) {
+        self.live_after_tick = (0..100).filter(|p| live(*p)).collect();
+    }
+    fn torch(&mut self, pid: u32, uuids: &[&str]) -> Option<crate::model::TorchStats> {
+        self.torch_asked
+            .push((pid, uuids.iter().map(|u| u.to_string()).collect()));
+        None
+    }
+}
+
+fn timing() -> Timing {
+    Timing {
+        sample_interval: Duration::from_secs(1),
+        memory_sample_interval: Duration::from_millis(100),
+        peak_window: Duration::from_secs(30),
+        mig_rescan_interval: Duration::from_secs(10),
+    }
+}
+
+fn lost(operation: Operation) -> GpuError {
+    GpuError::new(operation, ErrorKind::GpuLost)
+}
+
+/// The default collectors with `timing`.
+fn with(timing: Timing) -> SamplerConfig {
+    SamplerConfig {
+        timing,
+        selection: Selection::default(),
+        collectors: Collectors::default(),
+    }
+}
+
+/// `timing()` and these collectors.
+fn switched(collectors: Collectors) -> SamplerConfig {
+    SamplerConfig {
+        collectors,
+        ..with(timing())
+    }
+}
+
+/// Collector `name`'s switch set to `on`.
+fn set(mut c: Collectors, name: &str, on: bool) -> Collectors {
+    c.set(collectors::find(name).unwrap(), on);
+    c
+}
+
+#[test]
+fn a_full_tick_lists_selects_and_names_processes() {
+    let mut d0 = FakeDevice::new(0, 80 * GIB, 10 * GIB);
+    // pid 10 listed twice (compute and graphics): one entry.
+    d0.processes = Ok(vec![
+        process(30, GIB),
+        process(10, 5 * GIB),
+        process(20, 3 * GIB),
+        process(10, 5 * GIB),
+    ]);
+    let gpu = FakeGpu::new(vec![d0, FakeDevice::new(1, 80 * GIB, 0)]);
+    let selection = Selection {
+        enabled: true,
+        min_bytes: 0,
+        top_n: 2,
+    };
+    let mut s = Sampler::new(gpu, Recorder::default(), with(timing())).with_selection(selection);
+    let snap = s.tick();
+    assert_eq!(snap.devices.len(), 2);
+    let d = &snap.devices[0];
+    assert!(d.up());
+    assert_eq!(d.memory.map(|m| m.used), Some(10 * GIB));
+    let listed: Vec<(u32, &str, Option<u64>)> = d
+        .processes
+        .iter()
+        .map(|p| (p.pid, &*p.ident.comm, p.used_bytes))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![(10, "p10", Some(5 * GIB)), (20, "p20", Some(3 * GIB))]
+    );
+    assert_eq!(
+        d.other,
+        Some(OtherProcesses {
+            count: 1,
+            used_bytes: GIB
+        })
+    );
+    assert!(snap.devices[1].processes.is_empty());
+    assert_eq!(snap.devices[1].other, None);
+    // Only processes with a series are looked up, and kept in the cache.
+    assert_eq!(s.procs.identified, vec![10, 20]);
+    assert_eq!(s.procs.live_after_tick, vec![10, 20]);
+    assert_eq!(snap.sample_duration.count, 1);
+}
+
+#[test]
+fn a_gpu_that_fails_is_down_and_counted_while_the_others_report() {
+    let mut d1 = FakeDevice::new(1, 80 * GIB, GIB);
+    d1.memory = Err(lost(Operation::MemoryInfo));
+    let gpu = FakeGpu::new(vec![FakeDevice::new(0, 80 * GIB, GIB), d1]);
+    let mut s = Sampler::new(gpu, Recorder::default(), with(timing()));
+    s.tick();
+    let snap = s.tick();
+    assert!(snap.devices[0].up());
+    assert!(!snap.devices[1].up());
+    assert_eq!(snap.devices[1].used_peak_bytes, None, "no fake peak");
+    assert_eq!(
+        snap.nvml_errors
+            .get(&(Operation::MemoryInfo, ErrorKind::GpuLost)),
+        Some(&2)
+    );
+    // Its processes are not queried while its memory fails.
+    assert_eq!(s.gpu_mut().process_calls, 2, "GPU 0 only, twice");
+    // It answers again: up, with no restart.
+    s.gpu_mut().devices[1].memory = Ok(memory(80 * GIB, 2 * GIB));
+    assert!(s.tick().devices[1].up());
+}
+
+#[test]
+fn a_failed_process_query_leaves_the_gpu_down_for_that_sample() {
+    let mut d0 = FakeDevice::new(0, 80 * GIB, GIB);
+    d0.processes = Err(lost(Operation::RunningComputeProcesses));
+    let mut s = Sampler::new(FakeGpu::new(vec![d0]), Recorder::default(), with(timing()));
+    let snap = s.tick();
+    assert!(!snap.devices[0].up());
+    assert!(snap.devices[0].processes.is_empty());
+    assert_eq!(
+        snap.nvml_errors
+            .get(&(Operation::RunningComputeProcesses, ErrorKind::GpuLost)),
+        Some(&1)
+    );
+}
+
+#[test]
+fn peaks_include_memory_ticks_between_full_ticks() {
+    let gpu = FakeGpu::new(vec![FakeDevice::new(0, 80 * GIB, 10 * GIB)]);
+    let mut s = Sampler::new(gpu, Recorder::default(), with(timing()));
+    s.tick();
+    s.gpu_mut().devices[0].memory = Ok(memory(80 * GIB, 40 * GIB));
+    s.tick_memory();
+    s.gpu_mut().devices[0].memory = Ok(memory(80 * GIB, 12 * GIB));
+    let snap = s.tick_memory();
+    let d = &snap.devices[0];
+    assert_eq!(d.memory.map(|m| m.used), Some(12 * GIB));
+    assert_eq!(d.used_peak_bytes, Some(40 * GIB));
+    assert_eq!(snap.memory_samples, 2);
+    assert_eq!(
+        snap.sample_duration.count, 1,
+        "memory ticks are not full ones"
+    );
+}
+
+#[test]
+fn mig_instances_are_read_and_torch_is_asked_for_the_instance_first() {
+    let mig = |uuid: &str, gi: u32| MigInfo {
+        mig_uuid: uuid.into(),
+        name: "MIG 3g.40gb".into(),
+        gpu_instance_id: gi,
+        compute_instance_id: 0,
+    };
+    let mut d0 = FakeDevice::new(0, 80 * GIB, 3 * GIB);
+    d0.mig = vec![
+        (mig("MIG-a", 1), Ok(memory(40 * GIB, 2 * GIB))),
+        (mig("MIG-b", 2), Err(lost(Operation::MigMemoryInfo))),
+    ];
+    d0.processes = Ok(vec![
+        RawProcess {
+            pid: 7,
+            used_bytes: Some(GIB),
+            gpu_instance_id: Some(1),
+            compute_instance_id: Some(0),
+        },
+        process(8, GIB),
+    ]);
+    let mut s = Sampler::new(FakeGpu::new(vec![d0]), Recorder::default(), with(timing()));
+    let snap = s.tick();
+    let d = &snap.devices[0];
+    assert_eq!(d.mig.len(), 2);
+    assert_eq!(d.mig[0].memory.map(|m| m.used), Some(2 * GIB));
+    assert_eq!(d.mig[1].memory, None);
+    assert_eq!(
+        snap.nvml_errors
+            .get(&(Operation::MigMemoryInfo, ErrorKind::GpuLost)),
+        Some(&1)
+    );
+    assert_eq!(
+        s.procs.torch_asked,
+        vec![
+            (7, vec!["MIG-a".to_string(), "GPU-fake-0000".to_string()]),
+            (8, vec!["GPU-fake-0000".to_string()]),
+        ]
+    );
+}
+
+fn mig(uuid: &str, gi: u32) -> MigInfo {
+    MigInfo {
+        mig_uuid: uuid.into(),
+        name: "MIG 1g.18gb".into(),
+        gpu_instance_id: gi,
+        compute_instance_id: 0,
+    }
+}
+
+fn on_instance(pid: u32, gi: u32) -> RawProcess {
+    RawProcess {
+        pid,
+        used_bytes: Some(GIB),
+        gpu_instance_id: Some(gi),
+        compute_instance_id: Some(0),
+    }
+}
+
+fn up_uuids(snap: &Snapshot) -> Vec<(String, String, bool)> {
+    snap.devices
+        .iter()
+        .map(|d| (d.info.gpu.clone(), d.info.uuid.clone(), d.up()))
+        .collect()
+}
+
+#[test]
+fn healthy_then_lost_then_back_keeps_its_identity() {
+    let gpu = FakeGpu::new(vec![FakeDevice::new(0, 80 * GIB, GIB)]);
+    let mut s = Sampler::new(gpu, Recorder::default(), with(timing()));
+    assert!(s.tick().devices[0].up());
+    s.gpu_mut().devices[0].memory = Err(lost(Operation::MemoryInfo));
+    let snap = s.tick();
+    assert_eq!(
+        up_uuids(&snap),
+        vec![("0".into(), "GPU-fake-0000".into(), false)],
+        "a lost GPU keeps its uuid on gpu_up 0"
+    );
+    s.gpu_mut().devices[0].memory = Ok(memory(80 * GIB, 3 * GIB));
+    let snap = s.tick();
+    assert_eq!(snap.devices[0].memory.map(|m| m.used), Some(3 * GIB));
+    assert_eq!(s.gpu_mut().identify_calls, 1, "identity is read once");
+    assert!(s.driver_gone().is_none());
+}
+
+#[test]
+fn an_unknown_identity_is_retried_each_full_tick_until_known() {
+    let mut d2 = FakeDevice::new(2, 80 * GIB, 7 * GIB);
+    d2.identity_error = Some(lost(Operation::DeviceUuid));
+    let gpu = FakeGpu::new(vec![
+        FakeDevice::new(0, 80 * GIB, GIB),
+        FakeDevice::new(1, 80 * GIB, 2 * GIB),
+        d2,
+    ]);
+    let mut s = Sampler::new(gpu, Recorder::default(), with(timing()));
+    let snap = s.tick();
+    assert_eq!(
+        up_uuids(&snap),
+        vec![
+            ("0".into(), "GPU-fake-0000".into(), true),
+            ("1".into(), "GPU-fake-0001".into(), true),
+            ("2".into(), String::new(), false),
+        ]
+    );
+    assert!(!snap.devices[2].info.is_known());
+    // Memory ticks do not retry identities, full ticks do.
+    s.tick_memory();
+    assert_eq!(s.gpu_mut().identify_calls, 3);
+    let snap = s.tick();
+    assert_eq!(s.gpu_mut().identify_calls, 4);
+    assert_eq!(
+        snap.nvml_errors
+            .get(&(Operation::DeviceUuid, ErrorKind::GpuLost)),
+        Some(&2)
+    );
+    assert_eq!(
+        snap.nvml_errors
+            .get(&(Operation::MemoryInfo, ErrorKind::GpuLost)),
+        None,
+        "no memory call on a GPU without identity"
+    );
+    s.gpu_mut().devices[2].identity_error = None;
+    let snap = s.tick();
+    assert_eq!(snap.devices[2].info.uuid, "GPU-fake-0002");
+    assert_eq!(snap.devices[2].memory.map(|m| m.used), Some(7 * GIB));
+    assert_eq!(s.gpu_mut().identify_calls, 5);
+}
+
+#[test]
+fn mig_layouts_are_followed_two_three_then_off() {
+    let mut d0 = FakeDevice::new(0, 80 * GIB, 3 * GIB);
+    d0.mig = vec![
+        (mig("MIG-a", 1), Ok(memory(18 * GIB, GIB))),
+        (mig("MIG-b", 2), Ok(memory(18 * GIB, 0))),
+    ];
+    d0.processes = Ok(vec![on_instance(7, 1)]);
+    let mut s = Sampler::new(FakeGpu::new(vec![d0]), Recorder::default(), with(timing()));
+    let snap = s.tick();
+    let uuids = |snap: &Snapshot| -> Vec<String> {
+        snap.devices[0]
+            .mig
+            .iter()
+            .map(|m| m.info.mig_uuid.clone())
+            .collect()
+    };
+    assert_eq!(uuids(&snap), vec!["MIG-a", "MIG-b"]);
+    assert_eq!(s.gpu_mut().mig_layout_calls, 1);
+    // A third instance with a process on it: the process names an
+    // instance the layout lacks, so the layout is read in that tick.
+    let d = &mut s.gpu_mut().devices[0];
+    d.mig.push((mig("MIG-c", 3), Ok(memory(18 * GIB, 2 * GIB))));
+    d.processes = Ok(vec![on_instance(7, 1), on_instance(8, 3)]);
+    let snap = s.tick();
+    assert_eq!(uuids(&snap), vec!["MIG-a", "MIG-b", "MIG-c"]);
+    assert_eq!(snap.devices[0].mig[2].memory.map(|m| m.used), Some(2 * GIB));
+    let pids: Vec<(u32, Option<u32>)> = snap.devices[0]
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.gpu_instance_id))
+        .collect();
+    assert_eq!(pids, vec![(7, Some(1)), (8, Some(3))]);
+    assert_eq!(
+        s.procs.torch_asked.last(),
+        Some(&(8, vec!["MIG-c".to_string(), "GPU-fake-0000".to_string()])),
+        "torch is asked for the new instance"
+    );
+    assert_eq!(s.gpu_mut().mig_layout_calls, 2);
+    // A steady layout is not read again before mig_rescan_interval.
+    s.tick();
+    assert_eq!(s.gpu_mut().mig_layout_calls, 2);
+    // MIG turned off: the stale instance handles fail, the layout is
+    // read again at once, and no instance is left.
+    let d = &mut s.gpu_mut().devices[0];
+    d.mig.clear();
+    d.processes = Ok(vec![process(9, GIB)]);
+    let snap = s.tick();
+    assert!(snap.devices[0].mig.is_empty());
+    assert!(snap.devices[0].up());
+    assert_eq!(
+        snap.nvml_errors
+            .get(&(Operation::MigMemoryInfo, ErrorKind::InvalidArg)),
+        Some(&3),
+        "each stale handle failed once"
+    );
+    assert_eq!(s.gpu_mut().mig_layout_calls, 3);
+}
+
+#[test]
+fn the_layout_is_read_again_every_rescan_interval() {
+    let gpu = FakeGpu::new(vec![FakeDevice::new(0, 80 * GIB, GIB)]);
+    let t = Timing {
+        mig_rescan_interval: Duration::ZERO,
+        ..timing()
+    };
+    let mut s = Sampler::new(gpu, Recorder::default(), with(t));
+    s.tick();
+    s.tick();
+    s.tick_memory();
+    s.tick();
+    // Identity (1) + one rescan per later full tick (2).
+    assert_eq!(s.gpu_mut().mig_layout_calls, 3);
+}
+
+#[test]
+fn a_driver_gone_error_downs_every_gpu_and_a_reopen_enumerates_again() {
+    let gpu = FakeGpu::new(vec![
+        FakeDevice::new(0, 80 * GIB, GIB),
+        FakeDevice::new(1, 80 * GIB, GIB),
+    ]);
+    let mut s = Sampler::new(gpu, Recorder::default(), with(timing()));
+    assert!(s.tick().devices.iter().all(|d| d.up()));
+    s.gpu_mut().devices[0].memory = Err(GpuError::new(
+        Operation::MemoryInfo,
+        ErrorKind::LibRmVersionMismatch,
+    ));
+    let snap = s.tick();
+    assert!(snap.devices.iter().all(|d| !d.up()), "nothing is trusted");
+    assert_eq!(
+        s.driver_gone().map(|e| e.kind),
+        Some(ErrorKind::LibRmVersionMismatch)
+    );
+    assert_eq!(
+        snap.nvml_errors
+            .get(&(Operation::MemoryInfo, ErrorKind::LibRmVersionMismatch)),
+        Some(&1)
+    );
+    s.close_gpu();
+    assert!(s.gpu_mut().closed);
+    assert!(s.snapshot().devices.iter().all(|d| !d.up()));
+    // The driver comes back with three GPUs, the old GPU 1 now at 0.
+    let mut a = FakeDevice::new(1, 80 * GIB, 5 * GIB);
+    a.info.gpu = "0".into();
+    let mut b = FakeDevice::new(7, 80 * GIB, 6 * GIB);
+    b.info.gpu = "1".into();
+    let mut c = FakeDevice::new(8, 80 * GIB, 0);
+    c.info.gpu = "2".into();
+    s.count_reinit();
+    s.replace_gpu(FakeGpu::new(vec![a, b, c]));
+    assert!(s.driver_gone().is_none());
+    let snap = s.tick();
+    assert_eq!(
+        up_uuids(&snap),
+        vec![
+            ("0".into(), "GPU-fake-0001".into(), true),
+            ("1".into(), "GPU-fake-0007".into(), true),
+            ("2".into(), "GPU-fake-0008".into(), true),
+        ]
+    );
+    assert_eq!(snap.devices[0].memory.map(|m| m.used), Some(5 * GIB));
+    assert_eq!(snap.nvml_reinit_attempts, 1);
+    assert_eq!(
+        snap.nvml_errors
+            .get(&(Operation::MemoryInfo, ErrorKind::LibRmVersionMismatch)),
+        Some(&1),
+        "counters survive the re-open"
+    );
+}
+
+fn all_on() -> Collectors {
+    collectors::REGISTRY
+        .iter()
+        .fold(Collectors::default(), |c, d| set(c, d.name, true))
+}
+
+#[test]
+fn collectors_read_what_the_gpu_supports_and_skip_the_rest() {
+    use crate::gpu::readings::RemappedRows;
+    let mut d0 = FakeDevice::new(0, 80 * GIB, GIB);
+    d0.utilization = Utilization {
+        gpu: Some(93),
+        memory: Some(41),
+        encoder: None,
+        decoder: None,
+    };
+    d0.power.temperature_c = Some(44);
+    d0.power.power_mw = Some(123_456);
+    d0.health.ecc_enabled = Some(true);
+    d0.health.remapped_rows = Some(RemappedRows {
+        correctable: 0,
+        uncorrectable: 1,
+        pending: true,
+        failed: false,
+    });
+    d0.processes = Ok(vec![process(7, GIB), process(8, GIB)]);
+    let sample = |pid, ts, sm| ProcessUtilizationSample {
+        pid,
+        timestamp_us: ts,
+        utilization: ProcessUtilization {
+            sm,
+            memory: 5,
+            encoder: 0,
+            decoder: 0,
+        },
+    };
+    // pid 7: two samples, the later wins; pid 8: none (idle).
+    d0.process_utilization = Some(vec![sample(7, 10, 50), sample(7, 20, 90)]);
+    d0.xid = Some(vec![79, 48, 79]);
+    let d1 = FakeDevice::new(1, 80 * GIB, GIB); // supports nothing
+    let mut s = Sampler::new(
+        FakeGpu::new(vec![d0, d1]),
+        Recorder::default(),
+        switched(all_on()),
+    );
+    let snap = s.tick();
+    let d = &snap.devices[0];
+    assert_eq!(
+        d.readings.get::<Utilization>().map(|u| (u.gpu, u.encoder)),
+        Some((Some(93), None))
+    );
+    assert_eq!(
+        d.readings.get::<PowerThermal>().and_then(|p| p.power_mw),
+        Some(123_456)
+    );
+    let h = d.readings.get::<Health>().unwrap();
+    assert_eq!(h.remapped_rows.map(|r| r.pending), Some(true));
+    let xids: Vec<(u64, u64)> = h
+        .xid_errors
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    assert_eq!(xids, vec![(48, 1), (79, 2)]);
+    let utils: Vec<(u32, Option<u32>)> = d
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.readings.get::<ProcessUtilization>().map(|u| u.sm)))
+        .collect();
+    assert_eq!(utils, vec![(7, Some(90)), (8, Some(0))]);
+    // GPU 1 supports none of it: no figures, no Xid family, and
+    // nothing counted as an NVML error.
+    let d = &snap.devices[1];
+    assert_eq!(d.readings.get::<Utilization>().and_then(|u| u.gpu), None);
+    assert_eq!(
+        d.readings
+            .get::<Health>()
+            .and_then(|h| h.xid_errors.clone()),
+        None
+    );
+    assert!(d.processes.is_empty());
+    assert!(snap.nvml_errors.is_empty(), "{:?}", snap.nvml_errors);
+    assert_eq!(s.errors.unsupported_logged(), 12);
+    // The next sample asks only for newer process samples: pid 7 idle.
+    let snap = s.tick();
+    assert_eq!(
+        snap.devices[0].processes[0]
+            .readings
+            .get::<ProcessUtilization>()
+            .map(|u| u.sm),
+        Some(0)
+    );
+    assert_eq!(s.gpu_mut().xid_watched, vec![0], "watched once");
+    assert_eq!(
+        s.gpu_mut().slow_calls,
+        4,
+        "energy and ECC mode once per GPU within SLOW_READ_INTERVAL"
+    );
+    assert_eq!(
+        snap.devices[0]
+            .readings
+            .get::<Health>()
+            .and_then(|h| h.ecc_enabled),
+        Some(true),
+        "the ECC mode is kept between slow reads"
+    );
+}
+
+#[test]
+fn switched_off_collectors_make_no_calls() {
+    let gpu = FakeGpu::new(vec![FakeDevice::new(0, 80 * GIB, GIB)]);
+    let off = ["processes", "utilization", "power_thermal", "health"]
+        .into_iter()
+        .fold(Collectors::default(), |c, name| set(c, name, false));
+    // process_utilization needs processes: no calls either.
+    let off = set(off, "process_utilization", true);
+    let mut s = Sampler::new(gpu, Recorder::default(), switched(off));
+    let snap = s.tick();
+    assert!(snap.devices[0].up());
+    assert_eq!(s.gpu_mut().collector_calls, [0; 5]);
+    assert_eq!(s.gpu_mut().process_calls, 0);
+    let d = &snap.devices[0];
+    assert!(d.readings.is_empty());
+    // Switched on by a reload: called from the next sample.
+    s.reconfigure(switched(all_on()));
+    s.tick();
+    assert_eq!(s.gpu_mut().collector_calls, [1, 1, 1, 1, 1]);
+    assert_eq!(s.gpu_mut().process_calls, 1);
+}
+
+#[test]
+fn a_collector_call_that_fails_otherwise_is_counted_and_unsupported_is_not() {
+    let mut d0 = FakeDevice::new(0, 80 * GIB, GIB);
+    d0.power.temperature_c = Some(40);
+    let mut s = Sampler::new(
+        FakeGpu::new(vec![d0]),
+        Recorder::default(),
+        switched(set(set(all_on(), "utilization", false), "health", false)),
+    );
+    s.tick();
+    let snap = s.tick();
+    assert!(snap.nvml_errors.is_empty(), "{:?}", snap.nvml_errors);
+    assert_eq!(
+        snap.devices[0]
+            .readings
+            .get::<PowerThermal>()
+            .and_then(|p| p.temperature_c),
+        Some(40)
+    );
+    s.gpu_mut().devices[0].collector_error = Some(lost(Operation::Temperature));
+    let snap = s.tick();
+    assert_eq!(
+        snap.nvml_errors
+            .get(&(Operation::Temperature, ErrorKind::GpuLost)),
+        Some(&1)
+    );
+    assert_eq!(
+        snap.devices[0]
+            .readings
+            .get::<PowerThermal>()
+            .and_then(|p| p.temperature_c),
+        None
+    );
+}
