@@ -19,6 +19,7 @@ pub mod history;
 pub mod http;
 pub mod logging;
 pub mod model;
+pub mod pipeline;
 pub mod podres;
 pub mod publish;
 pub mod record;

@@ -1,5 +1,6 @@
-//! gpumem-exporter: flags → config → wire the components (sampler thread,
-//! pod watcher, pod-resources client, config reload, HTTP server). The only place for `anyhow`:
+//! gpumem-exporter: flags → config → [`Pipeline::start`] (sampler thread,
+//! pod watcher, pod-resources client, config reload; the wiring `record`
+//! shares) → serve HTTP or record to a file. The only place for `anyhow`:
 //! every component returns its own typed error.
 //!
 //! Exit codes: 0 clean shutdown, 1 NVML could not be loaded or initialised
@@ -16,17 +17,12 @@ use std::time::Duration;
 
 use clap::{Arg, ArgAction, ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use gpumem_exporter::attribute::ProcCache;
-use gpumem_exporter::attribute::kube::{self, PodIndex};
 use gpumem_exporter::config::{self, Config, HumanDuration, Overrides};
 use gpumem_exporter::gpu::nvml::{InitError, NvmlSource};
 use gpumem_exporter::http::web_config::Web;
-use gpumem_exporter::podres::{self, PodResources};
-use gpumem_exporter::publish::Shared;
+use gpumem_exporter::pipeline::{Pipeline, Reload};
 use gpumem_exporter::record::{self, Target};
-use gpumem_exporter::sample::{self, Control, OpenFailure, collectors};
-use gpumem_exporter::signals::{self, Signals};
-use gpumem_exporter::telemetry::Telemetry;
+use gpumem_exporter::sample::{OpenFailure, collectors};
 use gpumem_exporter::{expose, http, logging};
 
 #[derive(Debug, Parser)]
@@ -242,7 +238,11 @@ fn main() -> ExitCode {
             eprintln!("gpumem-exporter: {flag} does not apply to record, which serves no HTTP");
             return ExitCode::from(2);
         }
-        return record_main(cfg, args);
+        let reload = Reload {
+            file: cli.config_file.clone(),
+            flags: overrides,
+        };
+        return record_main(cfg, reload, args);
     }
     let web = match Web::load(cli.web_config_file) {
         Ok(w) => w,
@@ -251,7 +251,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(cfg, cli.config_file, overrides, web) {
+    let reload = Reload {
+        file: cli.config_file,
+        flags: overrides,
+    };
+    match serve(cfg, reload, web) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -262,7 +266,7 @@ fn main() -> ExitCode {
 
 /// `gpumem-exporter record`: exit 2 when the format cannot be told, 1 when
 /// nothing could be recorded, else what [`record::run`] says.
-fn record_main(cfg: Config, args: RecordArgs) -> ExitCode {
+fn record_main(cfg: Config, reload: Reload, args: RecordArgs) -> ExitCode {
     let target = Target::parse(&args.output);
     if let Target::Path(p) = &target
         && p.is_dir()
@@ -291,7 +295,7 @@ fn record_main(cfg: Config, args: RecordArgs) -> ExitCode {
         command: args.command,
     };
     let library = cfg.nvml_library.clone();
-    match record::run(&cfg, opts, move || open_nvml(library.as_deref())) {
+    match record::run(cfg, reload, opts, move || open_nvml(library.as_deref())) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("gpumem-exporter: {e}");
@@ -300,77 +304,20 @@ fn record_main(cfg: Config, args: RecordArgs) -> ExitCode {
     }
 }
 
-/// On SIGHUP, re-read the config file with the same flags. A bad file keeps
-/// the running config (logged, counted). Intervals, peak window and the
-/// process knobs apply at once; keys that need a restart are named in a
-/// warning.
-async fn reload_on_sighup(
-    file: Option<PathBuf>,
-    flags: Overrides,
-    mut current: Config,
-    control: std::sync::mpsc::Sender<Control>,
-    telemetry: Arc<Telemetry>,
-    mut signals: Signals,
-) {
-    loop {
-        signals.hangup().await;
-        let env = |k: &str| std::env::var(k).ok();
-        match config::load(file.as_deref(), &flags, &env) {
-            Err(e) => {
-                Telemetry::bump(&telemetry.config_reloads_failure);
-                tracing::error!("config reload failed, keeping the running config: {e}");
-            }
-            Ok(new) => {
-                Telemetry::bump(&telemetry.config_reloads_success);
-                let restart = config::restart_needed(&current, &new);
-                if !restart.is_empty() {
-                    tracing::warn!(
-                        keys = %restart.join(","),
-                        "config reloaded; these changed keys take effect only after a restart"
-                    );
-                }
-                let _ = control.send(Control::Reconfigure(new.sampler()));
-                tracing::info!("config reloaded");
-                current = new;
-            }
-        }
-    }
-}
-
-fn run(
-    cfg: Config,
-    config_file: Option<PathBuf>,
-    overrides: Overrides,
-    web: Web,
-) -> anyhow::Result<()> {
+/// The daemon: the pipeline, then the HTTP server until SIGTERM/SIGINT.
+fn serve(cfg: Config, reload: Reload, web: Web) -> anyhow::Result<()> {
     tracing::info!(
         version = expose::VERSION,
         revision = expose::REVISION,
-        config = %config::describe(config_file.as_ref()),
+        config = %config::describe(reload.file.as_ref()),
         "starting gpumem-exporter"
     );
-    let telemetry = Arc::new(Telemetry::new());
-    let pod_resources = cfg
-        .pod_resources
-        .as_ref()
-        .and_then(PodResources::if_socket_exists);
-    let shared = Arc::new(
-        Shared::new(cfg.timing.sample_interval, Arc::clone(&telemetry))
-            .with_pod_resources(pod_resources.clone()),
-    );
-    let (control_tx, control_rx) = std::sync::mpsc::channel::<Control>();
     let library = cfg.nvml_library.clone();
     let started = std::time::Instant::now();
-    let pods = cfg.kubernetes.as_ref().map(|_| Arc::new(PodIndex::new()));
-    let lookup = ProcCache::from_config(&cfg.attribution, pods.clone());
-    let _sampler = sample::spawn(
-        move || open_nvml(library.as_deref()),
-        lookup,
-        cfg.sampler(),
-        Arc::clone(&shared),
-        control_rx,
-    )?;
-    if let Some(s) = shared.latest() {
+    let pipeline = Pipeline::start(cfg.clone(), reload, None, move || {
+        open_nvml(library.as_deref())
+    })?;
+    if let Some(s) = pipeline.shared().latest() {
         tracing::info!(
             init_ms = started.elapsed().as_millis() as u64,
             gpus = s.devices.len(),
@@ -392,24 +339,12 @@ fn run(
         .thread_name("http")
         .build()?;
     runtime.block_on(async {
-        let signals = signals::install();
-        if let (Some(k), Some(index)) = (&cfg.kubernetes, pods) {
-            tokio::spawn(kube::run_watcher(k.clone(), index));
-        }
-        if let (Some(p), Some(store)) = (&cfg.pod_resources, pod_resources) {
-            tokio::spawn(podres::run(p.clone(), store));
-        }
-        tokio::spawn(reload_on_sighup(
-            config_file,
-            overrides,
-            cfg.clone(),
-            control_tx.clone(),
-            Arc::clone(&telemetry),
-            signals.clone(),
-        ));
+        let signals = pipeline.run_background();
+        let shared = Arc::clone(pipeline.shared());
+        let telemetry = Arc::clone(pipeline.telemetry());
         http::serve(&cfg.http, shared, web, telemetry, signals).await
     })?;
-    let _ = control_tx.send(Control::Stop);
+    pipeline.stop();
     tracing::info!("stopped");
     Ok(())
 }

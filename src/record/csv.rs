@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use super::{EncodeError, Encoder, SampleKind, Stamp};
+use super::format::{EncodeError, Encoder, SampleKind, Stamp};
 use crate::model::{MemoryInfo, Snapshot};
 
 /// The header row, column by column.
@@ -52,12 +52,11 @@ impl Default for Csv {
 type Rows<'a> = ::csv::Writer<&'a mut Vec<u8>>;
 
 fn row(w: &mut Rows, fields: [&str; 16]) -> Result<(), EncodeError> {
-    w.write_record(fields)
-        .map_err(|e| EncodeError(e.to_string()))
+    w.write_record(fields).map_err(EncodeError::from)
 }
 
 fn done(mut w: Rows) -> Result<(), EncodeError> {
-    w.flush().map_err(|e| EncodeError(e.to_string()))
+    w.flush().map_err(EncodeError::from)
 }
 
 fn opt(v: Option<u64>) -> String {

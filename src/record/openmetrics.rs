@@ -29,7 +29,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::{EncodeError, Encoder, SampleKind, Stamp};
+use super::format::{EncodeError, Encoder, SampleKind, Stamp};
 use crate::expose::{self, Families, Format};
 use crate::model::Snapshot;
 
@@ -110,8 +110,8 @@ impl Encoder for OpenMetrics {
             SampleKind::Full => Families::Gpus,
             SampleKind::Memory => Families::Devices,
         };
-        let text = expose::encode_families(s, Format::OpenMetrics, families)
-            .map_err(|e| EncodeError(e.to_string()))?;
+        let text =
+            expose::encode_families(s, Format::OpenMetrics, families).map_err(EncodeError::from)?;
         let mut rows = 0;
         for line in text.lines() {
             if line == "# EOF" {
@@ -136,4 +136,13 @@ impl Encoder for OpenMetrics {
         }
         Ok(rows)
     }
+}
+
+/// The kernel's host name (the `instance` of OpenMetrics samples).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".to_string())
 }

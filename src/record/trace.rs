@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::{EncodeError, Encoder, SampleKind, Stamp};
+use super::format::{EncodeError, Encoder, SampleKind, Stamp};
 use crate::model::{DeviceSample, ProcIdentity, Snapshot};
 
 /// Trace pid of GPU 0: `PID_MAX_LIMIT` on 64-bit Linux, one more than the
@@ -117,7 +117,7 @@ impl Trace {
         if !self.first {
             out.extend_from_slice(b",\n");
         }
-        serde_json::to_writer(&mut *out, e).map_err(|e| EncodeError(e.to_string()))?;
+        serde_json::to_writer(&mut *out, e).map_err(EncodeError::from)?;
         self.first = false;
         Ok(())
     }
@@ -327,7 +327,7 @@ impl Encoder for Trace {
             version: env!("CARGO_PKG_VERSION"),
             started: &self.started,
         };
-        let other = serde_json::to_string(&other).map_err(|e| EncodeError(e.to_string()))?;
+        let other = serde_json::to_string(&other).map_err(EncodeError::from)?;
         Ok(
             format!("{{\"displayTimeUnit\":\"ms\",\"otherData\":{other},\"traceEvents\":[\n")
                 .into_bytes(),

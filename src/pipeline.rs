@@ -1,0 +1,191 @@
+//! The one wiring both commands share: the daemon (`serve`) and `record`
+//! start the same [`Pipeline`] — the sampler thread with attribution (the
+//! pod index when the pod watcher is on), the pod watcher, the
+//! pod-resources client, and the config reload on SIGHUP — and differ only
+//! in where snapshots go (the HTTP server, or a file through the sink).
+//!
+//! [`Pipeline::start`] runs on the caller's thread (the sampler opens NVML
+//! on its own thread and reports a fatal error back);
+//! [`Pipeline::run_background`] starts the async parts on the current
+//! tokio runtime and installs the signal handlers.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{Sender, SyncSender};
+use std::thread::JoinHandle;
+
+use crate::attribute::ProcCache;
+use crate::attribute::kube::{self, PodIndex};
+use crate::config::{self, Config, Overrides};
+use crate::gpu::GpuSource;
+use crate::model::Snapshot;
+use crate::podres::{self, PodResources};
+use crate::publish::Shared;
+use crate::sample::{self, Control, OpenFailure, StartError};
+use crate::signals::{self, Signals};
+use crate::telemetry::Telemetry;
+
+/// Where the running config came from, to read it again on SIGHUP.
+#[derive(Debug, Clone, Default)]
+pub struct Reload {
+    /// `--config.file`, if given.
+    pub file: Option<PathBuf>,
+    /// The flags, which override the file again on every reload.
+    pub flags: Overrides,
+}
+
+/// The running sampler and what feeds it.
+pub struct Pipeline {
+    config: Config,
+    reload: Reload,
+    shared: Arc<Shared>,
+    telemetry: Arc<Telemetry>,
+    control: Sender<Control>,
+    sampler: Option<JoinHandle<()>>,
+    pods: Option<Arc<PodIndex>>,
+    pod_resources: Option<Arc<PodResources>>,
+}
+
+impl Pipeline {
+    /// Start the sampler thread, opening the GPU source with `open` on that
+    /// thread; every published snapshot also goes to `sink` when given
+    /// (from the first one on). Returns once the first snapshot is
+    /// published or NVML is being retried; a fatal open error is returned.
+    pub fn start<G, E, F>(
+        config: Config,
+        reload: Reload,
+        sink: Option<SyncSender<Arc<Snapshot>>>,
+        open: F,
+    ) -> Result<Pipeline, StartError<E>>
+    where
+        G: GpuSource + 'static,
+        E: std::error::Error + Send + 'static,
+        F: Fn() -> Result<G, OpenFailure<E>> + Send + 'static,
+    {
+        let telemetry = Arc::new(Telemetry::new());
+        let pod_resources = config
+            .pod_resources
+            .as_ref()
+            .and_then(PodResources::if_socket_exists);
+        let shared = Arc::new(
+            Shared::new(config.timing.sample_interval, Arc::clone(&telemetry))
+                .with_pod_resources(pod_resources.clone()),
+        );
+        if sink.is_some() {
+            shared.set_sink(sink);
+        }
+        let pods = config
+            .kubernetes
+            .as_ref()
+            .map(|_| Arc::new(PodIndex::new()));
+        let lookup = ProcCache::from_config(&config.attribution, pods.clone());
+        let (control, control_rx) = std::sync::mpsc::channel::<Control>();
+        let sampler = sample::spawn(
+            open,
+            lookup,
+            config.sampler(),
+            Arc::clone(&shared),
+            control_rx,
+        )?;
+        Ok(Pipeline {
+            config,
+            reload,
+            shared,
+            telemetry,
+            control,
+            sampler: Some(sampler),
+            pods,
+            pod_resources,
+        })
+    }
+
+    /// The latest snapshot, health and readiness.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The exporter's own counters outside the sampler.
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+
+    /// The config the pipeline started with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// On the current tokio runtime: install the signal handlers, start
+    /// the pod watcher and the pod-resources client (when on) and the
+    /// config reload on SIGHUP. Returns the signals for the caller's own
+    /// loop.
+    pub fn run_background(&self) -> Signals {
+        let signals = signals::install();
+        if let (Some(k), Some(index)) = (&self.config.kubernetes, &self.pods) {
+            tokio::spawn(kube::run_watcher(k.clone(), Arc::clone(index)));
+        }
+        if let (Some(p), Some(store)) = (&self.config.pod_resources, &self.pod_resources) {
+            tokio::spawn(podres::run(p.clone(), Arc::clone(store)));
+        }
+        tokio::spawn(reload_on_sighup(
+            self.reload.clone(),
+            self.config.clone(),
+            self.control.clone(),
+            Arc::clone(&self.telemetry),
+            signals.clone(),
+        ));
+        signals
+    }
+
+    /// Tell the sampler to stop, without waiting for it (a hung NVML call
+    /// must not hold up the exit).
+    pub fn stop(mut self) {
+        let _ = self.control.send(Control::Stop);
+        self.sampler = None;
+    }
+
+    /// Stop the sampler and wait for it; the sink (if any) is closed after
+    /// its last snapshot, so a writer reading it sees the end.
+    pub fn stop_and_join(mut self) {
+        let _ = self.control.send(Control::Stop);
+        if let Some(t) = self.sampler.take() {
+            let _ = t.join();
+        }
+        self.shared.set_sink(None);
+    }
+}
+
+/// On SIGHUP, re-read the config file with the same flags. A bad file keeps
+/// the running config (logged, counted). Intervals, peak window, the
+/// process knobs and the collectors apply at once; keys that need a restart
+/// are named in a warning.
+async fn reload_on_sighup(
+    reload: Reload,
+    mut current: Config,
+    control: Sender<Control>,
+    telemetry: Arc<Telemetry>,
+    mut signals: Signals,
+) {
+    loop {
+        signals.hangup().await;
+        let env = |k: &str| std::env::var(k).ok();
+        match config::load(reload.file.as_deref(), &reload.flags, &env) {
+            Err(e) => {
+                Telemetry::bump(&telemetry.config_reloads_failure);
+                tracing::error!("config reload failed, keeping the running config: {e}");
+            }
+            Ok(new) => {
+                Telemetry::bump(&telemetry.config_reloads_success);
+                let restart = config::restart_needed(&current, &new);
+                if !restart.is_empty() {
+                    tracing::warn!(
+                        keys = %restart.join(","),
+                        "config reloaded; these changed keys take effect only after a restart"
+                    );
+                }
+                let _ = control.send(Control::Reconfigure(new.sampler()));
+                tracing::info!("config reloaded");
+                current = new;
+            }
+        }
+    }
+}
