@@ -406,14 +406,71 @@ pub struct ExporterCounters {
     pub http_connections_open: u64,
     pub http_connections_evicted: u64,
     pub http_connections_refused: u64,
-    /// Response bodies encoded, in [`HTTP_BODIES`] order: each at most
-    /// once per snapshot, however many requests ask.
-    pub http_body_encodes: [u64; 4],
+    /// Response bodies encoded, by body: each at most once per snapshot,
+    /// however many requests ask.
+    pub http_body_encodes: HttpBodyCounts,
 }
 
-/// The bodies the HTTP side encodes from a snapshot: the `body` label of
+/// A body the HTTP side encodes from a snapshot: the `body` label of
 /// `gpumem_exporter_http_body_encodes_total`.
-pub const HTTP_BODIES: [&str; 4] = ["text", "openmetrics", "snapshot_json", "history_json"];
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpBody {
+    Text,
+    OpenMetrics,
+    SnapshotJson,
+    HistoryJson,
+}
+
+impl HttpBody {
+    /// Every body, in exposition order.
+    pub const ALL: [HttpBody; 4] = [
+        HttpBody::Text,
+        HttpBody::OpenMetrics,
+        HttpBody::SnapshotJson,
+        HttpBody::HistoryJson,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            HttpBody::Text => "text",
+            HttpBody::OpenMetrics => "openmetrics",
+            HttpBody::SnapshotJson => "snapshot_json",
+            HttpBody::HistoryJson => "history_json",
+        }
+    }
+}
+
+/// One count per [`HttpBody`]: `u64` as published, `AtomicU64` where
+/// counted (`crate::telemetry`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HttpBodyCounts<T = u64> {
+    pub text: T,
+    pub openmetrics: T,
+    pub snapshot_json: T,
+    pub history_json: T,
+}
+
+impl<T> HttpBodyCounts<T> {
+    /// The count of `body`.
+    pub fn get(&self, body: HttpBody) -> &T {
+        match body {
+            HttpBody::Text => &self.text,
+            HttpBody::OpenMetrics => &self.openmetrics,
+            HttpBody::SnapshotJson => &self.snapshot_json,
+            HttpBody::HistoryJson => &self.history_json,
+        }
+    }
+
+    /// Each count through `f`.
+    pub fn map<U>(&self, mut f: impl FnMut(&T) -> U) -> HttpBodyCounts<U> {
+        HttpBodyCounts {
+            text: f(&self.text),
+            openmetrics: f(&self.openmetrics),
+            snapshot_json: f(&self.snapshot_json),
+            history_json: f(&self.history_json),
+        }
+    }
+}
 
 /// The pod watcher's state and counters, read from its index and copied
 /// into each full snapshot.

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::model::ExporterCounters;
+use crate::model::{ExporterCounters, HttpBodyCounts};
 
 /// Counters and gauges, updated lock-free by their owners.
 #[derive(Debug, Default)]
@@ -22,9 +22,8 @@ pub struct Telemetry {
     /// Connections closed at once: the cap was reached and every
     /// connection was busy with a request.
     pub http_connections_refused: AtomicU64,
-    /// Bodies encoded by the HTTP side's cache, in
-    /// [`crate::model::HTTP_BODIES`] order.
-    pub http_body_encodes: [AtomicU64; 4],
+    /// Bodies encoded by the HTTP side's cache.
+    pub http_body_encodes: HttpBodyCounts<AtomicU64>,
 }
 
 impl Telemetry {
@@ -48,7 +47,7 @@ impl Telemetry {
             http_connections_open: r(&self.http_connections_open),
             http_connections_evicted: r(&self.http_connections_evicted),
             http_connections_refused: r(&self.http_connections_refused),
-            http_body_encodes: self.http_body_encodes.each_ref().map(r),
+            http_body_encodes: self.http_body_encodes.map(r),
         }
     }
 }

@@ -11,7 +11,7 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
 use super::encoder::{Labels, gauge};
-use crate::model::{DurationHistogram, HTTP_BODIES, Snapshot};
+use crate::model::{DurationHistogram, HttpBody, Snapshot};
 
 /// `version` and `revision` labels of `gpumem_exporter_build_info`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -237,9 +237,9 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         None,
         MetricType::Counter,
     )?;
-    for (body, n) in HTTP_BODIES.iter().zip(own.http_body_encodes) {
-        m.encode_family(&[("body", *body)])?
-            .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+    for body in HttpBody::ALL {
+        m.encode_family(&[("body", body.label())])?
+            .encode_counter::<NoLabelSet, _, u64>(own.http_body_encodes.get(body), None)?;
     }
     Ok(())
 }

@@ -15,18 +15,8 @@ use bytes::Bytes;
 
 use crate::expose::{self, Format};
 use crate::history::History;
-use crate::model::Snapshot;
+use crate::model::{HttpBody, Snapshot};
 use crate::telemetry::Telemetry;
-
-/// What a body is encoded from a snapshot as; the index into
-/// [`crate::model::HTTP_BODIES`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Text = 0,
-    OpenMetrics = 1,
-    SnapshotJson = 2,
-    HistoryJson = 3,
-}
 
 /// Distinct `seconds` of `/api/v1/history` cached per snapshot; another
 /// one is encoded for its request alone (still counted).
@@ -39,8 +29,9 @@ type Pair = [OnceLock<Option<Bytes>>; 2];
 #[derive(Debug)]
 struct Bodies {
     snapshot: Arc<Snapshot>,
-    /// Text, OpenMetrics, JSON snapshot: plain and gzipped each.
-    fixed: [Pair; 3],
+    text: Pair,
+    openmetrics: Pair,
+    snapshot_json: Pair,
     /// JSON history by `seconds`.
     history: Mutex<Vec<(u64, Arc<Pair>)>>,
 }
@@ -49,7 +40,9 @@ impl Bodies {
     fn new(snapshot: Arc<Snapshot>) -> Self {
         Bodies {
             snapshot,
-            fixed: Default::default(),
+            text: Pair::default(),
+            openmetrics: Pair::default(),
+            snapshot_json: Pair::default(),
             history: Mutex::new(Vec::new()),
         }
     }
@@ -72,7 +65,7 @@ impl Bodies {
 fn fill(
     pair: &Pair,
     gzip: bool,
-    kind: Kind,
+    kind: HttpBody,
     counts: Option<&Telemetry>,
     encode: &dyn Fn() -> Option<Bytes>,
 ) -> Option<Bytes> {
@@ -81,7 +74,9 @@ fn fill(
         plain
             .get_or_init(|| {
                 if let Some(t) = counts {
-                    t.http_body_encodes[kind as usize].fetch_add(1, Ordering::Relaxed);
+                    t.http_body_encodes
+                        .get(kind)
+                        .fetch_add(1, Ordering::Relaxed);
                 }
                 let body = encode();
                 if body.is_none() {
@@ -132,12 +127,12 @@ impl BodyCache {
     /// The exposition of `snapshot`; `None` only if encoding failed (a
     /// bug, logged).
     pub fn body(&self, snapshot: &Arc<Snapshot>, format: Format, gzip: bool) -> Option<Bytes> {
-        let (i, kind) = match format {
-            Format::Text => (0, Kind::Text),
-            Format::OpenMetrics => (1, Kind::OpenMetrics),
-        };
         let entry = self.entry(snapshot);
-        fill(&entry.fixed[i], gzip, kind, self.counts.as_deref(), &|| {
+        let (pair, kind) = match format {
+            Format::Text => (&entry.text, HttpBody::Text),
+            Format::OpenMetrics => (&entry.openmetrics, HttpBody::OpenMetrics),
+        };
+        fill(pair, gzip, kind, self.counts.as_deref(), &|| {
             expose::encode(snapshot, format).ok().map(Bytes::from)
         })
     }
@@ -150,12 +145,18 @@ impl BodyCache {
         gzip: bool,
     ) -> Option<Bytes> {
         let entry = self.entry(snapshot);
-        let kind = Kind::SnapshotJson;
-        fill(&entry.fixed[2], gzip, kind, self.counts.as_deref(), &|| {
-            expose::json::snapshot(snapshot, sample_interval)
-                .ok()
-                .map(Bytes::from)
-        })
+        let kind = HttpBody::SnapshotJson;
+        fill(
+            &entry.snapshot_json,
+            gzip,
+            kind,
+            self.counts.as_deref(),
+            &|| {
+                expose::json::snapshot(snapshot, sample_interval)
+                    .ok()
+                    .map(Bytes::from)
+            },
+        )
     }
 
     /// `/api/v1/history?seconds=…` as of `snapshot`; `history` is locked
@@ -168,7 +169,7 @@ impl BodyCache {
         gzip: bool,
     ) -> Option<Bytes> {
         let pair = self.entry(snapshot).history_pair(seconds);
-        let kind = Kind::HistoryJson;
+        let kind = HttpBody::HistoryJson;
         fill(&pair, gzip, kind, self.counts.as_deref(), &|| {
             expose::json::history(snapshot, &history(), seconds)
                 .ok()
@@ -244,15 +245,16 @@ mod tests {
                 assert!(cache.history_json(&a, 60, &lock, gzip).is_some());
             }
         }
-        assert_eq!(t.read().http_body_encodes, [1, 1, 1, 2]);
+        let encodes = || HttpBody::ALL.map(|b| *t.read().http_body_encodes.get(b));
+        assert_eq!(encodes(), [1, 1, 1, 2]);
         cache.snapshot_json(&b, interval, false);
-        assert_eq!(t.read().http_body_encodes, [1, 1, 2, 2], "a new snapshot");
+        assert_eq!(encodes(), [1, 1, 2, 2], "a new snapshot");
         // More distinct `seconds` than slots: encoded per request beyond.
         for s in 0..(HISTORY_SLOTS as u64 + 2) {
             cache.history_json(&b, s, &lock, false);
             cache.history_json(&b, s, &lock, false);
         }
-        let h = t.read().http_body_encodes[3];
+        let h = t.read().http_body_encodes.history_json;
         assert_eq!(h, 2 + HISTORY_SLOTS as u64 + 4);
         let json = cache.snapshot_json(&b, interval, false).unwrap_or_default();
         assert_eq!(json.first(), Some(&b'{'));

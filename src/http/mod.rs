@@ -1,11 +1,16 @@
-//! The HTTP side: the listener and its limits ([`listener`]), routes
+//! The HTTP side: the accept loop ([`serve`]) on the listening socket
+//! ([`listener`]), admission of each connection under the global and
+//! per-address caps ([`admission`]), driving one connection with its header
+//! limits and TLS handshake deadline ([`connection`]), routes
 //! ([`routes`]), content negotiation ([`negotiate`]), the per-snapshot body
 //! cache ([`cache`]), the live page and its JSON ([`page`]), the web config file ([`web_config`]) with TLS
 //! ([`tls`]) and basic auth ([`auth`]). Nothing here calls NVML; a scrape is
 //! a cache lookup, or one encode per new snapshot and format.
 
+pub mod admission;
 pub mod auth;
 pub mod cache;
+pub mod connection;
 pub mod listener;
 pub mod negotiate;
 pub mod page;
@@ -24,8 +29,11 @@ use crate::config::Http;
 use crate::publish::Shared;
 use crate::signals::Signals;
 use crate::telemetry::Telemetry;
-use listener::{Conns, SHUTDOWN_GRACE};
+use admission::Conns;
 use web_config::{Web, WebConfig};
+
+/// How long in-flight scrapes may take to finish after SIGTERM/SIGINT.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_millis(800);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -49,7 +57,7 @@ pub async fn serve(
     let Web { path, config } = web;
     let limits = config.limits;
     let max = limits.max_connections;
-    listener::raise_fd_limit(max + listener::reserve(max));
+    listener::raise_fd_limit(max + admission::reserve(max));
     let listen = |source| ServeError::Listen {
         address: cfg.listen_address,
         source,
@@ -85,7 +93,7 @@ pub async fn serve(
                     let Some(registration) = conns.admit(peer.ip()) else {
                         continue;
                     };
-                    tokio::spawn(listener::connection(
+                    tokio::spawn(connection::serve(
                         stream,
                         app.clone(),
                         current.load_full(),

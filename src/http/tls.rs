@@ -1,5 +1,7 @@
 //! TLS and mTLS for the HTTP server (rustls, ring provider), from the
-//! `tls_server_config` of the web config file.
+//! `tls_server_config` of the web config file. A setting that cannot be
+//! used is a [`TlsError`] (its cause kept as its source); `web_config.rs`
+//! adds the file and line.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,9 +10,9 @@ use rustls::DigitallySignedStruct;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{ServerConfig, WebPkiClientVerifier};
+use rustls::server::{ServerConfig, VerifierBuilderError, WebPkiClientVerifier};
 use rustls::{DistinguishedName, RootCertStore, SignatureScheme};
-use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 
 use std::path::PathBuf;
@@ -20,21 +22,137 @@ use serde::Deserialize;
 /// Larger web config files, certificates and keys are refused unread.
 pub(super) const MAX_FILE_BYTES: u64 = 1 << 20;
 
-/// A TLS setting that cannot be used: the key under `tls_server_config`
-/// and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("key {key}: {reason}")]
-pub struct TlsError {
-    pub key: String,
-    pub reason: String,
+/// One of the files `tls_server_config` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsFile {
+    Cert,
+    Key,
+    ClientCa,
 }
 
-fn at(key: &str, reason: String) -> TlsError {
-    TlsError {
-        key: key.to_string(),
-        reason,
+impl TlsFile {
+    /// The key that names the file.
+    pub fn key(self) -> &'static str {
+        match self {
+            TlsFile::Cert => "tls_server_config.cert_file",
+            TlsFile::Key => "tls_server_config.key_file",
+            TlsFile::ClientCa => "tls_server_config.client_ca_file",
+        }
     }
 }
+
+/// `min_version` or `max_version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    Min,
+    Max,
+}
+
+impl Bound {
+    /// The key that sets the bound.
+    pub fn key(self) -> &'static str {
+        match self {
+            Bound::Min => "tls_server_config.min_version",
+            Bound::Max => "tls_server_config.max_version",
+        }
+    }
+}
+
+/// A TLS setting that cannot be used: one variant per failure, each under
+/// the key of `tls_server_config` it is about ([`TlsError::key`]).
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{name} is required when TLS is configured")]
+    Required { name: &'static str },
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        file: TlsFile,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is larger than {MAX_FILE_BYTES} bytes", path.display())]
+    TooLarge { file: TlsFile, path: PathBuf },
+    #[error("invalid PEM in {}: {source}", path.display())]
+    Pem {
+        file: TlsFile,
+        path: PathBuf,
+        #[source]
+        source: pem::Error,
+    },
+    #[error("no certificate found in {}", path.display())]
+    NoCertificate { file: TlsFile, path: PathBuf },
+    #[error("no private key found in {}", path.display())]
+    NoKey { path: PathBuf },
+    #[error("{version:?} is not supported (TLS12 or TLS13)")]
+    UnsupportedVersion { bound: Bound, version: TlsVersion },
+    #[error("{min:?} is above max_version {max:?}")]
+    VersionsReversed { min: TlsVersion, max: TlsVersion },
+    #[error("invalid CA certificate in {}: {source}", path.display())]
+    InvalidCa {
+        path: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error(
+        "client_ca_file is set but client_auth_type is NoClientCert (set e.g. RequireAndVerifyClientCert)"
+    )]
+    CaWithoutClientAuth,
+    #[error("{auth:?} needs client_ca_file")]
+    NeedsClientCa { auth: ClientAuth },
+    #[error("{source}")]
+    Verifier {
+        #[source]
+        source: VerifierBuilderError,
+    },
+    #[error("{source}")]
+    Versions {
+        #[source]
+        source: rustls::Error,
+    },
+    #[error(
+        "the private key in {} does not belong to the certificate in {}",
+        key.display(),
+        cert.display()
+    )]
+    KeyMismatch {
+        cert: PathBuf,
+        key: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("cannot use {} with {}: {source}", cert.display(), key.display())]
+    Certificate {
+        cert: PathBuf,
+        key: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+}
+
+impl TlsError {
+    /// The key under which the failure is reported (and its line found).
+    pub fn key(&self) -> &'static str {
+        match self {
+            TlsError::Required { .. } | TlsError::Versions { .. } => K,
+            TlsError::Read { file, .. }
+            | TlsError::TooLarge { file, .. }
+            | TlsError::Pem { file, .. }
+            | TlsError::NoCertificate { file, .. } => file.key(),
+            TlsError::NoKey { .. } | TlsError::KeyMismatch { .. } => TlsFile::Key.key(),
+            TlsError::Certificate { .. } => TlsFile::Cert.key(),
+            TlsError::UnsupportedVersion { bound, .. } => bound.key(),
+            TlsError::VersionsReversed { .. } => Bound::Min.key(),
+            TlsError::InvalidCa { .. }
+            | TlsError::CaWithoutClientAuth
+            | TlsError::Verifier { .. } => TlsFile::ClientCa.key(),
+            TlsError::NeedsClientCa { .. } => "tls_server_config.client_auth_type",
+        }
+    }
+}
+
+/// The web config key everything here is under.
+const K: &str = "tls_server_config";
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -60,7 +178,7 @@ pub enum ClientAuth {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
 #[allow(clippy::upper_case_acronyms)]
-pub(super) enum TlsVersion {
+pub enum TlsVersion {
     TLS10,
     TLS11,
     TLS12,
@@ -72,42 +190,33 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 pub(super) fn build_tls(t: &FileTls, base: &Path) -> Result<(ServerConfig, ClientAuth), TlsError> {
-    const K: &str = "tls_server_config";
-    let required = |v: &Option<String>, name: &str| -> Result<PathBuf, TlsError> {
+    let required = |v: &Option<String>, name: &'static str| -> Result<PathBuf, TlsError> {
         match v.as_deref() {
             Some(p) if !p.is_empty() => Ok(base.join(p)),
-            _ => Err(at(K, format!("{name} is required when TLS is configured"))),
+            _ => Err(TlsError::Required { name }),
         }
     };
     let cert_path = required(&t.cert_file, "cert_file")?;
     let key_path = required(&t.key_file, "key_file")?;
-    let cert_key = format!("{K}.cert_file");
-    let key_key = format!("{K}.key_file");
 
-    let certs = read_pem::<CertificateDer<'static>>(&cert_path).map_err(|e| at(&cert_key, e))?;
+    let certs = read_pem::<CertificateDer<'static>>(TlsFile::Cert, &cert_path)?;
     if certs.is_empty() {
-        return Err(at(
-            &cert_key,
-            format!("no certificate found in {}", cert_path.display()),
-        ));
+        return Err(TlsError::NoCertificate {
+            file: TlsFile::Cert,
+            path: cert_path,
+        });
     }
-    let key = read_key(&key_path).map_err(|e| at(&key_key, e))?;
+    let key = read_key(&key_path)?;
 
     let min = t.min_version.unwrap_or(TlsVersion::TLS12);
     let max = t.max_version.unwrap_or(TlsVersion::TLS13);
-    for (v, name) in [(min, "min_version"), (max, "max_version")] {
-        if v < TlsVersion::TLS12 {
-            return Err(at(
-                &format!("{K}.{name}"),
-                format!("{v:?} is not supported (TLS12 or TLS13)"),
-            ));
+    for (version, bound) in [(min, Bound::Min), (max, Bound::Max)] {
+        if version < TlsVersion::TLS12 {
+            return Err(TlsError::UnsupportedVersion { bound, version });
         }
     }
     if min > max {
-        return Err(at(
-            &format!("{K}.min_version"),
-            format!("{min:?} is above max_version {max:?}"),
-        ));
+        return Err(TlsError::VersionsReversed { min, max });
     }
     let mut versions: Vec<&'static rustls::SupportedProtocolVersion> = Vec::new();
     if min <= TlsVersion::TLS12 {
@@ -118,39 +227,30 @@ pub(super) fn build_tls(t: &FileTls, base: &Path) -> Result<(ServerConfig, Clien
     }
 
     let auth = t.client_auth_type.unwrap_or(ClientAuth::NoClientCert);
-    let ca_key = format!("{K}.client_ca_file");
-    let auth_key = format!("{K}.client_auth_type");
     let roots = match t.client_ca_file.as_deref() {
         Some(p) if !p.is_empty() => {
             let path = base.join(p);
-            let cas = read_pem::<CertificateDer<'static>>(&path).map_err(|e| at(&ca_key, e))?;
+            let cas = read_pem::<CertificateDer<'static>>(TlsFile::ClientCa, &path)?;
             let mut roots = RootCertStore::empty();
             for ca in cas {
-                roots.add(ca).map_err(|e| {
-                    at(
-                        &ca_key,
-                        format!("invalid CA certificate in {}: {e}", path.display()),
-                    )
-                })?;
+                if let Err(source) = roots.add(ca) {
+                    return Err(TlsError::InvalidCa { path, source });
+                }
             }
             if roots.is_empty() {
-                return Err(at(
-                    &ca_key,
-                    format!("no certificate found in {}", path.display()),
-                ));
+                return Err(TlsError::NoCertificate {
+                    file: TlsFile::ClientCa,
+                    path,
+                });
             }
             Some(Arc::new(roots))
         }
         _ => None,
     };
     let provider = provider();
+    let verifier_error = |source| TlsError::Verifier { source };
     let verifier: Option<Arc<dyn ClientCertVerifier>> = match (auth, roots) {
-        (ClientAuth::NoClientCert, Some(_)) => {
-            return Err(at(
-                &ca_key,
-                "client_ca_file is set but client_auth_type is NoClientCert (set e.g. RequireAndVerifyClientCert)".to_string(),
-            ));
-        }
+        (ClientAuth::NoClientCert, Some(_)) => return Err(TlsError::CaWithoutClientAuth),
         (ClientAuth::NoClientCert, None) => None,
         (ClientAuth::RequestClientCert | ClientAuth::RequireAnyClientCert, _) => {
             Some(Arc::new(AnyClientCert {
@@ -159,73 +259,87 @@ pub(super) fn build_tls(t: &FileTls, base: &Path) -> Result<(ServerConfig, Clien
             }))
         }
         (ClientAuth::VerifyClientCertIfGiven | ClientAuth::RequireAndVerifyClientCert, None) => {
-            return Err(at(&auth_key, format!("{auth:?} needs client_ca_file")));
+            return Err(TlsError::NeedsClientCa { auth });
         }
         (ClientAuth::VerifyClientCertIfGiven, Some(roots)) => Some(
             WebPkiClientVerifier::builder_with_provider(roots, Arc::clone(&provider))
                 .allow_unauthenticated()
                 .build()
-                .map_err(|e| at(&ca_key, format!("{e}")))?,
+                .map_err(verifier_error)?,
         ),
         (ClientAuth::RequireAndVerifyClientCert, Some(roots)) => Some(
             WebPkiClientVerifier::builder_with_provider(roots, Arc::clone(&provider))
                 .build()
-                .map_err(|e| at(&ca_key, format!("{e}")))?,
+                .map_err(verifier_error)?,
         ),
     };
 
     let builder = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&versions)
-        .map_err(|e| at(K, format!("{e}")))?;
+        .map_err(|source| TlsError::Versions { source })?;
     let builder = match verifier {
         Some(v) => builder.with_client_cert_verifier(v),
         None => builder.with_no_client_auth(),
     };
-    let mut cfg = builder.with_single_cert(certs, key).map_err(|e| match e {
-        rustls::Error::InconsistentKeys(_) => at(
-            &key_key,
-            format!(
-                "the private key in {} does not belong to the certificate in {}",
-                key_path.display(),
-                cert_path.display()
-            ),
-        ),
-        e => at(
-            &cert_key,
-            format!(
-                "cannot use {} with {}: {e}",
-                cert_path.display(),
-                key_path.display()
-            ),
-        ),
-    })?;
+    let mut cfg = match builder.with_single_cert(certs, key) {
+        Ok(cfg) => cfg,
+        Err(source @ rustls::Error::InconsistentKeys(_)) => {
+            return Err(TlsError::KeyMismatch {
+                cert: cert_path,
+                key: key_path,
+                source,
+            });
+        }
+        Err(source) => {
+            return Err(TlsError::Certificate {
+                cert: cert_path,
+                key: key_path,
+                source,
+            });
+        }
+    };
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok((cfg, auth))
 }
 
-fn read_pem_bytes(path: &Path) -> Result<Vec<u8>, String> {
-    let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+fn read_pem_bytes(file: TlsFile, path: &Path) -> Result<Vec<u8>, TlsError> {
+    let unreadable = |source| TlsError::Read {
+        file,
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
     if meta.len() > MAX_FILE_BYTES {
-        return Err(format!("{shown} is larger than {MAX_FILE_BYTES} bytes"));
+        return Err(TlsError::TooLarge {
+            file,
+            path: path.to_path_buf(),
+        });
     }
-    std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))
+    std::fs::read(path).map_err(unreadable)
 }
 
-fn read_pem<T: PemObject>(path: &Path) -> Result<Vec<T>, String> {
-    let bytes = read_pem_bytes(path)?;
+fn read_pem<T: PemObject>(file: TlsFile, path: &Path) -> Result<Vec<T>, TlsError> {
+    let bytes = read_pem_bytes(file, path)?;
     T::pem_slice_iter(&bytes)
         .collect::<Result<Vec<T>, _>>()
-        .map_err(|e| format!("invalid PEM in {}: {e}", path.display()))
+        .map_err(|source| TlsError::Pem {
+            file,
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
-fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    let bytes = read_pem_bytes(path)?;
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let bytes = read_pem_bytes(TlsFile::Key, path)?;
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| match e {
-        rustls_pki_types::pem::Error::NoItemsFound => {
-            format!("no private key found in {}", path.display())
-        }
-        e => format!("invalid PEM in {}: {e}", path.display()),
+        pem::Error::NoItemsFound => TlsError::NoKey {
+            path: path.to_path_buf(),
+        },
+        source => TlsError::Pem {
+            file: TlsFile::Key,
+            path: path.to_path_buf(),
+            source,
+        },
     })
 }
 

@@ -17,7 +17,7 @@ use rustls::server::ServerConfig;
 use serde::Deserialize;
 
 use super::auth::Users;
-use super::tls::{FileTls, MAX_FILE_BYTES, build_tls};
+use super::tls::{FileTls, MAX_FILE_BYTES, TlsError, build_tls};
 
 pub use super::tls::ClientAuth;
 use crate::config::HumanDuration;
@@ -53,6 +53,14 @@ pub enum WebConfigError {
         line: Option<usize>,
         key: String,
         reason: String,
+    },
+    #[error("web config file {origin}{}: key {}: {source}", line.map(|l| format!(" line {l}")).unwrap_or_default(), source.key())]
+    Tls {
+        origin: String,
+        line: Option<usize>,
+        /// Boxed: the largest variant by far, and rare.
+        #[source]
+        source: Box<TlsError>,
     },
 }
 
@@ -291,7 +299,11 @@ pub fn parse(text: &str, origin: &str, base: &Path) -> Result<WebConfig, WebConf
     let (tls, client_auth) = match &file.tls_server_config {
         None => (None, None),
         Some(t) => {
-            let (cfg, auth) = build_tls(t, base).map_err(|e| at(&e.key, e.reason))?;
+            let (cfg, auth) = build_tls(t, base).map_err(|source| WebConfigError::Tls {
+                origin: origin.to_string(),
+                line: yaml::line_of_key(text, source.key()),
+                source: Box::new(source),
+            })?;
             (Some(Arc::new(cfg)), Some(auth))
         }
     };
@@ -416,6 +428,27 @@ mod tests {
             assert!(got.starts_with("web config file w.yml"), "{got}");
             assert_eq!(got.lines().count(), 1, "{got}");
         }
+    }
+
+    /// A TLS error keeps its cause: the I/O error of a missing file.
+    #[test]
+    fn tls_errors_keep_their_source() {
+        let text = "tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n";
+        let Err(e) = parse(text, "w.yml", Path::new("/nonexistent")) else {
+            panic!("accepted");
+        };
+        let tls = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<Box<TlsError>>());
+        assert!(
+            matches!(tls.map(|t| &**t), Some(TlsError::Read { path, .. }) if path == Path::new("/nonexistent/c.pem")),
+            "{e:?}"
+        );
+        let io = tls
+            .and_then(|t| std::error::Error::source(&**t))
+            .and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::NotFound)
+        );
     }
 
     #[test]
