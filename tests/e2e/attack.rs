@@ -15,7 +15,7 @@
 //!   refused at start (exit 2, one line).
 //!
 //! The figures of a run are printed (`--nocapture`) and recorded in
-//! RELIABILITY.md. The tools are installed by scripts/test; a missing one
+//! RELIABILITY.md. The tools are installed by scripts/ci/test; a missing one
 //! fails the test.
 
 use std::io::{Read, Write};

@@ -341,13 +341,13 @@ fn every_alert_is_tested_firing_and_silent() {
 
 #[test]
 fn prometheusrule_is_generated_from_rules_yml() {
-    let generated = run_tool_ok("sh", &["scripts/gen-prometheusrule.sh"], None);
+    let generated = run_tool_ok("sh", &["scripts/gen/prometheus-rule"], None);
     let committed = read("deploy/kubernetes/base/prometheusrule.yaml");
     assert!(
         generated == committed,
         "deploy/kubernetes/base/prometheusrule.yaml is out of date with \
          deploy/prometheus/rules.yml; run\n    \
-         scripts/gen-prometheusrule.sh > deploy/kubernetes/base/prometheusrule.yaml"
+         scripts/gen/prometheus-rule > deploy/kubernetes/base/prometheusrule.yaml"
     );
     // The generator copies rules.yml from `groups:` on, indented under spec.
     let rules = read("deploy/prometheus/rules.yml");
@@ -1398,7 +1398,7 @@ const KUSTOMIZATIONS: [&str; 4] = [
     "deploy/kubernetes/overlays/pod-resources",
 ];
 
-/// Where scripts/install-manifest-validators put the validators.
+/// Where scripts/ci/install-manifest-validators put the validators.
 fn validators() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -1414,8 +1414,8 @@ fn validators() -> PathBuf {
             && dir
                 .join("node/node_modules/@kubernetes-models/prometheus-operator/package.json")
                 .is_file(),
-        "the manifest validators are not installed in {}; run scripts/install-manifest-validators \
-         (scripts/test does; needs python3-venv, nodejs and npm)",
+        "the manifest validators are not installed in {}; run scripts/ci/install-manifest-validators \
+         (scripts/ci/test does; needs python3-venv, nodejs and npm)",
         dir.display()
     );
     dir
@@ -1470,7 +1470,7 @@ fn custom_resources_validate(dir: &Path, objects: &[&Value]) -> Vec<String> {
     let out = run_tool(
         "node",
         &[
-            "scripts/validate-custom-resources.mjs",
+            "scripts/ci/validate-custom-resources.mjs",
             modules.to_str().unwrap(),
             file.to_str().unwrap(),
         ],

@@ -21,7 +21,7 @@ fn install_hint(program: &str) -> &'static str {
         }
         "systemd-analyze" => "install it: `apt-get install -y systemd` (Debian/Ubuntu)",
         "slowhttptest" | "sslscan" | "openssl" => {
-            "install it: `apt-get install -y slowhttptest sslscan openssl` (Debian/Ubuntu; scripts/test does)"
+            "install it: `apt-get install -y slowhttptest sslscan openssl` (Debian/Ubuntu; scripts/ci/test does)"
         }
         _ => "install it and put it on PATH",
     }

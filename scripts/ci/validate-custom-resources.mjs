@@ -1,9 +1,9 @@
 // Validates the ServiceMonitor and PrometheusRule objects of a JSON file
 // (one object, or a List) against prometheus-operator's CRD schemas, with
 // the validators @kubernetes-models/prometheus-operator generates from
-// them (installed by scripts/install-manifest-validators):
+// them (installed by scripts/ci/install-manifest-validators):
 //
-//     node scripts/validate-custom-resources.mjs NODE_MODULES_DIR FILE.json
+//     node scripts/ci/validate-custom-resources.mjs NODE_MODULES_DIR FILE.json
 //
 // Prints one line per object; exit 1 if one is invalid, 2 for an object of
 // any other kind (nothing is let through unchecked).

@@ -1,4 +1,4 @@
-"""gpumem-exporter beside nvitop-exporter on a real GPU host (see bench-h200.sh).
+"""gpumem-exporter beside nvitop-exporter on a real GPU host (see scripts/bench/h200, which runs it).
 
 One run, both exporters side by side at their default intervals:
   - cost of one `nvidia-smi --query-gpu=memory.used --format=csv` (median of 20)

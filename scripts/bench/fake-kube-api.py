@@ -3,12 +3,12 @@
 NODE on /api/v1/pods (a LIST, then a WATCH that sends one bookmark and stays
 open until the server-side timeout), plain HTTP on 127.0.0.1:PORT.
 
-    scripts/fake_kube_api.py PORT NODE PODS
+    scripts/bench/fake-kube-api.py PORT NODE PODS
 
 Prints "ready <port>" once it listens. Loopback only; it stops when killed.
 The pods look like what the API server sends (labels, owner references,
 managed fields, a container status with a containerd id), so the client's
-decoding does real work. Used by scripts/bench-kube-rss.sh.
+decoding does real work. Used by scripts/bench/kube-rss.
 """
 import json
 import sys
