@@ -1,4 +1,13 @@
-"""Compare gpumem-exporter with nvidia-smi on a real GPU (see gpu-smoke.sh)."""
+#!/usr/bin/env python3
+"""Real-GPU smoke test: start gpumem-exporter, hold a known amount of GPU
+memory with torch, compare the scrape with nvidia-smi, and check that the
+process's series disappear after it exits. Needs: an NVIDIA GPU, the
+driver (nvidia-smi), python3 with torch.
+
+    scripts/gpu/smoke.py [path/to/gpumem-exporter]    (default: target/release/gpumem-exporter)
+
+Exit 0 when every check passes; prints a table of what it compared.
+"""
 import os
 import re
 import signal
@@ -10,7 +19,7 @@ import urllib.request
 import gpucheck
 from gpucheck import check, failures, series
 
-BIN = sys.argv[1]
+BIN = gpucheck.exporter("target/release/gpumem-exporter")
 PORT = int(os.environ.get("SMOKE_PORT", "19877"))
 INTERVAL = 0.5  # seconds, passed as --sample-interval
 HOLD_GIB = int(os.environ.get("SMOKE_GIB", "4"))

@@ -1,6 +1,9 @@
-"""H200 check of `gpumem-exporter record` (see gpu-record.sh).
+#!/usr/bin/env python3
+"""Real-GPU check of `gpumem-exporter record` (issue 13), under a minute:
 
-1. `record -o $OUT/run.csv -- python3 gpu_record_oom.py`: a torch process
+    OUT=/some/dir scripts/gpu/record.py [path/to/gpumem-exporter]   # default .dev/gpumem-exporter
+
+1. `record -o $OUT/run.csv -- python3 record-oom.py`: a torch process
    grows by 2 GiB every 100 ms until it OOMs. Checks the recorder exits
    with the script's code (3), that the CSV parses, that GPU 0's used bytes
    climb by more than 100 GiB, and that the process rows have torch's
@@ -10,17 +13,24 @@
    /proc/<pid>/stat between 3 s and 28 s (steady state), and over the
    whole run from wait4 (NVML init included). Must be <= 1 % of a core.
 
-Prints markdown; exits 1 if a check fails.
+Prints markdown, also to $OUT/gpu-record.md (OUT: a new temporary folder
+when unset); exits 1 if a check fails, 124 past 170 s. Needs an NVIDIA GPU
+and python3 with torch.
 """
 import csv
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
+import gpucheck
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-BIN = sys.argv[1]
-OUT = sys.argv[2]
+BIN = gpucheck.exporter(".dev/gpumem-exporter")
+OUT = os.environ.get("OUT") or tempfile.mkdtemp()
+gpucheck.time_limit(170)
+gpucheck.report_to(os.path.join(OUT, "gpu-record.md"))
 GIB = 1 << 30
 failures = []
 
@@ -48,7 +58,7 @@ print("```\n")
 run_csv = os.path.join(OUT, "run.csv")
 if os.path.exists(run_csv):
     os.remove(run_csv)
-cmd = [BIN, "record", "-o", run_csv, "--", sys.executable, os.path.join(HERE, "gpu_record_oom.py")]
+cmd = [BIN, "record", "-o", run_csv, "--", sys.executable, os.path.join(HERE, "record-oom.py")]
 print("## 1. " + " ".join(cmd[1:]) + "\n")
 t = time.monotonic()
 p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Where the exporter's CPU and memory go on a GPU host (diagnostics for
 BENCHMARKS.md): CPU per thread at the default intervals, without fast
 memory samples, and with the MIG layout read at every full sample; the
@@ -5,7 +6,7 @@ steady tick against its NVML time; the cost of one NVML memory_info call
 and of a MIG rescan (nvmlDeviceGetMigMode), NVML's own RSS, and the
 exporter's largest resident mappings.
 
-    python3 scripts/gpu_overhead.py [path/to/gpumem-exporter]
+    scripts/gpu/overhead.py [path/to/gpumem-exporter]   (default: .dev/gpumem-exporter)
 """
 import os
 import subprocess
@@ -13,7 +14,9 @@ import sys
 import time
 import urllib.request
 
-BIN = sys.argv[1] if len(sys.argv) > 1 else ".dev/gpumem-exporter"
+import gpucheck
+
+BIN = gpucheck.exporter(".dev/gpumem-exporter")
 TICK = os.sysconf("SC_CLK_TCK")
 
 

@@ -1,10 +1,11 @@
+#!/usr/bin/env python3
 """Real-GPU check of the collectors (utilization, process_utilization,
 power_thermal, health): what each NVML call costs, what each collector adds
 to the exporter's tick and CPU, and whether the figures agree with
 nvidia-smi. Needs an NVIDIA GPU, nvidia-smi, python3 with torch and
-nvidia-ml-py. Changes no GPU setting.
+nvidia-ml-py. Changes no GPU setting. About 2.5 minutes.
 
-    python3 scripts/gpu_collectors.py [path/to/gpumem-exporter]
+    scripts/gpu/collectors.py [path/to/gpumem-exporter]   (default: target/release/gpumem-exporter)
 
 Prints PASS/FAIL lines and tables; exit 0 when every check passes.
 """
@@ -17,7 +18,9 @@ import urllib.request
 
 import pynvml
 
-BIN = sys.argv[1] if len(sys.argv) > 1 else "target/release/gpumem-exporter"
+import gpucheck
+
+BIN = gpucheck.exporter("target/release/gpumem-exporter")
 FAILS = []
 
 

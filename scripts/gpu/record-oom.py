@@ -1,16 +1,17 @@
+#!/usr/bin/env python3
 """Grow GPU memory until torch runs out of it: 2 GiB more every 100 ms
 (about 7 s on a 140 GiB H200), with the torch bridge on so the recording
 has torch's figures too. Prints what it held when the OOM came, then exits
 3 (so the recorder's exit code can be checked against it).
 
-    gpumem-exporter record -o run.csv -- python3 scripts/gpu_record_oom.py
+    gpumem-exporter record -o run.csv -- scripts/gpu/record-oom.py
 """
 import os
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import torch  # noqa: E402
 

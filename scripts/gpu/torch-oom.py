@@ -1,9 +1,31 @@
-"""Real-GPU check of pools, limit, settings and OOM snapshots, and the cost
-of allocation history (see gpu-torch-oom.sh).
+#!/usr/bin/env python3
+"""Real-GPU check of the torch bridge's pools, memory limit, allocator
+settings and OOM snapshots (docs/torch-bridge.md), and a measurement of
+what torch's allocation history (GPUMEM_BRIDGE_OOM_HISTORY) costs:
 
-    python3 gpu_torch_oom.py EXPORTER OUT            # everything (the orchestrator)
-    python3 gpu_torch_oom.py --oom EXPORTER OUT      # phases 1-3: one torch process
-    python3 gpu_torch_oom.py --bench off|python|all  # phase 4: one mode
+ 1. a torch process runs gpumem_bridge with GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR
+    and PYTORCH_CUDA_ALLOC_CONF set, makes both pools fragmented, and at a
+    quiet moment compares the exporter's pool series (and the settings
+    info series) with its own torch.cuda.memory_stats();
+ 2. it allocates 200 GiB, past the card: the bridge must write one
+    snapshot that pickle.load reads, with segments and device_traces (an
+    "oom" event in them: history is on), print its path on stderr, and the
+    exporter's gpu_process_torch_oom_snapshots_total must read 1;
+ 3. it sets a memory fraction of 0.25: the exported limit must equal the
+    limit torch's allocator hands its OOM observers when an allocation
+    past it fails; back to 1, the limit series must go;
+ 4. separate processes time alloc+free pairs, an MLP training step and
+    torch.cuda.memory._snapshot() with history off, python and all.
+
+    scripts/gpu/torch-oom.py [EXPORTER]              # everything (the orchestrator); default .dev/gpumem-exporter
+    scripts/gpu/torch-oom.py --oom EXPORTER OUT      # phases 1-3: one torch process
+    scripts/gpu/torch-oom.py --bench off|python|all  # phase 4: one mode
+
+PASS/FAIL lines; exit 1 when a check fails, 124 past 180 s (each phase
+has its own timeout within that). Needs an NVIDIA GPU with < 200 GiB,
+python3 with torch >= 2.6. Results under $OUT (default ./gpu-torch-oom-out):
+report.txt (this output), results.json (every figure), snapshots/ (the
+pickles written, open them at https://pytorch.org/memory_viz).
 
 Each phase runs in its own process (its environment is what the bridge and
 torch read at start; history is process-wide), under its own timeout. The
@@ -26,13 +48,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import gpucheck  # noqa: E402
 from gpucheck import check, failures, series  # noqa: E402
 
 GIB, MIB = 1 << 30, 1 << 20
-BUDGET_S = 170  # the .sh kills everything at 180
+BUDGET_S = 170  # the whole check ends at 180 (gpucheck.time_limit)
 CONF = "expandable_segments:False,max_split_size_mb:256"
 SPLIT_BYTES = 256 * MIB
 INTERVAL = 0.2  # exporter sample_interval and bridge interval, seconds
@@ -425,6 +447,9 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--bench":
         bench_phase(sys.argv[2])
         sys.exit(0)
-    if len(sys.argv) != 3:
+    if len(sys.argv) > 2 or sys.argv[1:2] in (["--oom"], ["--bench"], ["-h"], ["--help"]):
         sys.exit(__doc__)
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    out = os.environ.get("OUT") or os.path.join(os.getcwd(), "gpu-torch-oom-out")
+    gpucheck.time_limit(180)
+    gpucheck.report_to(os.path.join(out, "report.txt"))
+    sys.exit(main(gpucheck.exporter(".dev/gpumem-exporter"), out))

@@ -1,4 +1,12 @@
-"""Two torch processes in different cgroups and users (see gpu-attribution.sh)."""
+#!/usr/bin/env python3
+"""Real-GPU attribution check: two torch processes, owned by different users
+and placed in cgroups shaped like Kubernetes pods (containerd, systemd
+driver), must each get their own series with the right pid, name, user,
+container id and pod UID. Needs root (to make cgroups and switch user), an
+NVIDIA GPU and python3 with torch.
+
+    scripts/gpu/attribution.py [path/to/gpumem-exporter]   (default: target/release/gpumem-exporter)
+"""
 import os
 import re
 import subprocess
@@ -9,7 +17,7 @@ import urllib.request
 import gpucheck
 from gpucheck import check, failures, series
 
-BIN = sys.argv[1]
+BIN = gpucheck.exporter("target/release/gpumem-exporter")
 PORT = int(os.environ.get("ATTR_PORT", "19878"))
 
 

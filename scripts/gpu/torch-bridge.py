@@ -1,23 +1,33 @@
-"""Real-GPU check of the torch bridge (see gpu-torch-bridge.sh).
+#!/usr/bin/env python3
+"""Real-GPU check of the torch bridge ("Real or cache?" in README.md): a real
+torch process running gpumem_bridge allocates 4 GiB, frees half (kept in
+torch's cache), calls torch.cuda.empty_cache(), then frees everything. At
+each step it compares torch.cuda.memory_allocated()/memory_reserved(),
+read in the process, with gpu_process_torch_allocated_bytes /
+gpu_process_torch_reserved_bytes served by the exporter (must be equal),
+and with NVML's per-process bytes (must be >= reserved).
 
-This process is the torch process: it starts gpumem_bridge (from python/),
-runs the exporter, and at each step compares what torch says in-process
-with what the exporter serves, and with NVML's per-process bytes. Prints
-markdown; exits 1 if a check fails.
+    scripts/gpu/torch-bridge.py [path/to/gpumem-exporter]   # default .dev/gpumem-exporter
+
+This process is the torch process: it starts gpumem_bridge (from python/)
+and runs the exporter as the same user, so reading its /proc/<pid>/fd
+needs no capability. Prints a markdown table; exits 1 if a check fails,
+124 past 110 s. Needs an NVIDIA GPU and python3 with torch.
 """
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
+import gpucheck
 
-BIN = sys.argv[1]
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+BIN = gpucheck.exporter(".dev/gpumem-exporter")
 PORT = int(os.environ.get("TORCH_BRIDGE_PORT", "19879"))
 INTERVAL = 0.5  # exporter sample_interval, seconds
 GIB = 1 << 30
@@ -25,8 +35,7 @@ MIB = 1 << 20
 failures = []
 
 # Never run past two minutes, whatever hangs.
-signal.signal(signal.SIGALRM, lambda *_: (print("FAIL  timed out after 110 s"), os._exit(1)))
-signal.alarm(110)
+gpucheck.time_limit(110)
 
 if not os.access(BIN, os.X_OK):
     sys.exit(f"exporter binary {BIN} not found or not executable (build it: cargo build --release)")
