@@ -14,7 +14,7 @@
 //!         target/release/examples/encode_count k8s text 10 gzip
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench/test: a panic is the failure report
 
-#[path = "../benches/common/mod.rs"]
+#[path = "../common/mod.rs"]
 mod common;
 
 use std::hint::black_box;
