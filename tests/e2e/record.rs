@@ -563,11 +563,7 @@ fn trace_is_complete_after_sigint_and_sigterm() {
             let t = std::fs::read_to_string(&out_path).ok()?;
             (t.matches("\"ph\":\"C\"").count() >= 3).then_some(())
         });
-        let status = Command::new("kill")
-            .args(["-s", sig, &child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
+        send_signal(&child, sig);
         let t = Instant::now();
         while child.try_wait().unwrap().is_none() {
             assert!(t.elapsed() < Duration::from_secs(10), "SIG{sig}: exits");
