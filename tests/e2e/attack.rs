@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::harness::tools::{output_text, require_on_path, require_tool};
+use crate::harness::tools::{require_on_path, require_tool};
 use crate::harness::*;
 
 const SCENARIO: &str = r#"devices:

@@ -7,12 +7,19 @@
 //! - `prom`: a real Prometheus server, PromQL and Grafana helpers,
 //! - `python`: Python children running the torch bridge, the stub torch,
 //! - `tools`: the external programs the tests run.
+//!
+//! `browser`, `prom`, `python` and `tools` start programs from outside the
+//! Rust toolchain, so they are built only with `--features external-tools`.
 
+#[cfg(feature = "external-tools")]
 pub mod browser;
 pub mod cluster;
 pub mod kubelet;
+#[cfg(feature = "external-tools")]
 pub mod prom;
+#[cfg(feature = "external-tools")]
 pub mod python;
+#[cfg(feature = "external-tools")]
 pub mod tools;
 
 use std::collections::BTreeMap;
@@ -503,4 +510,23 @@ pub fn http_get_bytes(
             .then(|| v.trim().to_string())
     });
     (encoding, raw[split + 4..].to_vec())
+}
+
+/// The series lines of an exposition that carry a label with an empty
+/// value. A plain `=""` search is exact: inside a label value every `"`
+/// is escaped, so `=""` can only be a label whose value is empty.
+pub fn empty_label_lines(exposition: &str) -> Vec<&str> {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains("=\"\""))
+        .collect()
+}
+
+/// stdout then stderr of a finished program, as text.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
