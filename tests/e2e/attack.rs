@@ -15,7 +15,7 @@
 //!   refused at start (exit 2, one line).
 //!
 //! The figures of a run are printed (`--nocapture`) and recorded in
-//! RELIABILITY.md. The tools are installed by scripts/test; a missing one
+//! RELIABILITY.md. The tools are installed by scripts/ci/test; a missing one
 //! fails the test.
 
 use std::io::{Read, Write};
@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::harness::tools::{output_text, require_on_path, require_tool};
+use crate::harness::tools::{require_on_path, require_tool};
 use crate::harness::*;
 
 const SCENARIO: &str = r#"devices:

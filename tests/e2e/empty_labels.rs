@@ -20,10 +20,10 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use crate::harness::empty_label_lines;
 use crate::harness::prom::{
     Prometheus, QueryResult, grafana_regex, grafana_substitute, prometheus_binary,
 };
-use crate::harness::tools::empty_label_lines;
 use crate::harness::*;
 use crate::prometheus::{RATE_INTERVAL, STALE_AHEAD_S, World, dashboard_queries, rules};
 

@@ -9,7 +9,7 @@
 //!
 //! These are blind to coverage; the coverage-guided targets (cargo-afl,
 //! AFL++) of the same parsers with the same checks are in fuzz/, run by
-//! scripts/fuzz.
+//! scripts/ci/fuzz.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};

@@ -29,7 +29,10 @@ use gpumem_exporter::model::{
 };
 use gpumem_exporter::sample::SAMPLE_DURATION_BUCKETS;
 
-use crate::harness::tools::{assert_strict_parsers_accept, empty_label_lines};
+use crate::harness::empty_label_lines;
+
+#[cfg(feature = "external-tools")]
+mod external;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -411,11 +414,4 @@ fn no_label_has_an_empty_value() {
             );
         }
     }
-}
-
-/// The strict parsers of Python's prometheus_client read both fixtures,
-/// every sample of them.
-#[test]
-fn strict_parsers_accept_the_fixtures() {
-    assert_strict_parsers_accept(&encoded(Format::Text), &encoded(Format::OpenMetrics));
 }

@@ -34,27 +34,31 @@
 //! - `record`: `gpumem-exporter record` — CSV, Chrome trace, OpenMetrics
 //!   backfilled into a real Prometheus, signals, commands, bad output.
 //!
-//! Run everything with `cargo test --test e2e`, one area with its module
+//! `cargo test --test e2e` runs the fast areas (no program from outside
+//! the Rust toolchain); `cargo test --test e2e --features external-tools`
+//! runs every area (what scripts/ci/test does). One area with its module
 //! path as the filter:
 //!
 //!     cargo test --test e2e web::
+//!     cargo test --test e2e --features external-tools prometheus::
 //!
 //! The long runs:
 //!
-//!     SOAK_SECONDS=3600 cargo test --release --test e2e soak:: -- --nocapture
+//!     SOAK_SECONDS=3600 cargo test --release --features external-tools --test e2e soak:: -- --nocapture
 //!     FUZZ_SECONDS=600 cargo test --release --test e2e fuzz:: -- --nocapture --test-threads=5
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod harness;
 
+// The fast loop, `cargo test`: these need only the fake NVML and the binary
+// (and, as root, cgroups). Where an area also has tests that need a tool,
+// they are in its `external` module, built with the feature below.
 mod allocation;
-mod attack;
 mod attribution;
 mod collectors;
 mod config_corpus;
 mod core;
 mod discovery;
-mod empty_labels;
 mod faults;
 mod fuzz;
 mod golden;
@@ -62,8 +66,19 @@ mod kube_watch;
 mod ops_artifacts;
 mod page;
 mod peaks;
-mod prometheus;
 mod record;
-mod soak;
-mod torch;
 mod web;
+
+// Areas that need a program from outside the Rust toolchain, or run long:
+// `cargo test --features external-tools` (scripts/ci/test installs the
+// programs and runs them).
+#[cfg(feature = "external-tools")]
+mod attack; // slowhttptest, sslscan, openssl; 3,000 connections
+#[cfg(feature = "external-tools")]
+mod empty_labels; // a real Prometheus
+#[cfg(feature = "external-tools")]
+mod prometheus; // a real Prometheus, python3 children (the stub torch)
+#[cfg(feature = "external-tools")]
+mod soak; // the long run: process churn for SOAK_SECONDS
+#[cfg(feature = "external-tools")]
+mod torch; // python3 children (the bridge, the stub torch), promtool

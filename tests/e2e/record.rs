@@ -6,16 +6,16 @@
 //! /dev/full, a full tmpfs, unknown formats, bad durations, commands that
 //! do not exist).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use crate::harness::prom::Prometheus;
-use crate::harness::python::{Py, StubState};
-use crate::harness::tools::{output_text, run_tool};
 use crate::harness::*;
+
+#[cfg(feature = "external-tools")]
+mod external;
 
 const UUID: &str = "GPU-13131313-0000-0000-0000-000000000000";
 const TOTAL: u64 = 150_754_820_096;
@@ -403,52 +403,6 @@ fn a_300ms_spike_between_full_samples_is_in_the_memory_rows() {
     assert_eq!(last.u64("used_bytes"), base, "back to the base after it");
 }
 
-/// With the torch bridge, process rows carry the allocator's figures.
-#[test]
-fn csv_process_rows_carry_torch_figures_when_bridged() {
-    const CUDA_UUID: &str = "13131313-0000-0000-0000-000000000000";
-    let (allocated, reserved) = (7_000_000_003u64, 9_000_000_005u64);
-    let stats = serde_json::json!({
-        "allocated_bytes.all.current": allocated,
-        "reserved_bytes.all.current": reserved,
-        "allocated_bytes.all.peak": allocated,
-        "reserved_bytes.all.peak": reserved,
-        "active_bytes.all.current": allocated,
-        "inactive_split_bytes.all.current": 0,
-        "num_alloc_retries": 0,
-        "num_ooms": 0,
-    });
-    let state = StubState::new(&[(CUDA_UUID, stats)]);
-    let py = Py::bridge(&state, "");
-    let sc = Scenario::new(&scenario(12 << 30, &[(py.pid, 10 << 30)]));
-    let out_path = sc.dir.path().join("run.csv");
-    let out = run(record(
-        &sc,
-        &[
-            "-o",
-            path_str(&out_path),
-            "--duration",
-            "1500ms",
-            "--sample-interval",
-            "200ms",
-        ],
-    ));
-    assert_ok(&out, "record");
-    let rows = read_csv(&out_path);
-    let bridged: Vec<&Row> = rows
-        .iter()
-        .filter(|r| r.get("kind") == "process" && !r.get("torch_allocated_bytes").is_empty())
-        .collect();
-    assert!(!bridged.is_empty(), "torch figures in some process row");
-    for r in bridged {
-        assert_eq!(r.get("pid"), py.pid_str());
-        assert_eq!(r.get("process"), "python3");
-        assert_eq!(r.u64("used_bytes"), 10 << 30);
-        assert_eq!(r.u64("torch_allocated_bytes"), allocated);
-        assert_eq!(r.u64("torch_reserved_bytes"), reserved);
-    }
-}
-
 /// The events of a trace, the document checked.
 fn read_trace(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).expect("read trace");
@@ -563,11 +517,7 @@ fn trace_is_complete_after_sigint_and_sigterm() {
             let t = std::fs::read_to_string(&out_path).ok()?;
             (t.matches("\"ph\":\"C\"").count() >= 3).then_some(())
         });
-        let status = Command::new("kill")
-            .args(["-s", sig, &child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
+        send_signal(&child, sig);
         let t = Instant::now();
         while child.try_wait().unwrap().is_none() {
             assert!(t.elapsed() < Duration::from_secs(10), "SIG{sig}: exits");
@@ -659,122 +609,6 @@ fn stdout_recording_keeps_the_command_s_output_apart() {
     assert!(n >= 2, "{n} rows");
 }
 
-/// The blocks promtool makes from an OpenMetrics recording load into a
-/// real Prometheus, which answers the recorded figures at the recorded
-/// instants, before and after a scenario change.
-#[test]
-fn openmetrics_backfills_into_prometheus() {
-    let procs = Sleepers::new(1);
-    let p = procs.pid(0);
-    let (before, after) = (30_000_000_017u64, 60_000_000_019u64);
-    let p_used = 25_000_000_023u64;
-    let sc = Scenario::new(&scenario(before, &[(p, p_used)]));
-    let om = sc.dir.path().join("run.om");
-    let child = record(&sc, &["-o", path_str(&om), "--duration", "2500ms"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn record");
-    std::thread::sleep(Duration::from_millis(1200));
-    sc.write(&scenario(after, &[(p, p_used)]));
-    let out = wait_output(child, Duration::from_secs(30));
-    assert_ok(&out, "record");
-    let text = std::fs::read_to_string(&om).unwrap();
-    assert!(text.ends_with("# EOF\n"), "ends with # EOF");
-    assert_eq!(text.matches("# EOF").count(), 1);
-
-    // The recorded (timestamp, value) of GPU 0's used bytes.
-    let used: Vec<(f64, u64)> = text
-        .lines()
-        .filter(|l| l.starts_with("gpu_memory_used_bytes{"))
-        .map(|l| {
-            let mut it = l.rsplitn(3, ' ');
-            let ts: f64 = it.next().unwrap().parse().unwrap();
-            let v: u64 = it.next().unwrap().parse().unwrap();
-            (ts, v)
-        })
-        .collect();
-    assert!(
-        used.len() >= 15,
-        "{} samples of gpu_memory_used_bytes",
-        used.len()
-    );
-    let at_before = used
-        .iter()
-        .find(|(_, v)| *v == before)
-        .expect("old figure")
-        .0;
-    let at_after = used
-        .iter()
-        .rev()
-        .find(|(_, v)| *v == after)
-        .expect("new figure")
-        .0;
-    let process_at = text
-        .lines()
-        .find(|l| l.starts_with("gpu_process_memory_used_bytes{"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|t| t.parse::<f64>().ok())
-        .expect("a process sample");
-
-    let data = sc.dir.path().join("data");
-    let made = run_tool(
-        "promtool",
-        &[
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            path_str(&om),
-            path_str(&data),
-        ],
-        None,
-    );
-    assert!(made.status.success(), "promtool: {}", output_text(&made));
-    let prom = Prometheus::start_with(
-        "global:\n  scrape_interval: 15s\n",
-        Some(&data),
-        &["--storage.tsdb.retention.time=10y"],
-    );
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
-    let host = host.trim();
-    let sel = format!(
-        "gpu_memory_used_bytes{{instance=\"{host}\",job=\"gpumem-record\",gpu=\"0\",uuid=\"{UUID}\"}}"
-    );
-    // Blocks load at startup; the head is empty, so only they answer.
-    for (at, want) in [(at_before, before), (at_after, after)] {
-        let q = prom.query_at(&sel, at);
-        assert!(q.ok(), "{:?}\n{}", q.error, prom.log());
-        assert_eq!(
-            q.values(),
-            vec![want as f64],
-            "at {at}: {:?}\n{}",
-            q.result,
-            prom.log()
-        );
-    }
-    let q = prom.query_at(
-        &format!("gpu_process_memory_used_bytes{{pid=\"{p}\"}}"),
-        process_at,
-    );
-    assert_eq!(q.values(), vec![p_used as f64], "{:?}", q.result);
-    assert_eq!(q.labels()[0]["process"], "sleep");
-    let q = prom.query_at("gpu_up", at_before);
-    assert_eq!(q.values(), vec![1.0]);
-    // The dashboard's instance variable, and one of its joins on it.
-    let q = prom.query_at("count by (instance) (gpu_info)", at_after);
-    assert_eq!(q.labels()[0]["instance"], host, "{:?}", q.result);
-    let q = prom.query_at(
-        &format!(
-            "gpu_info{{instance=~\"{host}\", gpu=~\".*\"}} * on(instance, gpu, uuid) group_left() gpu_memory_total_bytes{{instance=~\"{host}\", gpu=~\".*\"}}"
-        ),
-        at_after,
-    );
-    assert_eq!(q.values(), vec![TOTAL as f64], "{:?}", q.result);
-    // The recorder's own families are not in the recording.
-    let q = prom.query_at("count({__name__=~\"gpumem_exporter_.*\"})", at_after);
-    assert!(q.result.is_empty(), "{:?}", q.result);
-}
-
 /// Each bad input: its line on stderr and its exit code; an existing file
 /// is left as it was.
 #[test]
@@ -848,103 +682,4 @@ fn bad_input_gets_its_line_and_exit_code() {
         "no command",
     );
     assert!(!read_csv(&out_path).is_empty(), "the sample before is kept");
-}
-
-/// A tmpfs of 16 KiB, mounted for the test and unmounted after it.
-struct SmallDisk {
-    dir: tempfile::TempDir,
-}
-
-impl SmallDisk {
-    fn mount() -> SmallDisk {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=16k", "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .expect("run mount");
-        assert!(
-            out.status.success(),
-            "this test mounts a 16 KiB tmpfs to fill it, which needs root (as on the project's machines and CI): {}",
-            output_text(&out)
-        );
-        SmallDisk { dir }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
-    }
-}
-
-/// A disk that fills up mid-recording (ENOSPC): one line, exit 1, and the
-/// file is a complete document of every sample before: CSV rows whole,
-/// the trace valid JSON, the OpenMetrics ending in `# EOF` and accepted
-/// by promtool.
-#[test]
-fn a_full_disk_keeps_a_complete_file() {
-    let disk = SmallDisk::mount();
-    let sc = Scenario::new(&scenario(1 << 30, &[]));
-    for name in ["run.csv", "run.json", "run.om"] {
-        let path = disk.path(name);
-        let out = run(record(
-            &sc,
-            &[
-                "-o",
-                path_str(&path),
-                "--duration",
-                "60s",
-                "--memory-sample-interval",
-                "10ms",
-            ],
-        ));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
-        assert_eq!(err.lines().count(), 1, "{name}: one line: {err}");
-        assert!(
-            err.contains("No space left on device") && err.contains("as a complete document"),
-            "{name}: {err}"
-        );
-        let size = std::fs::metadata(&path).unwrap().len();
-        assert!(size > 8 << 10, "{name}: {size} bytes kept");
-        match name {
-            "run.csv" => {
-                let text = std::fs::read_to_string(&path).unwrap();
-                assert!(text.ends_with('\n'), "whole rows");
-                let rows = read_csv(&path);
-                assert!(rows.len() > 20, "{} rows", rows.len());
-                assert!(
-                    rows.iter()
-                        .all(|r| r.0.len() == 16 && r.u64("used_bytes") == 1 << 30)
-                );
-            }
-            "run.json" => {
-                let ev = read_trace(&path);
-                assert!(events(&ev, "C", "memory", GPU0_TRACK).len() > 20);
-            }
-            _ => {
-                let text = std::fs::read_to_string(&path).unwrap();
-                assert!(text.ends_with("\n# EOF\n"), "ends with # EOF");
-                let data = sc.dir.path().join("data");
-                let made = run_tool(
-                    "promtool",
-                    &[
-                        "tsdb",
-                        "create-blocks-from",
-                        "openmetrics",
-                        path_str(&path),
-                        path_str(&data),
-                    ],
-                    None,
-                );
-                assert!(made.status.success(), "promtool: {}", output_text(&made));
-            }
-        }
-        std::fs::remove_file(&path).unwrap();
-    }
 }

@@ -1,7 +1,8 @@
 //! Process-churn soak: the fake NVML starts and ends ~100 pids a minute
 //! (each with a /proc entry that appears and disappears), for
 //! `SOAK_SECONDS` (default 120, the CI version; the documented long run is
-//! `SOAK_SECONDS=3600 cargo test --release --test e2e soak:: -- --nocapture`).
+//! `SOAK_SECONDS=3600 cargo test --release --features external-tools --test e2e soak:: -- --nocapture`;
+//! built only with that feature, so the fast loop stays fast).
 //! After warm-up, RSS must stay flat within 1 MiB, open fds flat, and the
 //! number of process series must equal the live pids at every check.
 

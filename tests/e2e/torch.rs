@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::harness::python::{Py, StubState, python3};
-use crate::harness::tools::{assert_promtool_check_metrics_clean, output_text};
+use crate::harness::tools::assert_promtool_check_metrics_clean;
 use crate::harness::*;
 use serde_json::json;
 

@@ -15,7 +15,7 @@ use tungstenite::{Message, WebSocket};
 
 use super::wait_for;
 
-/// The browser binary: `chromium` (Debian), installed by scripts/test.
+/// The browser binary: `chromium` (Debian), installed by scripts/ci/test.
 pub fn chromium() -> &'static str {
     for name in ["chromium", "chromium-browser"] {
         if Command::new(name)
@@ -28,7 +28,7 @@ pub fn chromium() -> &'static str {
             return name;
         }
     }
-    panic!("chromium not found: apt-get install -y chromium (scripts/test installs it)")
+    panic!("chromium not found: apt-get install -y chromium (scripts/ci/test installs it)")
 }
 
 /// One page of a headless Chromium; the browser is killed on drop.

@@ -7,12 +7,19 @@
 //! - `prom`: a real Prometheus server, PromQL and Grafana helpers,
 //! - `python`: Python children running the torch bridge, the stub torch,
 //! - `tools`: the external programs the tests run.
+//!
+//! `browser`, `prom`, `python` and `tools` start programs from outside the
+//! Rust toolchain, so they are built only with `--features external-tools`.
 
+#[cfg(feature = "external-tools")]
 pub mod browser;
 pub mod cluster;
 pub mod kubelet;
+#[cfg(feature = "external-tools")]
 pub mod prom;
+#[cfg(feature = "external-tools")]
 pub mod python;
+#[cfg(feature = "external-tools")]
 pub mod tools;
 
 use std::collections::BTreeMap;
@@ -206,12 +213,29 @@ impl Exporter {
 
     /// Send a signal without waiting for an exit.
     pub fn signal_only(&self, sig: &str) {
-        let status = Command::new("kill")
-            .args(["-s", sig, &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
+        send_signal(&self.child, sig);
     }
+}
+
+/// Send `sig` (its name without `SIG`: "TERM", "INT" or "HUP") to
+/// `child`. Through libc rather than the `kill` program, so the fast loop
+/// needs no procps on PATH.
+pub fn send_signal(child: &Child, sig: &str) {
+    let signo = match sig {
+        "TERM" => libc::SIGTERM,
+        "INT" => libc::SIGINT,
+        "HUP" => libc::SIGHUP,
+        other => panic!("send_signal: no signal named {other:?} here"),
+    };
+    let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
+    // SAFETY: kill(2) with a pid we spawned and a valid signal number.
+    let rc = unsafe { libc::kill(pid, signo) };
+    assert_eq!(
+        rc,
+        0,
+        "kill -{sig} {pid}: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 impl Drop for Exporter {
@@ -486,4 +510,23 @@ pub fn http_get_bytes(
             .then(|| v.trim().to_string())
     });
     (encoding, raw[split + 4..].to_vec())
+}
+
+/// The series lines of an exposition that carry a label with an empty
+/// value. A plain `=""` search is exact: inside a label value every `"`
+/// is escaped, so `=""` can only be a label whose value is empty.
+pub fn empty_label_lines(exposition: &str) -> Vec<&str> {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains("=\"\""))
+        .collect()
+}
+
+/// stdout then stderr of a finished program, as text.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-use super::repo;
+use super::{output_text, repo};
 
 fn install_hint(program: &str) -> &'static str {
     match program {
@@ -21,7 +21,7 @@ fn install_hint(program: &str) -> &'static str {
         }
         "systemd-analyze" => "install it: `apt-get install -y systemd` (Debian/Ubuntu)",
         "slowhttptest" | "sslscan" | "openssl" => {
-            "install it: `apt-get install -y slowhttptest sslscan openssl` (Debian/Ubuntu; scripts/test does)"
+            "install it: `apt-get install -y slowhttptest sslscan openssl` (Debian/Ubuntu; scripts/ci/test does)"
         }
         _ => "install it and put it on PATH",
     }
@@ -98,15 +98,6 @@ pub fn run_tool_ok(program: &str, args: &[&str], stdin: Option<&[u8]>) -> String
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// stdout then stderr of a finished program, as text.
-pub fn output_text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// `promtool check metrics` finds nothing to say about this exposition.
 pub fn assert_promtool_check_metrics_clean(exposition: &str) {
     let out = run_tool(
@@ -163,14 +154,4 @@ print(sum(len(f.samples) for f in text(t)), sum(len(f.samples) for f in om(o)))
         format!("{} {}", samples(text), samples(openmetrics)),
         "samples parsed (text, OpenMetrics) vs sample lines"
     );
-}
-
-/// The series lines of an exposition that carry a label with an empty
-/// value. A plain `=""` search is exact: inside a label value every `"`
-/// is escaped, so `=""` can only be a label whose value is empty.
-pub fn empty_label_lines(exposition: &str) -> Vec<&str> {
-    exposition
-        .lines()
-        .filter(|l| !l.starts_with('#') && l.contains("=\"\""))
-        .collect()
 }
