@@ -154,7 +154,7 @@ struct WirePool {
 
 impl WirePool {
     // A method of the wire type, not `From` on the model's: the model
-    // module must not depend on this one (scripts/check-cycles).
+    // module must not depend on this one (scripts/ci/check-cycles).
     fn into_pool(self) -> TorchPool {
         TorchPool {
             allocated: self.allocated,
