@@ -10,7 +10,7 @@ use std::fmt;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use super::encoder::gauge;
-use crate::model::{AllocatedDevice, DeviceInfo, MigInfo, Snapshot};
+use crate::model::{AllocatedDevice, Allocation, DeviceInfo, MigInfo, Snapshot};
 
 /// `gpu_allocation_info`, when the pod-resources client is on.
 pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
@@ -54,6 +54,40 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         m.encode_family(&labels)?.encode_gauge(&1u32)?;
     }
     Ok(())
+}
+
+/// One allocation and where its device is in the snapshot it came with
+/// (the recorder's CSV rows and trace events).
+#[derive(Debug)]
+pub struct Placed<'a> {
+    pub allocation: &'a Allocation,
+    /// The GPU's index; empty when this snapshot does not have it.
+    pub gpu: &'a str,
+    /// The GPU's UUID (a MIG device's parent), or the id as reported.
+    pub uuid: &'a str,
+    /// A MIG device's UUID, when known.
+    pub mig_uuid: Option<&'a str>,
+}
+
+/// The snapshot's allocations, each placed on its devices; empty while the
+/// pod-resources client is off.
+pub fn placed(s: &Snapshot) -> Vec<Placed<'_>> {
+    let Some(p) = &s.pod_resources else {
+        return Vec::new();
+    };
+    let devices = Devices::of(s);
+    p.allocations
+        .iter()
+        .map(|a| {
+            let place = devices.place(&a.device);
+            Placed {
+                allocation: a,
+                gpu: place.gpu,
+                uuid: place.uuid,
+                mig_uuid: place.mig_uuid,
+            }
+        })
+        .collect()
 }
 
 /// Where an allocated device is in this snapshot.

@@ -35,6 +35,7 @@ use prometheus_client::registry::Registry;
 
 use crate::model::Snapshot;
 
+pub use allocation::{Placed, placed};
 pub use exporter::{REVISION, VERSION};
 
 /// Content types of the two formats served.

@@ -3,10 +3,16 @@
 //! per full sample. Columns (docs/record.md has the table):
 //!
 //! ```text
-//! time,unix_seconds,kind,gpu,uuid,used_bytes,reserved_bytes,free_bytes,total_bytes,pid,process,user,namespace,pod,torch_allocated_bytes,torch_reserved_bytes
+//! time,unix_seconds,kind,gpu,uuid,used_bytes,reserved_bytes,free_bytes,total_bytes,pid,process,user,namespace,pod,torch_allocated_bytes,torch_reserved_bytes,container,resource
 //! ```
 //!
-//! `kind` is `gpu`, `process` or `mig`; a column that does not apply to a
+//! `kind` is `gpu`, `process`, `mig` or `allocation`. Allocation rows (the
+//! kubelet's pod-resources answer, when that client is on) are written at
+//! the first full sample and at every full sample where the set changed:
+//! the whole new set, one row per allocated device (`gpu` and `uuid` of
+//! the GPU, or the MIG device's UUID; `namespace`, `pod`, `container`,
+//! `resource`), or a single `allocation` row with those columns empty when
+//! nothing is allocated any more. A column that does not apply to a
 //! row's kind is empty, and so is a figure NVML did not give (a GPU that
 //! did not answer has a `gpu` row with empty byte columns). Quoting is the
 //! `csv` crate's (RFC 4180), since process and user names may hold commas
@@ -15,10 +21,11 @@
 use std::sync::Arc;
 
 use super::format::{EncodeError, Encoder, SampleKind, Stamp};
-use crate::model::{MemoryInfo, Snapshot};
+use crate::expose;
+use crate::model::{Allocation, MemoryInfo, Snapshot};
 
 /// The header row, column by column.
-pub const COLUMNS: [&str; 16] = [
+pub const COLUMNS: [&str; 18] = [
     "time",
     "unix_seconds",
     "kind",
@@ -35,23 +42,30 @@ pub const COLUMNS: [&str; 16] = [
     "pod",
     "torch_allocated_bytes",
     "torch_reserved_bytes",
+    "container",
+    "resource",
 ];
 
 pub struct Csv {
     builder: ::csv::WriterBuilder,
+    /// The allocations written last; `None` before the first.
+    allocations: Option<Arc<[Allocation]>>,
 }
 
 impl Default for Csv {
     fn default() -> Csv {
         let mut builder = ::csv::WriterBuilder::new();
         builder.terminator(::csv::Terminator::Any(b'\n'));
-        Csv { builder }
+        Csv {
+            builder,
+            allocations: None,
+        }
     }
 }
 
 type Rows<'a> = ::csv::Writer<&'a mut Vec<u8>>;
 
-fn row(w: &mut Rows, fields: [&str; 16]) -> Result<(), EncodeError> {
+fn row(w: &mut Rows, fields: [&str; 18]) -> Result<(), EncodeError> {
     w.write_record(fields).map_err(EncodeError::from)
 }
 
@@ -92,8 +106,62 @@ fn memory_row(
             "",
             "",
             "",
+            "",
+            "",
         ],
     )
+}
+
+impl Csv {
+    /// The allocation rows of a full sample, when the set changed.
+    fn allocations(
+        &mut self,
+        w: &mut Rows,
+        (time, unix): (&str, &str),
+        s: &Snapshot,
+    ) -> Result<u64, EncodeError> {
+        let Some(p) = &s.pod_resources else {
+            return Ok(0);
+        };
+        if self.allocations.as_deref() == Some(&*p.allocations) {
+            return Ok(0);
+        }
+        self.allocations = Some(Arc::clone(&p.allocations));
+        let placed = expose::placed(s);
+        if placed.is_empty() {
+            let mut fields = [""; 18];
+            (fields[0], fields[1], fields[2]) = (time, unix, "allocation");
+            row(w, fields)?;
+            return Ok(1);
+        }
+        for a in &placed {
+            let al = a.allocation;
+            row(
+                w,
+                [
+                    time,
+                    unix,
+                    "allocation",
+                    a.gpu,
+                    a.mig_uuid.unwrap_or(a.uuid),
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    &al.namespace,
+                    &al.pod,
+                    "",
+                    "",
+                    &al.container,
+                    &al.resource,
+                ],
+            )?;
+        }
+        Ok(placed.len() as u64)
+    }
 }
 
 impl Encoder for Csv {
@@ -154,6 +222,8 @@ impl Encoder for Csv {
                             &i.pod,
                             &opt(torch.map(|t| t.allocated)),
                             &opt(torch.map(|t| t.reserved)),
+                            "",
+                            "",
                         ],
                     )?;
                     rows += 1;
@@ -178,6 +248,8 @@ impl Encoder for Csv {
                             "",
                             "",
                             "",
+                            "",
+                            "",
                         ],
                     )?;
                     rows += 1;
@@ -194,6 +266,7 @@ impl Encoder for Csv {
                     rows += 1;
                 }
             }
+            rows += self.allocations(&mut w, (time, unix), s)?;
         }
         done(w)?;
         Ok(rows)

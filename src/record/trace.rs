@@ -30,6 +30,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::format::{EncodeError, Encoder, SampleKind, Stamp};
+use crate::expose;
 use crate::model::{DeviceSample, ProcIdentity, Snapshot};
 
 /// Trace pid of GPU 0: `PID_MAX_LIMIT` on 64-bit Linux, one more than the
@@ -100,6 +101,9 @@ pub struct Trace {
     procs: HashMap<(usize, u32), bool>,
     /// The identity each pid's name was written for.
     named: HashMap<u32, Arc<ProcIdentity>>,
+    /// Allocations on a GPU's track as of the last full sample: (GPU
+    /// position, "namespace/pod/container resource").
+    allocations: HashSet<(usize, String)>,
 }
 
 impl Trace {
@@ -110,6 +114,7 @@ impl Trace {
             gpus: Vec::new(),
             procs: HashMap::new(),
             named: HashMap::new(),
+            allocations: HashSet::new(),
         }
     }
 
@@ -320,6 +325,62 @@ fn process_label(i: &ProcIdentity, pid: u32) -> String {
     s
 }
 
+impl Trace {
+    /// An instant event on a GPU's track for each allocation that appeared
+    /// ("allocated: …") or went ("released: …") since the last full sample;
+    /// devices this exporter does not see have no track and no event.
+    fn allocations(
+        &mut self,
+        out: &mut Vec<u8>,
+        s: &Snapshot,
+        ts: u64,
+    ) -> Result<u64, EncodeError> {
+        let now: HashSet<(usize, String)> = expose::placed(s)
+            .iter()
+            .filter_map(|p| {
+                let k = s
+                    .devices
+                    .iter()
+                    .position(|d| !p.gpu.is_empty() && d.info.gpu == p.gpu)?;
+                let a = p.allocation;
+                let device = p.mig_uuid.unwrap_or(p.uuid);
+                Some((
+                    k,
+                    format!(
+                        "{}/{}/{} {} {device}",
+                        a.namespace, a.pod, a.container, a.resource
+                    ),
+                ))
+            })
+            .collect();
+        let mut events = 0;
+        let mut gone: Vec<(usize, String)> = self.allocations.difference(&now).cloned().collect();
+        let mut new: Vec<(usize, String)> = now.difference(&self.allocations).cloned().collect();
+        gone.sort();
+        new.sort();
+        for (verb, list) in [("released", gone), ("allocated", new)] {
+            for (k, what) in list {
+                let pid = GPU_PID_BASE + k as u64;
+                self.push(
+                    out,
+                    &Event {
+                        name: &format!("{verb}: {what}"),
+                        ph: "i",
+                        ts,
+                        pid,
+                        tid: pid,
+                        s: Some("p"),
+                        args: Empty {},
+                    },
+                )?;
+                events += 1;
+            }
+        }
+        self.allocations = now;
+        Ok(events)
+    }
+}
+
 impl Encoder for Trace {
     fn header(&mut self) -> Result<Vec<u8>, EncodeError> {
         let other = Header {
@@ -355,6 +416,7 @@ impl Encoder for Trace {
                 self.processes(out, k, d, ts)?;
                 rows += d.processes.len() as u64;
             }
+            rows += self.allocations(out, s, ts)?;
             // Names of pids on no GPU any more are forgotten (a reused pid
             // is named again).
             let live: HashSet<u32> = self.procs.keys().map(|(_, pid)| *pid).collect();

@@ -310,3 +310,76 @@ fn no_socket_no_allocations() {
     assert_eq!(m.find("gpu_up", &[]).len(), 3);
     ex.assert_logged_once("no kubelet pod-resources socket");
 }
+
+/// `record` runs the same pipeline as the daemon: with the fake kubelet,
+/// every format carries the allocations (docs/record.md).
+#[test]
+fn a_recording_carries_the_allocations() {
+    let kubelet = FakeKubelet::start(kubelet_pods());
+    let sc = Scenario::new(&scenario());
+    let cfg = sc.file("config.yaml", config(&kubelet.socket).as_bytes());
+    let record = |name: &str| -> String {
+        let out = sc.dir.path().join(name);
+        let status = std::process::Command::new(BIN)
+            .arg("record")
+            .arg("--config.file")
+            .arg(&cfg)
+            .arg("--nvml.library")
+            .arg(fake_nvml())
+            .args(["--log.level", "warn", "--duration", "1500ms", "-o"])
+            .arg(&out)
+            .env("FAKE_NVML_CONFIG", &sc.path)
+            .env_remove("KUBECONFIG")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run record");
+        assert!(status.status.success(), "{}", output_text(&status));
+        std::fs::read_to_string(&out).expect("read the recording")
+    };
+
+    // OpenMetrics: the same gpu_allocation_info series as a scrape.
+    let om = record("run.om");
+    let want = format!(
+        "gpu=\"0\",uuid=\"{GPU0}\",namespace=\"team-a\",pod=\"trainer-0\",container=\"trainer\",resource=\"nvidia.com/gpu\"}} 1 "
+    );
+    let found = om
+        .lines()
+        .any(|l| l.starts_with("gpu_allocation_info{instance=") && l.contains(&want));
+    assert!(found, "{want} not in:\n{om}");
+    assert!(om.contains(&format!("mig_uuid=\"{MIG1}\"")), "{om}");
+
+    // CSV: allocation rows with the container and resource columns.
+    let csv = record("run.csv");
+    let header: Vec<&str> = csv.lines().next().unwrap_or("").split(',').collect();
+    let col = |name: &str| header.iter().position(|c| *c == name).expect(name);
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|r| r.get(col("kind")) == Some(&"allocation"))
+        .collect();
+    let trainer = rows.iter().find(|r| r[col("pod")] == "trainer-0");
+    let trainer = trainer.unwrap_or_else(|| panic!("no trainer-0 allocation row:\n{csv}"));
+    assert_eq!(
+        [
+            trainer[col("gpu")],
+            trainer[col("uuid")],
+            trainer[col("namespace")],
+            trainer[col("container")],
+            trainer[col("resource")],
+        ],
+        ["0", GPU0, "team-a", "trainer", "nvidia.com/gpu"]
+    );
+    let mig = rows
+        .iter()
+        .find(|r| r[col("pod")] == "infer-0")
+        .expect("infer-0 row");
+    assert_eq!((mig[col("gpu")], mig[col("uuid")]), ("1", MIG1));
+    // Written when the set changes, not at every full sample.
+    let sets = rows.iter().filter(|r| r[col("pod")] == "trainer-0").count();
+    assert_eq!(sets, 1, "{csv}");
+
+    // Trace: an instant event on GPU 0's track.
+    let trace = record("run.trace.json");
+    let want = format!("allocated: team-a/trainer-0/trainer nvidia.com/gpu {GPU0}");
+    assert!(trace.contains(&want), "{want} not in:\n{trace}");
+}

@@ -23,7 +23,7 @@ const RESERVED: u64 = 644_939_776;
 /// The trace pid of GPU 0 (docs/record.md).
 const GPU0_TRACK: u64 = 4_194_304;
 
-const COLUMNS: [&str; 16] = [
+const COLUMNS: [&str; 18] = [
     "time",
     "unix_seconds",
     "kind",
@@ -40,6 +40,8 @@ const COLUMNS: [&str; 16] = [
     "pod",
     "torch_allocated_bytes",
     "torch_reserved_bytes",
+    "container",
+    "resource",
 ];
 
 /// One GPU using `used`, with these (pid, bytes) on it.
