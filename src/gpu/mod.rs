@@ -4,6 +4,7 @@
 //! [`error`] holds the typed errors (kind and operation) and their labels.
 
 pub mod error;
+#[cfg(test)]
 pub mod fake;
 pub mod nvml;
 pub mod readings;
