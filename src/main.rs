@@ -17,10 +17,10 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use gpumem_exporter::attribute::ProcCache;
-use gpumem_exporter::attribute::kube::{self, PodIndex};
 use gpumem_exporter::config::{self, Config, HumanDuration, Overrides};
 use gpumem_exporter::gpu::nvml::{InitError, NvmlSource};
 use gpumem_exporter::http::web_config::Web;
+use gpumem_exporter::kube::{self, PodIndex};
 use gpumem_exporter::podres::{self, PodResources};
 use gpumem_exporter::publish::Shared;
 use gpumem_exporter::record::{self, Target};

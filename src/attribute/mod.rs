@@ -1,12 +1,11 @@
 //! Who a pid is: name and owner from /proc ([`procfs`], [`passwd`]),
-//! container and pod from its cgroup ([`cgroup`]) and the pod watcher
-//! ([`kube`]), an optional redacted command line ([`redact`]), and the
+//! container and pod from its cgroup ([`cgroup`]) and the pod watcher's
+//! index ([`crate::kube`]), an optional redacted command line ([`redact`]), and the
 //! PyTorch allocator figures the process publishes itself ([`torch`]).
 //! [`ProcCache`] puts them together for the sampler, cached by (pid, start
 //! time).
 
 pub mod cgroup;
-pub mod kube;
 pub mod passwd;
 pub mod procfs;
 pub mod redact;
@@ -16,8 +15,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::config::Attribution;
+use crate::kube::PodIndex;
 use crate::model::{KubeState, ProcIdentity, TorchCounters, TorchStats};
-use kube::PodIndex;
 use passwd::UserNames;
 use procfs::ProcRoot;
 use torch::TorchReader;

@@ -31,9 +31,9 @@ use std::sync::mpsc::{Receiver, sync_channel};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::attribute::ProcCache;
-use crate::attribute::kube::{self, PodIndex};
 use crate::config::{Config, HumanDuration};
 use crate::gpu::GpuSource;
+use crate::kube::{self, PodIndex};
 use crate::model::Snapshot;
 use crate::publish::Shared;
 use crate::sample::{self, Control, OpenFailure};

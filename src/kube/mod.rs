@@ -1,6 +1,6 @@
 //! Kubernetes attribution: pod UID / container id → (namespace, pod, container).
 //!
-//! cgroups (see [`super::cgroup`]) tell us a process's pod UID and container
+//! cgroups (see [`crate::attribute::cgroup`]) tell us a process's pod UID and container
 //! id, but not the names people query by. This module keeps a cache of the
 //! pods on *this* node and answers that mapping from memory.
 //!
