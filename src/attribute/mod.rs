@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::config::Attribution;
-use crate::kube::PodIndex;
+use crate::kube::index::PodIndex;
 use crate::model::{KubeState, ProcIdentity, TorchCounters, TorchStats};
 use passwd::UserNames;
 use procfs::ProcRoot;

@@ -39,7 +39,7 @@
 
 mod bearer;
 mod client;
-mod index;
+pub mod index;
 mod limits;
 mod warnings;
 mod watch;
