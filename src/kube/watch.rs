@@ -12,10 +12,10 @@ use k8s_openapi::api::core::v1::Pod as ApiPod;
 use kube::runtime::watcher::{self, Event};
 
 use super::client;
+use super::config::KubeConfig;
 use super::index::{IndexData, Pod, PodIndex};
 use super::warnings::Warnings;
 use crate::backoff::Backoff;
-use crate::config::KubeConfig;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
