@@ -23,6 +23,7 @@ pub mod logging;
 pub mod model;
 pub mod podres;
 pub mod publish;
+pub mod ratelimit;
 pub mod record;
 pub mod sample;
 pub mod signals;
