@@ -49,7 +49,6 @@ mod config;
 pub mod discovery;
 pub mod index;
 mod limits;
-mod warnings;
 mod watch;
 
 pub use config::KubeConfig;
