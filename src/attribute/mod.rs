@@ -17,6 +17,7 @@ use std::sync::Arc;
 use crate::config::Attribution;
 use crate::kube::index::PodIndex;
 use crate::model::{KubeState, ProcIdentity, TorchCounters, TorchStats};
+use crate::ratelimit::LogLimiter;
 use passwd::UserNames;
 use procfs::ProcRoot;
 use torch::TorchReader;
@@ -70,7 +71,8 @@ pub struct ProcCache {
     checked: HashSet<u32>,
     unknown: Arc<ProcIdentity>,
     failures: u64,
-    warned_hidden: bool,
+    /// A pid hidden from /proc is logged once.
+    hidden_warning: LogLimiter<()>,
     /// PyTorch allocator figures from `/proc/<pid>/fd` (torch bridge).
     torch: Option<TorchReader>,
 }
@@ -86,7 +88,7 @@ impl ProcCache {
             checked: HashSet::new(),
             unknown: Arc::new(ProcIdentity::default()),
             failures: 0,
-            warned_hidden: false,
+            hidden_warning: LogLimiter::once(),
             torch: None,
         }
     }
@@ -200,8 +202,7 @@ impl ProcessLookup for ProcCache {
             // namespace: the bytes are still exported by pid.
             self.entries.remove(&pid);
             self.failures += 1;
-            if !self.warned_hidden {
-                self.warned_hidden = true;
+            if self.hidden_warning.check(()).is_some() {
                 tracing::warn!(
                     pid,
                     procfs = %self.root.path().display(),
