@@ -116,6 +116,21 @@ impl<K: Hash + Eq> LogLimiter<K> {
             slot.wait = min;
         }
     }
+
+    /// Every key starts afresh (a re-opened library may answer otherwise),
+    /// suppressed counts included.
+    pub fn clear(&mut self) {
+        self.keys.clear();
+    }
+
+    /// Keys seen since the start or the last [`LogLimiter::clear`].
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
 }
 
 #[cfg(test)]
@@ -206,6 +221,11 @@ mod tests {
         assert_eq!(once.check_at(1, at(0)), Some(0));
         once.reset(&1);
         assert_eq!(once.check_at(1, at(1)), None, "once is once");
+        assert_eq!(once.check_at(2, at(1)), Some(0));
+        assert_eq!(once.len(), 2);
+        once.clear();
+        assert!(once.is_empty());
+        assert_eq!(once.check_at(1, at(2)), Some(0), "cleared: logged again");
     }
 
     /// A clock that goes backwards (an injected one) leaves the line out
