@@ -15,9 +15,9 @@ use std::sync::mpsc::{Sender, SyncSender};
 use std::thread::JoinHandle;
 
 use crate::attribute::ProcCache;
-use crate::attribute::kube::{self, PodIndex};
 use crate::config::{self, Config, Overrides};
 use crate::gpu::GpuSource;
+use crate::kube::{self, PodIndex};
 use crate::model::Snapshot;
 use crate::podres::{self, PodResources};
 use crate::publish::Shared;

@@ -185,12 +185,8 @@ fn pod_uid_of_segment(segment: &str) -> Option<String> {
     is_pod_uid(&uid).then_some(uid)
 }
 
-/// 64 lowercase hex digits: the full id every runtime here uses in cgroup
-/// names. Anything shorter is a truncated or unrelated name, and reporting it
-/// would produce ids that match nothing in `docker ps` or `crictl ps`.
-pub fn is_container_id(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
+/// The container id's form is the pod index's key, so it is defined there.
+pub use crate::kube::index::is_container_id;
 
 /// A UUID in its 36-character 8-4-4-4-12 hex form, which is what Kubernetes
 /// pod UIDs are.

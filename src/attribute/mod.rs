@@ -1,12 +1,11 @@
 //! Who a pid is: name and owner from /proc ([`procfs`], [`passwd`]),
-//! container and pod from its cgroup ([`cgroup`]) and the pod watcher
-//! ([`kube`]), an optional redacted command line ([`redact`]), and the
+//! container and pod from its cgroup ([`cgroup`]) and the pod watcher's
+//! index ([`crate::kube`]), an optional redacted command line ([`redact`]), and the
 //! PyTorch allocator figures the process publishes itself ([`torch`]).
 //! [`ProcCache`] puts them together for the sampler, cached by (pid, start
 //! time).
 
 pub mod cgroup;
-pub mod kube;
 pub mod passwd;
 pub mod procfs;
 pub mod redact;
@@ -16,8 +15,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::config::Attribution;
+use crate::kube::index::PodIndex;
 use crate::model::{KubeState, ProcIdentity, TorchCounters, TorchStats};
-use kube::PodIndex;
+use crate::ratelimit::LogLimiter;
 use passwd::UserNames;
 use procfs::ProcRoot;
 use torch::TorchReader;
@@ -71,7 +71,8 @@ pub struct ProcCache {
     checked: HashSet<u32>,
     unknown: Arc<ProcIdentity>,
     failures: u64,
-    warned_hidden: bool,
+    /// A pid hidden from /proc is logged once.
+    hidden_warning: LogLimiter<()>,
     /// PyTorch allocator figures from `/proc/<pid>/fd` (torch bridge).
     torch: Option<TorchReader>,
 }
@@ -87,7 +88,7 @@ impl ProcCache {
             checked: HashSet::new(),
             unknown: Arc::new(ProcIdentity::default()),
             failures: 0,
-            warned_hidden: false,
+            hidden_warning: LogLimiter::once(),
             torch: None,
         }
     }
@@ -201,8 +202,7 @@ impl ProcessLookup for ProcCache {
             // namespace: the bytes are still exported by pid.
             self.entries.remove(&pid);
             self.failures += 1;
-            if !self.warned_hidden {
-                self.warned_hidden = true;
+            if self.hidden_warning.check(()).is_some() {
                 tracing::warn!(
                     pid,
                     procfs = %self.root.path().display(),

@@ -55,6 +55,7 @@ use super::procfs::ProcRoot;
 use crate::model::{
     AllocatorBackend, AllocatorSettings, TorchCounters, TorchPool, TorchPools, TorchStats,
 };
+use crate::ratelimit::LogLimiter;
 
 /// What `/proc/<pid>/fd/<n>` reads for the bridge's memfd.
 pub const LINK_TARGET: &str = "/memfd:gpumem-bridge (deleted)";
@@ -73,7 +74,7 @@ const REQUIRED_SEALS: libc::c_int = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | lib
 
 /// Why a document was dropped: the `reason` label of
 /// `gpumem_exporter_torch_reports_dropped_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DropReason {
     /// Not JSON, wrong types, a missing field, an unknown version, or the
     /// file is not a memfd.
@@ -283,7 +284,8 @@ pub struct TorchReader {
     /// once); cleared by [`TorchReader::end_tick`].
     this_tick: HashMap<(u32, u64), Option<Document>>,
     counters: TorchCounters,
-    warned: [bool; 3],
+    /// Each reason is logged once.
+    warned: LogLimiter<DropReason>,
 }
 
 impl TorchReader {
@@ -295,7 +297,7 @@ impl TorchReader {
             tracked: HashMap::new(),
             this_tick: HashMap::new(),
             counters: TorchCounters::default(),
-            warned: [false; 3],
+            warned: LogLimiter::once(),
         }
     }
 
@@ -399,13 +401,13 @@ impl TorchReader {
     }
 
     fn count(&mut self, pid: u32, reason: DropReason) {
-        let (n, i) = match reason {
-            DropReason::Malformed => (&mut self.counters.malformed, 0),
-            DropReason::Oversized => (&mut self.counters.oversized, 1),
-            DropReason::Permission => (&mut self.counters.permission, 2),
+        let n = match reason {
+            DropReason::Malformed => &mut self.counters.malformed,
+            DropReason::Oversized => &mut self.counters.oversized,
+            DropReason::Permission => &mut self.counters.permission,
         };
         *n += 1;
-        if std::mem::replace(&mut self.warned[i], true) {
+        if self.warned.check(reason).is_none() {
             return;
         }
         let procfs = self.root.path().display();

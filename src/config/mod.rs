@@ -20,15 +20,16 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+pub use crate::kube::KubeConfig;
 pub use components::{
-    Attribution, Collectors, Http, KubeConfig, Log, PodResourcesConfig, SamplerConfig, Selection,
-    Timing,
+    Attribution, Collectors, Http, Log, PodResourcesConfig, SamplerConfig, Selection, Timing,
 };
 pub use values::{
     ApiUrl, CmdlineLength, HumanDuration, Interval, KubeMode, ListenAddress, LogFormat, LogLevel,
     TelemetryPath,
 };
 
+use crate::kube::discovery;
 use file::{FileCollectors, FileConfig, FileKubernetes, FileProcesses};
 use yaml::{ReadError, YamlError};
 
@@ -444,29 +445,6 @@ fn processes(
     (selection, attribution)
 }
 
-/// The API server's URL in a pod: `KUBERNETES_SERVICE_HOST`/`_PORT`, as
-/// the kubelet sets them; `None` outside a cluster. The one place the
-/// in-cluster API is discovered.
-pub fn in_cluster_api_url(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
-    let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
-    let host = nonempty(env("KUBERNETES_SERVICE_HOST"))?;
-    let port = nonempty(env("KUBERNETES_SERVICE_PORT"))?;
-    let host = if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]")
-    } else {
-        host
-    };
-    Some(format!("https://{host}:{port}"))
-}
-
-/// Whether a kubeconfig is there to be read, as kube-rs would look for it:
-/// `KUBECONFIG`, else `$HOME/.kube/config` when that file exists.
-fn kubeconfig_present(env: &dyn Fn(&str) -> Option<String>) -> bool {
-    let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
-    nonempty(env("KUBECONFIG")).is_some()
-        || nonempty(env("HOME")).is_some_and(|home| Path::new(&home).join(".kube/config").is_file())
-}
-
 /// Resolve the pod watcher's settings. It runs when a cluster is known
 /// (`api_url`, the in-cluster environment, a kubeconfig) and this node's
 /// name is (`node_name`, `NODE_NAME`). The client itself is inferred at
@@ -481,10 +459,8 @@ fn kubernetes(
     }
     let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
     let api_url = f.api_url.clone().map(|u| u.0).filter(|u| !u.is_empty());
-    let in_cluster_url = in_cluster_api_url(env);
-    // The API server is named (a key, or the kubelet's variables in a pod).
-    let named = api_url.is_some() || in_cluster_url.is_some();
-    if !named && !kubeconfig_present(env) {
+    let found = discovery::discover(api_url.as_deref(), env);
+    if !found.any() {
         return if mode == KubeMode::On {
             Err(Located::Key(
                 "kubernetes.enabled".into(),
@@ -498,7 +474,7 @@ fn kubernetes(
     else {
         // A kubeconfig alone (a workstation pointed at a cluster) says
         // nothing about which node this is: without a name, auto is off.
-        if mode == KubeMode::Auto && !named {
+        if mode == KubeMode::Auto && !found.named {
             return Ok(None);
         }
         return Err(Located::Key(
@@ -509,7 +485,7 @@ fn kubernetes(
     Ok(Some(KubeConfig {
         node_name,
         api_url,
-        in_cluster_url,
+        in_cluster_url: found.in_cluster_url,
         token_file: nonempty(f.token_file.clone()).map(PathBuf::from),
         ca_file: nonempty(f.ca_file.clone()).map(PathBuf::from),
     }))
@@ -961,39 +937,5 @@ mod tests {
     fn binary_is_rejected() {
         let e = parse("\0\x01\x02", "c.yaml").unwrap_err().to_string();
         assert!(e.contains("binary data"), "{e}");
-    }
-
-    #[test]
-    fn in_cluster_from_env() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(key, _)| *key == k)
-                    .map(|(_, v)| (*v).to_owned())
-            }
-        };
-        type Vars = &'static [(&'static str, &'static str)];
-        let cases: [(Vars, Option<&str>); 4] = [
-            (
-                &[
-                    ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
-                    ("KUBERNETES_SERVICE_PORT", "443"),
-                ],
-                Some("https://10.96.0.1:443"),
-            ),
-            (
-                &[
-                    ("KUBERNETES_SERVICE_HOST", "fd00::1"),
-                    ("KUBERNETES_SERVICE_PORT", "6443"),
-                ],
-                Some("https://[fd00::1]:6443"),
-            ),
-            (&[], None),
-            (&[("KUBERNETES_SERVICE_HOST", "10.96.0.1")], None),
-        ];
-        for (vars, want) in cases {
-            assert_eq!(in_cluster_api_url(&env(vars)).as_deref(), want, "{vars:?}");
-        }
     }
 }

@@ -21,12 +21,13 @@ pub mod web_config;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
 use crate::config::Http;
 use crate::publish::Shared;
+use crate::ratelimit::LogLimiter;
 use crate::signals::Signals;
 use crate::telemetry::Telemetry;
 use admission::Conns;
@@ -81,7 +82,7 @@ pub async fn serve(
     let conns = Arc::new(Conns::new(limits, Arc::clone(&telemetry)));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut hangups = signals.clone();
-    let mut accept_warned: Option<Instant> = None;
+    let mut accept_warnings = LogLimiter::every(Duration::from_secs(10));
     loop {
         tokio::select! {
             biased;
@@ -107,9 +108,8 @@ pub async fn serve(
                         continue;
                     }
                     // Usually out of file descriptors: make room, retry soon.
-                    if accept_warned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                    if accept_warnings.check(()).is_some() {
                         tracing::warn!(error = %e, open = conns.open(), "cannot accept connections");
-                        accept_warned = Some(Instant::now());
                     }
                     conns.evict_one();
                     tokio::time::sleep(Duration::from_millis(20)).await;

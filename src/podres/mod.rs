@@ -32,6 +32,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::config::PodResourcesConfig;
 use crate::model::{AllocatedDevice, Allocation, PodResourcesState};
+use crate::ratelimit::LogLimiter;
 
 /// The generated client (build.rs).
 #[allow(
@@ -60,7 +61,7 @@ const MAX_ANSWER_BYTES: usize = 16 << 20;
 /// A failure is logged at once; while failures go on, the next warning
 /// waits twice as long as the last, from this up to [`WARN_INTERVAL_MAX`]
 /// (a DaemonSet that may not use the socket should not log every minute
-/// for ever).
+/// for ever); a success starts over ([`LogLimiter::backing_off`]).
 const WARN_INTERVAL: Duration = Duration::from_secs(60);
 const WARN_INTERVAL_MAX: Duration = Duration::from_secs(3600);
 
@@ -136,9 +137,7 @@ pub async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>) {
     );
     let mut client: Option<PodResourcesListerClient<Channel>> = None;
     let mut last_ok: Option<Instant> = None;
-    let mut warned: Option<Instant> = None;
-    let mut warn_every = WARN_INTERVAL;
-    let mut suppressed = 0u64;
+    let mut warnings = LogLimiter::backing_off(WARN_INTERVAL, WARN_INTERVAL_MAX);
     let mut ticker = tokio::time::interval(cfg.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -146,8 +145,7 @@ pub async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>) {
         match list(&cfg, &mut client).await {
             Ok(allocations) => {
                 last_ok = Some(Instant::now());
-                warned = None;
-                warn_every = WARN_INTERVAL;
+                warnings.reset(&());
                 store.update(|s| {
                     s.allocations = allocations.into();
                     s.lists_total += 1;
@@ -163,20 +161,13 @@ pub async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>) {
                         s.allocations = Arc::from(Vec::new());
                     }
                 });
-                if warned.is_none_or(|t| t.elapsed() >= warn_every) {
+                if let Some(suppressed) = warnings.check(()) {
                     let hint = if e.permission_denied() {
                         "the socket is root's: run as uid 0 (deploy/kubernetes/overlays/pod-resources), docs/security.md"
                     } else {
                         ""
                     };
                     tracing::warn!(error = %e, hint, suppressed, "kubelet pod-resources List failed");
-                    if warned.is_some() {
-                        warn_every = (warn_every * 2).min(WARN_INTERVAL_MAX);
-                    }
-                    warned = Some(Instant::now());
-                    suppressed = 0;
-                } else {
-                    suppressed += 1;
                 }
             }
         }

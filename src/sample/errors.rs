@@ -3,17 +3,18 @@
 //! driver is gone for this NVML instance, and the calls a GPU does not
 //! support (left out, logged once per GPU and call, never counted).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::gpu::{GpuError, Operation};
 use crate::model::ErrorKey;
+use crate::ratelimit::LogLimiter;
 
 pub(super) struct Errors {
     pub(super) counts: Arc<BTreeMap<ErrorKey, u64>>,
     pub(super) driver_gone: Option<GpuError>,
     /// (GPU, operation) pairs already logged as not supported.
-    unsupported_logged: HashSet<(usize, Operation)>,
+    unsupported_logged: LogLimiter<(usize, Operation)>,
     /// Unsupported calls of this sample not logged yet, per GPU.
     unsupported_new: Vec<(usize, Operation)>,
 }
@@ -23,7 +24,7 @@ impl Errors {
         Errors {
             counts: Arc::new(BTreeMap::new()),
             driver_gone: None,
-            unsupported_logged: HashSet::new(),
+            unsupported_logged: LogLimiter::once(),
             unsupported_new: Vec::new(),
         }
     }
@@ -43,7 +44,7 @@ impl Errors {
     /// anything else counted.
     pub(super) fn collector_failed(&mut self, gpu: usize, e: GpuError) {
         if e.kind.is_unsupported() {
-            if self.unsupported_logged.insert((gpu, e.operation)) {
+            if self.unsupported_logged.check((gpu, e.operation)).is_some() {
                 self.unsupported_new.push((gpu, e.operation));
             }
         } else {

@@ -12,13 +12,17 @@ use k8s_openapi::api::core::v1::Pod as ApiPod;
 use kube::runtime::watcher::{self, Event};
 
 use super::client;
+use super::config::KubeConfig;
 use super::index::{IndexData, Pod, PodIndex};
-use super::warnings::Warnings;
 use crate::backoff::Backoff;
-use crate::config::KubeConfig;
+use crate::ratelimit::LogLimiter;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A repeated warning of the same kind is logged at most this often, with
+/// the number left out in between, so a flapping API server or a stream of
+/// bad lines does not flood the log.
+const WARN_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Runs forever on the current tokio runtime: builds the client, then
 /// LISTs and WATCHes this node's pods, publishing into `index`. Errors are
@@ -36,7 +40,7 @@ pub async fn run_watcher(cfg: KubeConfig, index: Arc<PodIndex>) {
         local: IndexData::default(),
         fresh: None,
         backoff: Backoff::jittered(BACKOFF_MIN, BACKOFF_MAX),
-        warnings: Warnings::default(),
+        warnings: LogLimiter::every(WARN_INTERVAL),
     };
     loop {
         let index = Arc::clone(&w.index);
@@ -69,7 +73,8 @@ struct Watcher {
     /// Pods of a LIST in progress (between `Init` and `InitDone`).
     fresh: Option<IndexData>,
     backoff: Backoff,
-    warnings: Warnings,
+    /// Per kind of error.
+    warnings: LogLimiter<&'static str>,
 }
 
 impl Watcher {
@@ -202,7 +207,9 @@ impl Watcher {
 
     fn error(&mut self, kind: &'static str, e: &dyn Display) {
         PodIndex::count(&self.index.errors_total);
-        self.warnings.warn(kind, e);
+        if let Some(suppressed) = self.warnings.check(kind) {
+            tracing::warn!(kind, error = %e, suppressed, "kubernetes pod watcher");
+        }
     }
 }
 

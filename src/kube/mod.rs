@@ -1,6 +1,6 @@
-//! Kubernetes attribution: pod UID / container id → (namespace, pod, container).
+//! The pod watcher of the Kubernetes API: pod UID / container id → (namespace, pod, container).
 //!
-//! cgroups (see [`super::cgroup`]) tell us a process's pod UID and container
+//! cgroups (see [`crate::attribute::cgroup`]) tell us a process's pod UID and container
 //! id, but not the names people query by. This module keeps a cache of the
 //! pods on *this* node and answers that mapping from memory.
 //!
@@ -9,7 +9,8 @@
 //!   `kube::Config::infer()` — `KUBECONFIG` or `~/.kube/config` (current
 //!   context; client certificates, tokens, token files, exec plugins), else
 //!   the in-cluster service account — with `kubernetes.api_url`,
-//!   `token_file` and `ca_file` overriding their parts ([`client`]).
+//!   `token_file` and `ca_file` overriding their parts ([`discovery`] finds
+//!   the cluster, at start for config and at run time for [`client`]).
 //!   `kube::runtime::watcher` does LIST (paged), WATCH from the list's
 //!   resourceVersion with bookmarks, re-watch after a drop and relist after
 //!   `410 Gone`; kube-rs refreshes the in-cluster token (projected service
@@ -36,14 +37,21 @@
 //!   kind of error.
 //!
 //! TLS is rustls with the ring provider (kube's `rustls-tls`), no OpenSSL.
+//!
+//! Its settings are its own ([`KubeConfig`], which `crate::config` builds
+//! and re-exports); it imports neither `config` nor `attribute`, which sees
+//! only [`index`]. (`kube::` in these files is kube-rs; this is
+//! `crate::kube`.)
 
 mod bearer;
 mod client;
-mod index;
+mod config;
+pub mod discovery;
+pub mod index;
 mod limits;
-mod warnings;
 mod watch;
 
+pub use config::KubeConfig;
 pub use index::{PodIndex, PodRef, normalize_container_id};
 pub use limits::{MAX_EVENT_LINE_BYTES, MAX_LIST_PAGE_BYTES};
 pub use watch::run_watcher;

@@ -1,16 +1,6 @@
-//! The pod watcher's API client: kube-rs's inferred config, the keys that
-//! override it, and the response bounds of [`super::limits`].
-//!
-//! Precedence (docs/configuration.md, "Kubernetes client: precedence"):
-//! 1. `kube::Config::infer()`: `KUBECONFIG` (its current context), else
-//!    `~/.kube/config`, else the in-cluster service account
-//!    (`KUBERNETES_SERVICE_HOST`/`_PORT` and
-//!    /var/run/secrets/kubernetes.io/serviceaccount).
-//! 2. When nothing can be inferred: `kubernetes.api_url`, else the
-//!    in-cluster URL, with no credentials but those of step 3.
-//! 3. Each key set overrides its part: `api_url` the server URL,
-//!    `token_file` the credentials (a bearer token read at every request,
-//!    [`super::bearer`]), `ca_file` the CA bundle (re-read every minute).
+//! The pod watcher's API client: the config [`super::discovery`] finds,
+//! the keys that override it, and the response bounds of
+//! [`super::limits`].
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -20,8 +10,9 @@ use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
 use super::bearer::BearerFileLayer;
+use super::config::KubeConfig;
+use super::discovery;
 use super::limits::{LimitLayer, OnRewatch};
-use crate::config::KubeConfig;
 
 /// A read stalled this long fails the request. Watches end on the server
 /// after 290 s (kube-rs's default) and bookmarks arrive about every minute,
@@ -73,20 +64,16 @@ pub(super) struct Built {
     pub(super) credentials: &'static str,
 }
 
-/// The client `cfg` asks for (see the module doc for the precedence).
+/// The client `cfg` asks for (see [`super::discovery`] for the precedence).
 pub(super) async fn build(cfg: &KubeConfig, on_rewatch: OnRewatch) -> Result<Built, ClientError> {
     let (mut config, source) = match kube::Config::infer().await {
         Ok(c) => (c, "inferred (KUBECONFIG, ~/.kube/config or in-cluster)"),
         Err(e) => {
-            let (url, source) = match (&cfg.api_url, &cfg.in_cluster_url) {
-                (Some(url), _) => (url, "kubernetes.api_url"),
-                (None, Some(url)) => (url, "KUBERNETES_SERVICE_HOST/PORT"),
-                (None, None) => {
-                    return Err(ClientError::Infer {
-                        kubeconfig: kubeconfig_location(),
-                        source: e,
-                    });
-                }
+            let Some((url, source)) = discovery::fallback(cfg) else {
+                return Err(ClientError::Infer {
+                    kubeconfig: discovery::kubeconfig_location(&|k| std::env::var(k).ok()),
+                    source: e,
+                });
             };
             // Said, since a broken KUBECONFIG would otherwise go unnoticed.
             tracing::info!(
@@ -143,14 +130,6 @@ fn override_config(config: &mut kube::Config, cfg: &KubeConfig) -> Result<(), Cl
         config.root_cert_file = Some(path.clone());
     }
     Ok(())
-}
-
-/// Where kube-rs looks for a kubeconfig, for the error when none works.
-fn kubeconfig_location() -> String {
-    match std::env::var("KUBECONFIG") {
-        Ok(v) if !v.is_empty() => format!("KUBECONFIG={v}"),
-        _ => "~/.kube/config (KUBECONFIG is not set)".into(),
-    }
 }
 
 fn parse_url(url: &str) -> Result<hyper::Uri, ClientError> {

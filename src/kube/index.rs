@@ -1,5 +1,10 @@
 //! The cache of this node's pods: pod UID / container id → namespace, pod,
 //! container. Published by swapping an `Arc`, so readers never block.
+//!
+//! Architecture invariant: this is all attribution sees of the pod watcher
+//! (`attribute → kube::index` is the one edge between them), and it
+//! imports nothing of attribution, so the container id's form
+//! ([`is_container_id`]) is defined here.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,7 +13,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use k8s_openapi::api::core::v1 as k8s;
 
-use crate::attribute::cgroup::is_container_id;
 use crate::model::KubeState;
 
 /// Who a process belongs to in Kubernetes terms.
@@ -175,6 +179,15 @@ impl Pod {
             container: container.to_owned(),
         }
     }
+}
+
+/// 64 lowercase hex digits: the full id every runtime here uses in cgroup
+/// names and, after its `runtime://` prefix, in a pod's status: the key
+/// that joins a process's cgroup to its pod. Anything shorter is a
+/// truncated or unrelated name, and reporting it would produce ids that
+/// match nothing in `docker ps` or `crictl ps`.
+pub fn is_container_id(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// `containerd://<id>`, `cri-o://<id>`, `docker://<id>` or a bare id →
