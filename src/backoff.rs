@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// [`Backoff::jittered`] each delay is uniform in `[d/2, d]` ("equal
 /// jitter").
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     min: Duration,
     max: Duration,
     next: Duration,
@@ -21,7 +21,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// Delays `min`, `2·min`, `4·min` … capped at `max`.
-    pub fn new(min: Duration, max: Duration) -> Self {
+    pub(crate) fn new(min: Duration, max: Duration) -> Self {
         Backoff {
             min,
             max,
@@ -31,7 +31,7 @@ impl Backoff {
     }
 
     /// The same steps, each delay drawn uniformly from its upper half.
-    pub fn jittered(min: Duration, max: Duration) -> Self {
+    pub(crate) fn jittered(min: Duration, max: Duration) -> Self {
         Backoff {
             jitter: true,
             ..Backoff::new(min, max)
@@ -39,7 +39,7 @@ impl Backoff {
     }
 
     /// The wait before the next attempt.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let d = self.next;
         self.next = (d * 2).min(self.max);
         if !self.jitter {
@@ -50,7 +50,7 @@ impl Backoff {
     }
 
     /// Back to `min` after a success.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.next = self.min;
     }
 }

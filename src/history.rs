@@ -17,7 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::model::Snapshot;
 
 /// Points kept per GPU: 10 minutes at one point per second.
-pub const HISTORY_SECONDS: usize = 600;
+pub(crate) const HISTORY_SECONDS: usize = 600;
 
 /// The largest `used` bytes of one GPU in one second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +99,7 @@ impl History {
 }
 
 /// Unix time in whole seconds (0 before 1970).
-pub fn unix_seconds(t: SystemTime) -> u64 {
+pub(crate) fn unix_seconds(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)

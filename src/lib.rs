@@ -10,22 +10,29 @@
 //! [`telemetry`] holds the exporter's own counters. [`record`] writes every
 //! snapshot to a file instead of serving it (`gpumem-exporter record`).
 //! See ARCHITECTURE.md.
+//!
+//! Visibility: the modules the binary, the e2e tests, the benchmarks and
+//! the fuzz targets use are `pub`; everything else is `pub(crate)`, and
+//! `unreachable_pub` keeps a `pub` from standing where nothing outside can
+//! reach it (so unused code is reported as dead).
+
+#![warn(unreachable_pub)]
 
 pub mod attribute;
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod config;
 pub mod expose;
 pub mod gpu;
-pub mod history;
+pub(crate) mod history;
 pub mod http;
 pub mod kube;
 pub mod logging;
 pub mod model;
 pub mod pipeline;
-pub mod podres;
-pub mod publish;
-pub mod ratelimit;
+pub(crate) mod podres;
+pub(crate) mod publish;
+pub(crate) mod ratelimit;
 pub mod record;
 pub mod sample;
-pub mod signals;
-pub mod telemetry;
+pub(crate) mod signals;
+pub(crate) mod telemetry;

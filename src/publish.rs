@@ -27,7 +27,7 @@ use crate::telemetry::Telemetry;
 
 /// How many sample intervals may pass without a tick before `/healthz`
 /// reports the sampler as stuck.
-pub const HEALTH_MISSED_TICKS: u32 = 3;
+pub(crate) const HEALTH_MISSED_TICKS: u32 = 3;
 
 /// State shared between the sampler thread and the HTTP handlers.
 #[derive(Debug)]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 /// occurrences "the same" (a kind of error, a reason, `()` for one
 /// condition).
 #[derive(Debug)]
-pub struct LogLimiter<K> {
+pub(crate) struct LogLimiter<K> {
     policy: Policy,
     keys: HashMap<K, Slot>,
 }
@@ -44,18 +44,18 @@ struct Slot {
 
 impl<K: Hash + Eq> LogLimiter<K> {
     /// Each key is logged the first time it occurs, never again.
-    pub fn once() -> Self {
+    pub(crate) fn once() -> Self {
         Self::with(Policy::Once)
     }
 
     /// Each key is logged at most once per `interval`.
-    pub fn every(interval: Duration) -> Self {
+    pub(crate) fn every(interval: Duration) -> Self {
         Self::backing_off(interval, interval)
     }
 
     /// Each key is logged at once, then after `min`, and each following
     /// wait is twice the last, up to `max`, until [`LogLimiter::reset`].
-    pub fn backing_off(min: Duration, max: Duration) -> Self {
+    pub(crate) fn backing_off(min: Duration, max: Duration) -> Self {
         Self::with(Policy::Every { min, max })
     }
 
@@ -69,12 +69,12 @@ impl<K: Hash + Eq> LogLimiter<K> {
     /// An occurrence of `key` now: `Some(suppressed)` when it is to be
     /// logged (with the occurrences not logged since the last line),
     /// `None` when it is left out.
-    pub fn check(&mut self, key: K) -> Option<u64> {
+    pub(crate) fn check(&mut self, key: K) -> Option<u64> {
         self.check_at(key, Instant::now())
     }
 
     /// [`LogLimiter::check`] at `now` (tests pass their own clock).
-    pub fn check_at(&mut self, key: K, now: Instant) -> Option<u64> {
+    pub(crate) fn check_at(&mut self, key: K, now: Instant) -> Option<u64> {
         let first_wait = match self.policy {
             Policy::Once => Duration::ZERO,
             Policy::Every { min, .. } => min,
@@ -106,7 +106,7 @@ impl<K: Hash + Eq> LogLimiter<K> {
     /// The condition of `key` cleared (the call succeeded again): its next
     /// occurrence is logged at once and the backoff starts over. Occurrences
     /// not logged yet are still reported with that line.
-    pub fn reset(&mut self, key: &K) {
+    pub(crate) fn reset(&mut self, key: &K) {
         let min = match self.policy {
             Policy::Once => return,
             Policy::Every { min, .. } => min,
@@ -119,17 +119,14 @@ impl<K: Hash + Eq> LogLimiter<K> {
 
     /// Every key starts afresh (a re-opened library may answer otherwise),
     /// suppressed counts included.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.keys.clear();
     }
 
     /// Keys seen since the start or the last [`LogLimiter::clear`].
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.keys.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
     }
 }
 
@@ -224,7 +221,7 @@ mod tests {
         assert_eq!(once.check_at(2, at(1)), Some(0));
         assert_eq!(once.len(), 2);
         once.clear();
-        assert!(once.is_empty());
+        assert_eq!(once.len(), 0);
         assert_eq!(once.check_at(1, at(2)), Some(0), "cleared: logged again");
     }
 

@@ -17,7 +17,7 @@ pub struct Signals {
 /// Install the handlers and forward signals from a task on the current
 /// tokio runtime. Without handlers (very unusual), a warning is logged and
 /// only SIGKILL stops the exporter.
-pub fn install() -> Signals {
+pub(crate) fn install() -> Signals {
     let (stop_tx, stop) = watch::channel(false);
     let (hup_tx, hangup) = watch::channel(0u64);
     match (

@@ -12,7 +12,7 @@
 mod components;
 mod file;
 mod values;
-pub mod yaml;
+pub(crate) mod yaml;
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -35,10 +35,10 @@ use yaml::{ReadError, YamlError};
 
 use crate::sample::collectors;
 
-/// Default listen address. 9877 is not taken by a well-known exporter
+/// Default listen port (on every address). 9877 is not taken by a well-known exporter
 /// (node 9100, dcgm-exporter 9400, nvitop-exporter 9445,
 /// nvidia_gpu_exporter 9835).
-pub const DEFAULT_LISTEN: &str = ":9877";
+pub const DEFAULT_PORT: u16 = 9877;
 pub const DEFAULT_TELEMETRY_PATH: &str = "/metrics";
 pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_MEMORY_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
@@ -130,7 +130,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             http: Http {
-                listen_address: SocketAddr::from(([0, 0, 0, 0], 9877)),
+                listen_address: SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)),
                 telemetry_path: DEFAULT_TELEMETRY_PATH.to_string(),
             },
             timing: Timing {

@@ -24,7 +24,7 @@ pub enum ReadError {
 }
 
 /// The bytes of a regular file of at most `limit` bytes.
-pub fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
+pub(crate) fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
     let meta = std::fs::metadata(path).map_err(ReadError::Io)?;
     if !meta.is_file() {
         return Err(ReadError::NotAFile);
@@ -39,12 +39,12 @@ pub fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
 }
 
 /// `bytes` as UTF-8 text.
-pub fn utf8(bytes: Vec<u8>) -> Result<String, ReadError> {
+pub(crate) fn utf8(bytes: Vec<u8>) -> Result<String, ReadError> {
     String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8(e.utf8_error().valid_up_to()))
 }
 
 /// An error unless `bytes` is free of NUL bytes (binary data, not YAML).
-pub fn no_nul(bytes: &[u8]) -> Result<(), ReadError> {
+pub(crate) fn no_nul(bytes: &[u8]) -> Result<(), ReadError> {
     match bytes.iter().position(|b| *b == 0) {
         Some(offset) => Err(ReadError::Binary(offset)),
         None => Ok(()),
@@ -124,14 +124,14 @@ fn strip_position(msg: &str) -> &str {
 }
 
 /// The 1-based line of `text` where the dotted key `key` is written.
-pub fn line_of_key(text: &str, key: &str) -> Option<usize> {
+pub(crate) fn line_of_key(text: &str, key: &str) -> Option<usize> {
     (1..=text.lines().count()).find(|l| key_path_at(text, *l).as_deref() == Some(key))
 }
 
 /// The dotted key path (e.g. `web.listen_address`) of the mapping entry on
 /// 1-based `line`, found by indentation. Good enough for block-style YAML,
 /// which is what config files use; `None` when the line holds no key.
-pub fn key_path_at(text: &str, line: usize) -> Option<String> {
+pub(crate) fn key_path_at(text: &str, line: usize) -> Option<String> {
     let mut stack: Vec<(usize, String)> = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         if i + 1 > line {

@@ -25,13 +25,13 @@ use crate::model::{DeviceSample, MemoryInfo, ProcessSample, Snapshot};
 /// `schema_version` of both documents; bumped on any incompatible change
 /// (a field removed, renamed or retyped). New fields may appear within a
 /// version.
-pub const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_VERSION: u32 = 1;
 
 /// Processes listed per GPU in `/api/v1/snapshot`, largest first when
 /// there are more (then sorted by pid like the rest).
-pub const MAX_PROCESSES_PER_GPU: usize = 512;
+pub(crate) const MAX_PROCESSES_PER_GPU: usize = 512;
 
-pub const JSON_CONTENT_TYPE: &str = "application/json";
+pub(crate) const JSON_CONTENT_TYPE: &str = "application/json";
 
 fn seconds(t: SystemTime) -> f64 {
     // Millisecond resolution, so the text is short and exact.
@@ -284,7 +284,10 @@ fn gpu(d: &DeviceSample) -> Gpu<'_> {
 
 /// `/api/v1/snapshot`: `s` as JSON; `sample_interval` is the full sample
 /// interval it was taken at (the page refreshes at that pace).
-pub fn snapshot(s: &Snapshot, sample_interval: Duration) -> Result<Vec<u8>, serde_json::Error> {
+pub(crate) fn snapshot(
+    s: &Snapshot,
+    sample_interval: Duration,
+) -> Result<Vec<u8>, serde_json::Error> {
     let doc = SnapshotDoc {
         schema_version: SCHEMA_VERSION,
         exporter: Exporter {
@@ -339,7 +342,7 @@ struct HistoryGpu<'a> {
 /// `/api/v1/history?seconds=N`: the last `seconds` of `history` up to
 /// the time of `s` (newer points, of a snapshot published since, are left
 /// out, so the document agrees with `s`).
-pub fn history(
+pub(crate) fn history(
     s: &Snapshot,
     history: &History,
     seconds_back: u64,

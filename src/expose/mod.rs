@@ -19,7 +19,7 @@ mod encoder;
 mod exporter;
 mod gpu;
 mod health;
-pub mod json;
+pub(crate) mod json;
 mod mig;
 mod power;
 mod process;

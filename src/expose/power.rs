@@ -12,7 +12,7 @@ use crate::model::{DeviceSample, Snapshot};
 
 /// NVML's clocks event reason bits (nvmlClocksEventReason*) and their
 /// `reason` label values.
-pub const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [
+pub(super) const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [
     (0x1, "gpu_idle"),
     (0x2, "applications_clocks_setting"),
     (0x4, "sw_power_cap"),

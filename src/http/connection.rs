@@ -25,9 +25,9 @@ use super::admission::Registration;
 use super::web_config::{Limits, WebConfig};
 
 /// Request headers allowed at most (Prometheus sends about 6).
-pub const MAX_HEADERS: usize = 64;
+pub(crate) const MAX_HEADERS: usize = 64;
 /// Bytes of request line and headers allowed at most; more is a 431.
-pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// How long an evicted connection may take to finish a response it is
 /// writing (a slow reader) before it is dropped.
 const EVICT_GRACE: Duration = Duration::from_millis(200);

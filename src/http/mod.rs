@@ -7,15 +7,15 @@
 //! ([`tls`]) and basic auth ([`auth`]). Nothing here calls NVML; a scrape is
 //! a cache lookup, or one encode per new snapshot and format.
 
-pub mod admission;
-pub mod auth;
+pub(crate) mod admission;
+pub(crate) mod auth;
 pub mod cache;
-pub mod connection;
-pub mod listener;
+pub(crate) mod connection;
+pub(crate) mod listener;
 pub mod negotiate;
-pub mod page;
-pub mod routes;
-pub mod tls;
+pub(crate) mod page;
+pub(crate) mod routes;
+pub(crate) mod tls;
 pub mod web_config;
 
 use std::net::SocketAddr;

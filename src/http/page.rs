@@ -12,25 +12,25 @@
 
 /// Where the script and the style sheet are served (relative links in the
 /// page, so a reverse proxy may mount the exporter under a prefix).
-pub const SCRIPT_PATH: &str = "/page/app.js";
-pub const STYLE_PATH: &str = "/page/style.css";
+pub(crate) const SCRIPT_PATH: &str = "/page/app.js";
+pub(crate) const STYLE_PATH: &str = "/page/style.css";
 
-pub const SCRIPT: &str = include_str!("page/app.js");
-pub const STYLE: &str = include_str!("page/style.css");
+pub(crate) const SCRIPT: &str = include_str!("page/app.js");
+pub(crate) const STYLE: &str = include_str!("page/style.css");
 const INDEX: &str = include_str!("page/index.html");
 
 /// Same-origin script, style, fetches and images (the favicon is a
 /// `data:` URL); nothing else, not even in a frame.
-pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+pub(crate) const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
 connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; \
 frame-ancestors 'none'";
 
 /// `/api/v1/history` serves at most this many seconds: the ring's size.
-pub const MAX_HISTORY_SECONDS: u64 = crate::history::HISTORY_SECONDS as u64;
+pub(crate) const MAX_HISTORY_SECONDS: u64 = crate::history::HISTORY_SECONDS as u64;
 
 /// The page's HTML, with the metrics path (`--web.telemetry-path`) and the
 /// version filled in.
-pub fn index(telemetry_path: &str) -> bytes::Bytes {
+pub(crate) fn index(telemetry_path: &str) -> bytes::Bytes {
     let html = INDEX
         .replace("{{metrics_path}}", &escape(telemetry_path))
         .replace("{{version}}", &escape(crate::expose::VERSION));
@@ -55,7 +55,7 @@ fn escape(s: &str) -> String {
 /// `seconds` of `/api/v1/history?seconds=N`: 1 to [`MAX_HISTORY_SECONDS`],
 /// the whole ring when absent. Other parameters are ignored (a client's
 /// cache buster); a bad or repeated `seconds` is the error text of a 400.
-pub fn history_seconds(query: Option<&str>) -> Result<u64, String> {
+pub(crate) fn history_seconds(query: Option<&str>) -> Result<u64, String> {
     let mut seconds = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));

@@ -37,7 +37,7 @@ struct App {
     index: Bytes,
 }
 
-pub fn router(shared: Arc<Shared>, telemetry_path: &str) -> Router {
+pub(crate) fn router(shared: Arc<Shared>, telemetry_path: &str) -> Router {
     let app = App {
         bodies: Arc::new(BodyCache::counting(Arc::clone(shared.telemetry()))),
         shared,
@@ -223,7 +223,7 @@ async fn not_found() -> (StatusCode, &'static str) {
 const UNAUTHORIZED: &str = "Basic realm=\"gpumem-exporter\", charset=\"UTF-8\"";
 
 /// Basic auth, when the web config lists users; every path is covered.
-pub async fn require_auth(
+pub(crate) async fn require_auth(
     State(web): State<Arc<ArcSwap<WebConfig>>>,
     req: Request,
     next: Next,

@@ -24,11 +24,11 @@ use super::config::KubeConfig;
 
 /// How the environment is read: `std::env::var` in the exporter, a table
 /// in tests.
-pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+pub(crate) type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 /// What start-up sees of a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Discovered {
+pub(crate) struct Discovered {
     /// The in-cluster URL, in a pod ([`in_cluster_api_url`]).
     pub in_cluster_url: Option<String>,
     /// The API server is named: by `kubernetes.api_url` or, in a pod, by
@@ -42,13 +42,13 @@ pub struct Discovered {
 impl Discovered {
     /// Whether kube-rs (or the fallback) has anything to build a client
     /// from.
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.named || self.kubeconfig
     }
 }
 
 /// What start-up sees, `api_url` being `kubernetes.api_url` when it is set.
-pub fn discover(api_url: Option<&str>, env: Env<'_>) -> Discovered {
+pub(crate) fn discover(api_url: Option<&str>, env: Env<'_>) -> Discovered {
     let in_cluster_url = in_cluster_api_url(env);
     let named = api_url.is_some() || in_cluster_url.is_some();
     Discovered {
@@ -61,7 +61,7 @@ pub fn discover(api_url: Option<&str>, env: Env<'_>) -> Discovered {
 /// The API server's URL in a pod: `KUBERNETES_SERVICE_HOST`/`_PORT`, as
 /// the kubelet sets them; `None` outside a cluster. The one place the
 /// in-cluster API is discovered.
-pub fn in_cluster_api_url(env: Env<'_>) -> Option<String> {
+pub(crate) fn in_cluster_api_url(env: Env<'_>) -> Option<String> {
     let host = nonempty(env("KUBERNETES_SERVICE_HOST"))?;
     let port = nonempty(env("KUBERNETES_SERVICE_PORT"))?;
     let host = if host.contains(':') && !host.starts_with('[') {
@@ -74,7 +74,7 @@ pub fn in_cluster_api_url(env: Env<'_>) -> Option<String> {
 
 /// Whether a kubeconfig is there to be read, as kube-rs would look for it:
 /// `KUBECONFIG`, else `$HOME/.kube/config` when that file exists.
-pub fn kubeconfig_present(env: Env<'_>) -> bool {
+pub(crate) fn kubeconfig_present(env: Env<'_>) -> bool {
     nonempty(env("KUBECONFIG")).is_some()
         || nonempty(env("HOME")).is_some_and(|home| Path::new(&home).join(".kube/config").is_file())
 }

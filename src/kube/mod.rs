@@ -46,8 +46,8 @@
 mod bearer;
 mod client;
 mod config;
-pub mod discovery;
-pub mod index;
+pub(crate) mod discovery;
+pub(crate) mod index;
 mod limits;
 mod watch;
 

@@ -25,7 +25,7 @@ use crate::expose;
 use crate::model::{Allocation, MemoryInfo, Snapshot};
 
 /// The header row, column by column.
-pub const COLUMNS: [&str; 18] = [
+pub(crate) const COLUMNS: [&str; 18] = [
     "time",
     "unix_seconds",
     "kind",
@@ -46,7 +46,7 @@ pub const COLUMNS: [&str; 18] = [
     "resource",
 ];
 
-pub struct Csv {
+pub(crate) struct Csv {
     builder: ::csv::WriterBuilder,
     /// The allocations written last; `None` before the first.
     allocations: Option<Arc<[Allocation]>>,

@@ -23,12 +23,12 @@
 //! command).
 
 mod child;
-pub mod csv;
+pub(crate) mod csv;
 mod format;
-pub mod openmetrics;
-pub mod output;
+pub(crate) mod openmetrics;
+pub(crate) mod output;
 mod session;
-pub mod trace;
+pub(crate) mod trace;
 
 pub use child::{EXIT_CANNOT_START, exit_code};
 pub use format::{Classifier, EncodeError, Encoder, Format, SampleKind, Stamp};

@@ -34,9 +34,9 @@ use crate::expose::{self, Families, Format};
 use crate::model::Snapshot;
 
 /// The `job` label of recorded samples.
-pub const JOB: &str = "gpumem-record";
+pub(crate) const JOB: &str = "gpumem-record";
 
-pub struct OpenMetrics {
+pub(crate) struct OpenMetrics {
     /// `instance="…",job="gpumem-record"`, escaped.
     target_labels: String,
     last_ms: Option<u64>,
@@ -48,7 +48,7 @@ pub struct OpenMetrics {
 
 impl OpenMetrics {
     /// Samples labelled with `instance` (the host's name).
-    pub fn new(instance: &str) -> OpenMetrics {
+    pub(crate) fn new(instance: &str) -> OpenMetrics {
         OpenMetrics {
             target_labels: format!("instance=\"{}\",job=\"{JOB}\"", escape(instance)),
             last_ms: None,
@@ -139,7 +139,7 @@ impl Encoder for OpenMetrics {
 }
 
 /// The kernel's host name (the `instance` of OpenMetrics samples).
-pub fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .ok()

@@ -35,7 +35,7 @@ use crate::model::{DeviceSample, ProcIdentity, Snapshot};
 
 /// Trace pid of GPU 0: `PID_MAX_LIMIT` on 64-bit Linux, one more than the
 /// largest pid the kernel hands out.
-pub const GPU_PID_BASE: u64 = 4_194_304;
+pub(crate) const GPU_PID_BASE: u64 = 4_194_304;
 
 const TRAILER: &[u8] = b"\n]}\n";
 
@@ -92,7 +92,7 @@ struct GpuTrack {
     other: bool,
 }
 
-pub struct Trace {
+pub(crate) struct Trace {
     started: String,
     first: bool,
     gpus: Vec<GpuTrack>,
@@ -107,7 +107,7 @@ pub struct Trace {
 }
 
 impl Trace {
-    pub fn new(started: &Stamp) -> Trace {
+    pub(crate) fn new(started: &Stamp) -> Trace {
         Trace {
             started: started.rfc3339.clone(),
             first: true,

@@ -16,7 +16,7 @@ mod errors;
 mod peaks;
 mod processes;
 mod select;
-pub mod thread;
+pub(crate) mod thread;
 mod tick;
 
 pub use peaks::WindowMax;

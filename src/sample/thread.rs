@@ -53,12 +53,12 @@ pub enum Control {
 }
 
 /// Waits between NVML (re)initialisation attempts: 1 s doubling to 30 s.
-pub const NVML_RETRY_MIN: Duration = Duration::from_secs(1);
-pub const NVML_RETRY_MAX: Duration = Duration::from_secs(30);
+pub(crate) const NVML_RETRY_MIN: Duration = Duration::from_secs(1);
+pub(crate) const NVML_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// After this many full samples in which every GPU failed, NVML is opened
 /// afresh (with backoff): device handles can go stale after a GPU reset.
-pub const REINIT_AFTER_FAILED_SAMPLES: u32 = 3;
+pub(crate) const REINIT_AFTER_FAILED_SAMPLES: u32 = 3;
 
 /// Wait up to `total`, beating the heartbeat every `beat` so `/healthz`
 /// knows the thread is alive. Returns a control message if one arrives.
