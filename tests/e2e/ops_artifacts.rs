@@ -357,3 +357,55 @@ fn dashboard_variables_are_found() {
 }
 
 // ------------------------------------------------------------------ schemas
+
+/// The files ARCHITECTURE.md's code map names under `src/`: a row whose
+/// path is a folder names its files relative to it (`tick/tests.rs`).
+fn code_map_files(markdown: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in markdown.lines().filter(|l| l.starts_with("| `src/")) {
+        let cells: Vec<&str> = line.split(" | ").collect();
+        let path = cells[0].trim_start_matches("| ").trim_matches('`');
+        if !path.ends_with('/') {
+            out.insert(path.to_string());
+            continue;
+        }
+        let rest = cells[1..].join(" | ");
+        for (i, tok) in rest.split('`').enumerate() {
+            let file = i % 2 == 1
+                && [".rs", ".js", ".css", ".html"]
+                    .iter()
+                    .any(|ext| tok.ends_with(ext))
+                && !tok.contains(' ');
+            if file {
+                out.insert(format!("{path}{tok}"));
+            }
+        }
+    }
+    out
+}
+
+fn files_under(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
+    for e in std::fs::read_dir(dir).expect("read src/") {
+        let p = e.expect("entry").path();
+        if p.is_dir() {
+            files_under(&p, root, out);
+        } else {
+            let rel = p.strip_prefix(root).expect("under the repo");
+            out.insert(rel.to_string_lossy().into_owned());
+        }
+    }
+}
+
+#[test]
+fn the_code_map_lists_every_file_of_src() {
+    let named = code_map_files(&read("ARCHITECTURE.md"));
+    let root = repo_file("");
+    let mut present = BTreeSet::new();
+    files_under(&root.join("src"), &root, &mut present);
+    let missing: Vec<_> = present.difference(&named).collect();
+    let gone: Vec<_> = named.difference(&present).collect();
+    assert!(
+        missing.is_empty() && gone.is_empty(),
+        "ARCHITECTURE.md's code map: not named {missing:?}; named but not in src/ {gone:?}"
+    );
+}
