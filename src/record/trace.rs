@@ -220,18 +220,7 @@ impl Trace {
             }
             None => {
                 if self.gpus[k].up != Some(false) {
-                    self.push(
-                        out,
-                        &Event {
-                            name: "GPU not answering",
-                            ph: "i",
-                            ts,
-                            pid,
-                            tid: pid,
-                            s: Some("p"),
-                            args: Empty {},
-                        },
-                    )?;
+                    self.instant(out, "GPU not answering", ts, pid)?;
                 }
                 self.gpus[k].up = Some(false);
             }
@@ -326,6 +315,26 @@ fn process_label(i: &ProcIdentity, pid: u32) -> String {
 }
 
 impl Trace {
+    /// An instant event (`"ph":"i"`, process scope) on track `pid`.
+    fn instant(
+        &mut self,
+        out: &mut Vec<u8>,
+        name: &str,
+        ts: u64,
+        pid: u64,
+    ) -> Result<(), EncodeError> {
+        let e = Event {
+            name,
+            ph: "i",
+            ts,
+            pid,
+            tid: pid,
+            s: Some("p"),
+            args: Empty {},
+        };
+        self.push(out, &e)
+    }
+
     /// An instant event on a GPU's track for each allocation that appeared
     /// ("allocated: …") or went ("released: …") since the last full sample;
     /// devices this exporter does not see have no track and no event.
@@ -361,18 +370,7 @@ impl Trace {
         for (verb, list) in [("released", gone), ("allocated", new)] {
             for (k, what) in list {
                 let pid = GPU_PID_BASE + k as u64;
-                self.push(
-                    out,
-                    &Event {
-                        name: &format!("{verb}: {what}"),
-                        ph: "i",
-                        ts,
-                        pid,
-                        tid: pid,
-                        s: Some("p"),
-                        args: Empty {},
-                    },
-                )?;
+                self.instant(out, &format!("{verb}: {what}"), ts, pid)?;
                 events += 1;
             }
         }
