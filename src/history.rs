@@ -14,10 +14,18 @@
 use std::collections::VecDeque;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::model::Snapshot;
+use crate::model::{Forecast, Snapshot};
+use crate::trend;
 
 /// Points kept per GPU: 10 minutes at one point per second.
 pub(crate) const HISTORY_SECONDS: usize = 600;
+/// A forecast needs at least this many seconds of history ...
+pub(crate) const FORECAST_MIN_SECONDS: u64 = 60;
+/// ... with at least this many points in them (a GPU that answers).
+pub(crate) const FORECAST_MIN_POINTS: usize = 30;
+/// Forecasts further out than this are not made: a GPU that would fill in
+/// days is not "growing" in any sense the page should shout about.
+pub(crate) const FORECAST_MAX_SECONDS: f64 = 86_400.0;
 
 /// The largest `used` bytes of one GPU in one second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +104,58 @@ impl History {
             })
             .unwrap_or_default()
     }
+
+    /// When GPU `index` would run out of memory, `free` bytes being left
+    /// now (second `now`), at the rate of its history (the last 10
+    /// minutes): the least-squares slope of used bytes over time.
+    ///
+    /// `None` unless it is growing: at least [`FORECAST_MIN_SECONDS`] of
+    /// history with [`FORECAST_MIN_POINTS`] points, a slope above 0 over
+    /// the whole window *and* over each of its halves (so a single step,
+    /// a model loading and then staying flat, does not read as growth for
+    /// the next 10 minutes), and full within [`FORECAST_MAX_SECONDS`].
+    pub fn forecast(&self, index: usize, now: u64, free: u64) -> Option<Forecast> {
+        let ring = self.gpus.get(index)?;
+        let from = now.saturating_sub(HISTORY_SECONDS as u64);
+        let points: Vec<(u64, u64)> = ring
+            .points
+            .iter()
+            .filter(|p| p.t > from && p.t <= now)
+            .map(|p| (p.t, p.used))
+            .collect();
+        let (first, last) = (points.first()?.0, points.last()?.0);
+        let span = last - first;
+        if span < FORECAST_MIN_SECONDS || points.len() < FORECAST_MIN_POINTS {
+            return None;
+        }
+        let middle = first + span / 2;
+        let split = points.partition_point(|p| p.0 <= middle);
+        let (older, newer) = points.split_at(split);
+        let rising = |p: &[(u64, u64)]| trend::slope(p).is_some_and(trend::Slope::rising);
+        if !rising(older) || !rising(newer) {
+            return None;
+        }
+        let rate = trend::slope(&points)?.value();
+        if rate <= 0.0 {
+            return None;
+        }
+        let full_in = free as f64 / rate;
+        (full_in <= FORECAST_MAX_SECONDS).then_some(Forecast {
+            full_in_seconds: full_in,
+            growth_bytes_per_second: rate,
+            window_seconds: span,
+        })
+    }
+
+    /// [`Self::forecast`] for every GPU of `s` (which was recorded).
+    pub fn forecasts(&self, s: &Snapshot) -> Vec<Option<Forecast>> {
+        let now = unix_seconds(s.taken_at);
+        s.devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| self.forecast(i, now, d.memory?.free))
+            .collect()
+    }
 }
 
 /// Unix time in whole seconds (0 before 1970).
@@ -166,6 +226,57 @@ mod tests {
         // Old points leave by time too, not only by count.
         h.record(&snap(5_000_000, &[Some(1)]));
         assert_eq!(h.gpus[0].points.len(), 1);
+    }
+
+    /// Forecasts from a used-memory series, one point per second.
+    #[test]
+    fn forecasts() {
+        const GIB: u64 = 1 << 30;
+        let total = 1u64 << 40;
+        let run = |used: &dyn Fn(u64) -> u64, seconds: u64| {
+            let mut h = History::new();
+            for t in 0..seconds {
+                h.record(&snap(1_000_000 + t * 1000, &[Some(used(t))]));
+            }
+            let now = 1_000 + seconds - 1;
+            h.forecast(0, now, total - used(seconds - 1))
+        };
+        // 1 GiB a second for 5 minutes: the rest of the TiB in 724 s.
+        let f = run(&|t| 100 * GIB + t * GIB, 300).expect("growing");
+        assert_eq!(f.growth_bytes_per_second, GIB as f64);
+        assert_eq!(f.full_in_seconds, (total - 399 * GIB) as f64 / GIB as f64);
+        assert_eq!(f.window_seconds, 299);
+        // Only the last 10 minutes count.
+        let f = run(&|t| if t < 400 { 0 } else { (t - 400) * GIB }, 1_000).expect("growing");
+        assert_eq!(
+            (f.growth_bytes_per_second, f.window_seconds),
+            (GIB as f64, 599)
+        );
+        type Used<'a> = &'a dyn Fn(u64) -> u64;
+        let cases: [(&str, Used, u64); 6] = [
+            ("flat", &|_| 40 * GIB, 600),
+            ("shrinking", &|t| 500 * GIB - t * GIB / 2, 600),
+            (
+                "a single step (a model loaded), then flat",
+                &|t| if t < 200 { GIB } else { 80 * GIB },
+                600,
+            ),
+            (
+                "a step just now",
+                &|t| if t < 590 { GIB } else { 80 * GIB },
+                600,
+            ),
+            ("under a minute of history", &|t| t * GIB, 50),
+            (
+                "growing, but full in more than a day",
+                &|t| 10 * GIB + t,
+                600,
+            ),
+        ];
+        for (name, used, seconds) in cases {
+            assert_eq!(run(used, seconds), None, "{name}");
+        }
+        assert_eq!(History::new().forecast(0, 10, 1), None, "no history");
     }
 
     #[test]

@@ -68,6 +68,19 @@ struct Cli {
     /// Where /proc is, e.g. /host/proc when the host's is mounted there [default: /proc]
     #[arg(long = "path.procfs", global = true, value_name = "PATH")]
     procfs: Option<String>,
+    /// Slurm job-mapping directory a prolog writes (GPU → job) [default: off]
+    #[arg(long = "slurm.job-mapping-dir", global = true, value_name = "DIR")]
+    job_mapping_dir: Option<String>,
+    /// dcgm or jobstats: the layout of --slurm.job-mapping-dir [default: dcgm]
+    #[arg(
+        long = "slurm.job-mapping-format",
+        global = true,
+        value_name = "FORMAT"
+    )]
+    job_mapping_format: Option<String>,
+    /// The container engine's Unix socket (Docker, or `podman system service`), for container names, images and compose labels; empty: off [default: off]
+    #[arg(long = "containers.engine-socket", global = true, value_name = "PATH")]
+    engine_socket: Option<String>,
     /// error, warn, info, debug or trace [default: info]
     #[arg(long = "log.level", global = true, value_name = "LEVEL")]
     log_level: Option<String>,
@@ -197,6 +210,9 @@ impl Cli {
             log_level: self.log_level.clone(),
             log_format: self.log_format.clone(),
             procfs: self.procfs.clone(),
+            job_mapping_dir: self.job_mapping_dir.clone(),
+            job_mapping_format: self.job_mapping_format.clone(),
+            engine_socket: self.engine_socket.clone(),
             collectors: Vec::new(),
         }
     }

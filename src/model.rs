@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::gpu::error::{ErrorKind, Operation};
+pub use crate::trend::Slope;
 
 /// Identity of one GPU: read when NVML is opened, and retried at each full
 /// sample while it cannot be read (then `uuid`, `name` and `pci_bus_id` are
@@ -68,12 +69,58 @@ pub struct ProcIdentity {
     pub container_id: Arc<str>,
     /// Kubernetes pod UID from the cgroup path; empty outside pods.
     pub pod_uid: Arc<str>,
+    /// The Slurm job (and step, uid) from the cgroup path; `None` outside
+    /// Slurm jobs.
+    pub slurm: Option<SlurmJob>,
     /// Redacted, truncated command line; `None` unless enabled.
     pub cmdline: Option<Arc<str>>,
     /// Resolved through the pod watcher; empty when unknown.
     pub namespace: Arc<str>,
     pub pod: Arc<str>,
     pub container: Arc<str>,
+    /// Name, image and compose labels from the container engine's API
+    /// (`containers.engine_socket`); `None` when off, not in a container,
+    /// not known (yet), or when the pod watcher knows the process.
+    pub engine: Option<Arc<ContainerInfo>>,
+}
+
+/// A container as the Docker Engine API (Docker, Podman) describes it:
+/// `GET /containers/{id}/json`. Empty fields are unknown.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerInfo {
+    /// `.Name` without its leading `/`.
+    pub name: Arc<str>,
+    /// `.Config.Image`, as the container was created from.
+    pub image: Arc<str>,
+    /// `.Config.Labels["com.docker.compose.project"]`.
+    pub compose_project: Arc<str>,
+    /// `.Config.Labels["com.docker.compose.service"]`.
+    pub compose_service: Arc<str>,
+}
+
+/// Container engine API lookups so far, by outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ContainerLookups {
+    /// Answered with the container.
+    pub found: u64,
+    /// Answered 404: the engine does not know the id (negative cache).
+    pub not_found: u64,
+    /// No answer: socket missing or refused, timeout, an unexpected
+    /// status, a malformed body.
+    pub error: u64,
+}
+
+/// A process's Slurm job, from its cgroup path (`attribute::slurm`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlurmJob {
+    /// The numeric job id, or the job's SLUID where the path names it so
+    /// (Slurm 26.05's default cgroup v2 layout).
+    pub job: Arc<str>,
+    /// `batch`, `extern`, `interactive` or the step number; empty when the
+    /// process sits in the job's own cgroup.
+    pub step: Arc<str>,
+    /// The job owner's uid (cgroup v1 paths only); empty otherwise.
+    pub uid: Arc<str>,
 }
 
 /// Processes left out of the per-process series by `processes.min_bytes`
@@ -154,6 +201,52 @@ pub struct TorchStats {
     /// OOM snapshots the bridge wrote for OOMs on this GPU, when the
     /// process turned them on (`GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR`).
     pub oom_snapshots: Option<u64>,
+    /// Per-step figures from the bridge's optimizer step hook (or
+    /// `gpumem_bridge.step()`), when the process has taken steps.
+    pub steps: Option<TorchSteps>,
+    /// The bridge's in-process threshold (`GPUMEM_BRIDGE_WARN_AT`), when set.
+    pub threshold: Option<TorchThreshold>,
+}
+
+/// What the bridge recorded at the end of each training step on one GPU,
+/// reduced to the figures exported (the steps themselves are not kept).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TorchSteps {
+    /// Steps the process has taken (every optimizer step, or `step()` call).
+    pub total: u64,
+    /// Allocated bytes at the end of the last recorded step.
+    pub allocated: Option<u64>,
+    /// Least-squares slope of allocated-at-step-end over step number, over
+    /// the last `window` steps; `None` with fewer than
+    /// [`crate::trend::MIN_GROWTH_STEPS`].
+    pub growth: Option<Slope>,
+    /// Steps and milliseconds from the first to the last step of the
+    /// window (steps per second), when time passed between them.
+    pub pace: Option<(u64, u64)>,
+    /// Steps the figures are over (at most [`crate::trend::MAX_GROWTH_STEPS`]).
+    pub window: u32,
+}
+
+impl TorchSteps {
+    /// Growth in bytes per step.
+    pub fn growth_bytes(&self) -> Option<f64> {
+        self.growth.map(Slope::value)
+    }
+
+    /// Steps per second over the window.
+    pub fn steps_per_second(&self) -> Option<f64> {
+        self.pace
+            .map(|(steps, ms)| steps as f64 * 1000.0 / ms as f64)
+    }
+}
+
+/// The bridge's threshold on reserved bytes, and its upward crossings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TorchThreshold {
+    pub bytes: u64,
+    pub crossings: u64,
+    /// Reserved is at or above the threshold now (not yet re-armed).
+    pub above: bool,
 }
 
 /// `torch.cuda.memory_stats()`' `*.large_pool.current` and
@@ -365,13 +458,35 @@ pub struct Snapshot {
     pub kubernetes: Option<KubeState>,
     /// Torch bridge counters, when `processes.torch_bridge` is on.
     pub torch: Option<TorchCounters>,
+    /// Container engine lookups, when `containers.engine_socket` is set.
+    pub containers: Option<ContainerLookups>,
     /// The devices the kubelet allocated to pods (pod-resources API), and
     /// that client's counters; `None` while that part is off. Copied in
     /// when the snapshot is published, like `exporter`.
     pub pod_resources: Option<PodResourcesState>,
+    /// The devices Slurm jobs hold (job-mapping directory) and the
+    /// reader's counters; `None` while that part is off. Copied in when
+    /// published, like `pod_resources`.
+    pub job_mapping: Option<JobMappingState>,
     /// The exporter's own counters outside the sampler (reloads, HTTP),
     /// copied in when the snapshot is published.
     pub exporter: ExporterCounters,
+    /// Per GPU (by position in `devices`), when its memory would be full at
+    /// the rate of the last 10 minutes of the exporter's own history;
+    /// `None` where it is not growing. Computed when published.
+    pub forecasts: Vec<Option<Forecast>>,
+}
+
+/// "Full in about N minutes at the last 10 minutes' rate", from the
+/// exporter's one-second used-memory history (see `history`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Forecast {
+    /// Seconds until free memory reaches 0 at `growth_bytes_per_second`.
+    pub full_in_seconds: f64,
+    /// Least-squares slope of used bytes over the window.
+    pub growth_bytes_per_second: f64,
+    /// Seconds of history the slope is over.
+    pub window_seconds: u64,
 }
 
 impl Snapshot {
@@ -389,8 +504,11 @@ impl Snapshot {
             nvml_reinit_attempts: 0,
             kubernetes: None,
             torch: None,
+            containers: None,
             pod_resources: None,
+            job_mapping: None,
             exporter: ExporterCounters::default(),
+            forecasts: Vec::new(),
         }
     }
 }
@@ -524,8 +642,65 @@ pub enum AllocatedDevice {
         gpu_instance_id: u32,
         compute_instance_id: u32,
     },
+    /// A whole GPU by its NVML index (a Slurm job-mapping file's name).
+    GpuIndex { gpu: String },
+    /// A MIG device by its GPU's index and GPU instance id (dcgm-exporter's
+    /// `<gpu>.<gpu_instance>` mapping file names).
+    MigOfGpuIndex { gpu: String, gpu_instance_id: u32 },
     /// Any other id (another device plugin's resource): kept as it is.
     Other { id: String },
+}
+
+/// One device a Slurm job holds, from the job-mapping directory its
+/// prolog writes (`jobmap`). Placed on this snapshot's GPUs when encoded,
+/// like an [`Allocation`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct JobAllocation {
+    pub device: AllocatedDevice,
+    /// The job id as the file holds it.
+    pub job: String,
+    /// The job owner's uid, where the format has it (jobstats).
+    pub uid: Option<String>,
+}
+
+/// The job-mapping reader's latest read and its counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobMappingState {
+    /// Sorted, without duplicates; empty while the directory is missing.
+    pub allocations: Arc<[JobAllocation]>,
+    /// Reads of the directory so far.
+    pub reads_total: u64,
+    /// What could not be read, by reason.
+    pub errors: JobMappingErrors,
+}
+
+/// Job-mapping entries skipped (or reads failed) so far, by reason: the
+/// `reason` label of `gpumem_exporter_slurm_job_mapping_errors_total`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobMappingErrors {
+    /// The directory or a file could not be read.
+    pub read: u64,
+    /// A file's name is no device of the configured format.
+    pub name: u64,
+    /// A file holds no valid job id (or a malformed line).
+    pub content: u64,
+    /// A file larger than the per-file limit.
+    pub too_large: u64,
+    /// Files beyond the per-read limit.
+    pub too_many: u64,
+}
+
+impl JobMappingErrors {
+    /// (label, count) in exposition order.
+    pub fn by_reason(&self) -> [(&'static str, u64); 5] {
+        [
+            ("content", self.content),
+            ("name", self.name),
+            ("read", self.read),
+            ("too_large", self.too_large),
+            ("too_many", self.too_many),
+        ]
+    }
 }
 
 /// The pod-resources client's latest answer and its counters.

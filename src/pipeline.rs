@@ -1,7 +1,9 @@
 //! The one wiring both commands share: the daemon (`serve`) and `record`
 //! start the same [`Pipeline`] — the sampler thread with attribution (the
-//! pod index when the pod watcher is on), the pod watcher, the
-//! pod-resources client, and the config reload on SIGHUP — and differ only
+//! pod index when the pod watcher is on, the container-engine lookup
+//! thread when `containers.engine_socket` is set), the pod watcher, the
+//! pod-resources client, the Slurm job-mapping reader (its own thread,
+//! started with the sampler), and the config reload on SIGHUP — and differ only
 //! in where snapshots go (the HTTP server, or a file through the sink).
 //!
 //! [`Pipeline::start`] runs on the caller's thread (the sampler opens NVML
@@ -15,8 +17,10 @@ use std::sync::mpsc::{Sender, SyncSender};
 use std::thread::JoinHandle;
 
 use crate::attribute::ProcCache;
+use crate::attribute::containers::{self, ContainerCache};
 use crate::config::{self, Config, Overrides};
 use crate::gpu::GpuSource;
+use crate::jobmap::{self, JobMap};
 use crate::kube::{self, PodIndex};
 use crate::model::Snapshot;
 use crate::podres::{self, PodResources};
@@ -67,9 +71,20 @@ impl Pipeline {
             .pod_resources
             .as_ref()
             .and_then(PodResources::if_socket_exists);
+        let job_mapping = config.job_mapping.as_ref().and_then(|cfg| {
+            let store = Arc::new(JobMap::default());
+            match jobmap::spawn(cfg.clone(), &store) {
+                Ok(_) => Some(store),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the Slurm job-mapping reader thread: gpu_allocation_info has no Slurm rows");
+                    None
+                }
+            }
+        });
         let shared = Arc::new(
             Shared::new(config.timing.sample_interval, Arc::clone(&telemetry))
-                .with_pod_resources(pod_resources.clone()),
+                .with_pod_resources(pod_resources.clone())
+                .with_job_mapping(job_mapping),
         );
         if sink.is_some() {
             shared.set_sink(sink);
@@ -78,7 +93,18 @@ impl Pipeline {
             .kubernetes
             .as_ref()
             .map(|_| Arc::new(PodIndex::new()));
-        let lookup = ProcCache::from_config(&config.attribution, pods.clone());
+        let mut lookup = ProcCache::from_config(&config.attribution, pods.clone());
+        if let Some(engine) = &config.container_engine {
+            // Its own thread from the start (also for `record`); it ends
+            // when the sampler drops the cache.
+            let (cache, queue) = ContainerCache::new();
+            match containers::lookup::spawn(engine, Arc::clone(&cache), queue) {
+                Ok(_) => lookup = lookup.with_container_engine(cache),
+                Err(e) => tracing::error!(
+                    "container engine lookups are off: cannot start their thread: {e}"
+                ),
+            }
+        }
         let (control, control_rx) = std::sync::mpsc::channel::<Control>();
         let sampler = sample::spawn(
             open,

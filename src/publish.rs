@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwapOption;
 
 use crate::history::History;
+use crate::jobmap::JobMap;
 use crate::model::Snapshot;
 use crate::podres::PodResources;
 use crate::telemetry::Telemetry;
@@ -45,6 +46,8 @@ pub struct Shared {
     sink_dropped: AtomicU64,
     /// The pod-resources client's answers, when that part is on.
     pod_resources: Option<Arc<PodResources>>,
+    /// The Slurm job-mapping reader's latest read, when that part is on.
+    job_mapping: Option<Arc<JobMap>>,
     /// The last 10 minutes of used memory per GPU, fed by [`Self::publish`].
     history: Mutex<History>,
 }
@@ -60,6 +63,7 @@ impl Shared {
             sink: Mutex::new(None),
             sink_dropped: AtomicU64::new(0),
             pod_resources: None,
+            job_mapping: None,
             history: Mutex::new(History::new()),
         }
     }
@@ -81,6 +85,13 @@ impl Shared {
     /// Copy `store`'s latest answer into every snapshot published.
     pub fn with_pod_resources(mut self, store: Option<Arc<PodResources>>) -> Self {
         self.pod_resources = store;
+        self
+    }
+
+    /// Copy `store`'s latest read of the Slurm job-mapping directory into
+    /// every snapshot published.
+    pub(crate) fn with_job_mapping(mut self, store: Option<Arc<JobMap>>) -> Self {
+        self.job_mapping = store;
         self
     }
 
@@ -131,7 +142,12 @@ impl Shared {
     pub fn publish(&self, mut s: Snapshot) {
         s.exporter = self.telemetry.read();
         s.pod_resources = self.pod_resources.as_ref().map(|p| p.state());
-        self.history().record(&s);
+        s.job_mapping = self.job_mapping.as_ref().map(|j| j.state());
+        {
+            let mut history = self.history();
+            history.record(&s);
+            s.forecasts = history.forecasts(&s);
+        }
         self.last_tick_ms
             .store(unix_ms(s.taken_at), Ordering::Release);
         let s = Arc::new(s);

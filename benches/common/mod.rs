@@ -87,6 +87,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
             } else {
                 String::new()
             }),
+            slurm: None,
             cmdline: None,
             namespace: Arc::from(if pods { "ml-training" } else { "" }),
             pod: Arc::from(if pods {
@@ -95,6 +96,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
                 String::new()
             }),
             container: Arc::from(if pods { "trainer" } else { "" }),
+            engine: None,
         })
     };
     let mut sample = DurationHistogram::new(SAMPLE_DURATION_BUCKETS);
@@ -157,8 +159,11 @@ pub fn snapshot(pods: bool) -> Snapshot {
         nvml_reinit_attempts: 0,
         kubernetes: None,
         torch: None,
+        containers: None,
         pod_resources: None,
+        job_mapping: None,
         exporter: Default::default(),
+        forecasts: Vec::new(),
     }
 }
 

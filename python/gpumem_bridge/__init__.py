@@ -21,6 +21,16 @@ Opt-in, ``GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR``: when torch runs out of memory
 the bridge writes ``torch.cuda.memory._snapshot()`` to that directory,
 bounded in files and bytes, and says where on stderr (module ``oom``).
 
+Per-step figures, with no code change (module ``steps``): once torch is
+imported the bridge registers torch's global optimizer step post hook
+(torch >= 2.0), so each ``optimizer.step()`` counts a step and records the
+allocated bytes of each device used, in a ring of the last 128 steps;
+``gpumem_bridge.step()`` does the same for loops without an optimizer.
+Opt-in, ``GPUMEM_BRIDGE_WARN_AT`` (a fraction of the memory limit or of the
+device, or a size such as ``70GiB``; module ``threshold``): one
+:class:`GpuMemoryThresholdWarning` and a call of each ``on_threshold``
+callback when reserved bytes reach it, re-armed below 95 % of it.
+
 Protocol, version 1 (the exporter's side is ``src/attribute/torch.rs``):
 
 * The memfd is named ``gpumem-bridge``, so ``/proc/<pid>/fd/<n>`` reads
@@ -37,7 +47,10 @@ Protocol, version 1 (the exporter's side is ``src/attribute/torch.rs``):
          "pools": {"large": {"allocated": 0, "reserved": 0,
                              "inactive_split": 0, "segments": 0},
                    "small": {...the same four...}},
-         "limit": 75377410048, "oom_snapshots": 0}]}
+         "limit": 75377410048, "oom_snapshots": 0,
+         "steps": {"total": 1200, "ring": [[1073, 1767225600.125, 4194304],
+                                           ..., [1200, 1767225662.5, 536870912]]},
+         "threshold": {"bytes": 67839669043, "crossings": 1, "above": true}}]}
 
   The first eight device fields are required non-negative integers. The
   rest are optional, each all or nothing when present: ``pools`` (from
@@ -49,6 +62,26 @@ Protocol, version 1 (the exporter's side is ``src/attribute/torch.rs``):
   see ``allocconf``; absent when that is malformed; ``max_split_size`` in
   bytes or null for unlimited). Other fields are ignored. There is no pid:
   the document is about the process holding it.
+* Added within version 1 (an exporter that does not know them ignores
+  them; a bridge without them leaves them out), per device entry, each all
+  or nothing:
+
+  - ``steps``, present once the optimizer step hook is registered or
+    ``step()`` was called (then ``total`` may be 0 and ``ring`` empty):
+    ``total``, int, the process-wide count of steps (every device entry
+    has the same); ``ring``, the last steps recorded on this device, at
+    most 128, oldest first, each ``[step, t, allocated]``: ``step`` an int
+    strictly increasing along the ring (the value of ``total`` at that
+    step; steps taken before the device was used have no entry), ``t``
+    the step's end as float Unix seconds (ms resolution), ``allocated``
+    int bytes (``allocated_bytes.all.current`` then). A document over 64
+    KiB has its rings cut to their last 64 entries, then 16, then emptied
+    (``"ring": []``, ``total`` kept), so rings never stop a publish.
+  - ``threshold``, present only while GPUMEM_BRIDGE_WARN_AT is valid and
+    its bytes are known for the device: ``bytes``, int, the threshold;
+    ``crossings``, int, upward crossings of reserved bytes so far (a
+    counter); ``above``, bool, true from a crossing until reserved falls
+    below 95 % of ``bytes`` (the warning is disarmed meanwhile).
 * Each document is written into a fresh memfd, sealed (no write, grow or
   shrink) and then ``dup2``-ed onto the same fd number, so a reader opening
   the fd sees one whole, immutable document, never a half-written one. The
@@ -72,10 +105,27 @@ import os
 import sys
 import threading
 
-from . import allocconf, oom
+from . import allocconf, oom, steps
+from .base import Device as _Device
+from .base import Warn as _Warn
+from .base import normalize_uuid
+from .threshold import GpuMemoryThresholdWarning, ThresholdCrossing
 
-__all__ = ["start", "stop", "running", "publish_now", "document", "fd", "NAME"]
-__version__ = "0.2.0"
+__all__ = [
+    "start",
+    "stop",
+    "running",
+    "publish_now",
+    "document",
+    "fd",
+    "step",
+    "on_threshold",
+    "GpuMemoryThresholdWarning",
+    "ThresholdCrossing",
+    "normalize_uuid",
+    "NAME",
+]
+__version__ = "0.3.0"
 
 #: Name of the memfd; the exporter looks for ``/memfd:<NAME> (deleted)``.
 NAME = "gpumem-bridge"
@@ -113,15 +163,6 @@ _bridge = None
 _fork_hook_installed = False
 
 
-def normalize_uuid(raw):
-    """NVML's spelling of a torch device UUID: ``GPU-`` + the bare UUID,
-    lower case; a UUID already prefixed ``GPU-`` or ``MIG-`` is kept."""
-    s = str(raw).strip().lower()
-    if s.startswith(("gpu-", "mig-")):
-        return s[:3].upper() + s[3:]
-    return "GPU-" + s
-
-
 def _int(stats, key):
     v = stats.get(key, 0)
     return int(v) if isinstance(v, (int, float)) and v >= 0 else 0
@@ -139,18 +180,6 @@ def _pools(stats):
             p[field] = v
         out[pool] = p
     return out
-
-
-class _Warn:
-    """Each kind of warning once per bridge."""
-
-    def __init__(self):
-        self.warned = set()
-
-    def __call__(self, what, msg, *args):
-        if what not in self.warned:
-            self.warned.add(what)
-            _log.warning(msg, *args)
 
 
 class AllocatorSettings:
@@ -181,43 +210,26 @@ class AllocatorSettings:
         return self.value
 
 
-class _Device:
-    """What never changes about a device: its UUID and total memory."""
-
-    def __init__(self, cuda, i):
-        raw = getattr(cuda.get_device_properties(i), "uuid", None)
-        self.uuid = normalize_uuid(raw) if raw is not None else None
-        self.total = None
-
-    def limit(self, cuda, i):
-        """The allocator's limit in bytes when a per-process memory fraction
-        below 1 is set, else None. torch stores the limit as
-        ``size_t(fraction * total)`` (cudaMemGetInfo's total) and gives back
-        ``limit / total``: rounding undoes that division exactly."""
-        get = getattr(cuda, "get_per_process_memory_fraction", None)
-        if get is None:  # torch < 2.6
-            return None
-        f = float(get(i))
-        if not 0.0 <= f < 1.0:
-            return None
-        if self.total is None:
-            self.total = int(cuda.mem_get_info(i)[1])
-        return int(round(f * self.total))
-
-
 def document(seq=0, devices=None, snapshots=None, settings=None, warn=None):
-    """The document this process would publish now, as a dict.
+    """The document this process would publish now, as a dict, without the
+    per-step figures and the threshold (which the bridge adds).
 
     ``devices`` caches device index -> _Device (properties never change);
     ``snapshots``: the OOM snapshots written (oom.Snapshots), if on;
     ``settings``: the AllocatorSettings read once per bridge."""
+    return _collect(seq, devices, snapshots, settings, warn)[0]
+
+
+def _collect(seq, devices, snapshots, settings, warn):
+    """document()'s work: (doc, torch.cuda or None, [(CUDA index, entry)])."""
     warn = warn or _Warn()
     out = []
+    pairs = []
     doc = {"v": VERSION, "seq": seq, "devices": out}
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None) if torch is not None else None
     if cuda is None or not cuda.is_initialized():
-        return doc
+        return doc, None, pairs
     devices = {} if devices is None else devices
     settings = settings or AllocatorSettings(warn)
     allocator = settings.get(torch)
@@ -249,7 +261,29 @@ def document(seq=0, devices=None, snapshots=None, settings=None, warn=None):
         if snapshots is not None:
             entry["oom_snapshots"] = written
         out.append(entry)
-    return doc
+        pairs.append((i, entry))
+    return doc, cuda, pairs
+
+
+#: Ring lengths tried, in turn, when a document is too large; then none.
+_TRIM = (64, 16, 0)
+
+
+def _encode(doc, warn):
+    """The document's bytes, at most MAX_BYTES when shortening the step
+    rings can make it so (the last 64 entries, then 16, then none; the step
+    total stays); larger only when it is too large without rings."""
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    rings = [e["steps"] for e in doc["devices"] if "steps" in e]
+    for keep in _TRIM:
+        if len(data) <= MAX_BYTES or not rings:
+            break
+        for s in rings:
+            s["ring"] = s["ring"][-keep:] if keep else []
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        if len(data) <= MAX_BYTES:
+            warn("trim", "gpumem_bridge: the document passed %d bytes; step rings shortened to their last %d entries (0: emptied)", MAX_BYTES, keep)
+    return data
 
 
 def _sealed_memfd(data):
@@ -299,10 +333,16 @@ class _Bridge:
         self.thread.start()
 
     def publish(self):
+        spec, crossings = None, ()
         with self.publish_lock:
             if self.stopped.is_set():
                 return
             torch = sys.modules.get("torch")
+            if torch is not None:
+                try:
+                    steps.tracker.register(torch)
+                except Exception as e:
+                    self.warn("step-hook", "gpumem_bridge: cannot register the optimizer step hook: %r; no per-step figures", e)
             if self.snapshots is not None and torch is not None:
                 try:
                     oom.prepare(torch)
@@ -314,16 +354,24 @@ class _Bridge:
                     cuda = torch.cuda
                     ooms = {i: _int(cuda.memory_stats(i), "num_ooms") for i in range(cuda.device_count())}
                     self.snapshots.after_the_fact(torch, ooms)
-                doc = document(self.seq + 1, self.devices, self.snapshots, self.settings, self.warn)
+                doc, cuda, pairs = _collect(self.seq + 1, self.devices, self.snapshots, self.settings, self.warn)
+                spec, crossings = steps.tracker.annotate(cuda, pairs)
             except Exception as e:  # keep the last document; training goes on
                 self.warn("collect", "gpumem_bridge: reading torch.cuda.memory_stats failed: %r", e)
                 return
-            data = json.dumps(doc, separators=(",", ":")).encode()
-            if len(data) > MAX_BYTES:
+            data = _encode(doc, self.warn)
+            if len(data) <= MAX_BYTES:
+                self.write(data)
+                self.seq += 1
+            else:
                 self.warn("size", "gpumem_bridge: document of %d bytes exceeds %d; not published", len(data), MAX_BYTES)
-                return
-            self.write(data)
-            self.seq += 1
+        # Crossings seen now: warned about in this thread (the bridge's,
+        # or the caller's of publish_now), with no lock held.
+        for c in crossings:
+            try:
+                steps.tracker.emit(spec, c)
+            except BaseException as e:  # e.g. SystemExit from a callback: the thread goes on
+                self.warn("emit", "gpumem_bridge: the threshold callbacks raised %r", e)
 
     def write(self, data):
         """Publish raw bytes (replaces the previous document atomically)."""
@@ -350,6 +398,7 @@ class _Bridge:
     def close(self):
         with self.publish_lock:
             self.stopped.set()
+            steps.tracker.unregister()
             self.wake.set()
             if oom._active is self.snapshots:
                 oom.set_active(None)
@@ -374,7 +423,7 @@ def _after_fork_in_child():
     # (e.g. a worker forked before CUDA was initialised, then using a GPU).
     global _bridge, _lock
     _lock = threading.Lock()  # another thread may have held it at fork time
-    oom.after_fork_in_child()
+    oom.after_fork_in_child()  # (steps resets itself: its own at-fork hook)
     old, _bridge = _bridge, None
     if old is None:
         return
@@ -407,6 +456,7 @@ def start(interval=None):
         try:
             _bridge = _Bridge(iv)
         except OSError as e:
+            steps.tracker.unregister()  # its first publish may have hooked
             _log.warning("gpumem_bridge: cannot create the memfd: %s; not started", e)
             return False
         if not _fork_hook_installed:
@@ -439,3 +489,25 @@ def fd():
     """The fd number of the published memfd, or None."""
     b = _bridge
     return None if b is None else b.fd
+
+
+def step():
+    """Count one training step and record the figures of each device used
+    (allocated bytes, and the threshold check): what the optimizer step
+    hook does, for loops without a torch optimizer (or a torch older than
+    2.0). Works whether the bridge runs or not; returns nothing; never
+    raises. With an optimizer, do not call it too: each call is a step."""
+    steps.tracker.step()
+
+
+def on_threshold(callback):
+    """Call ``callback(crossing)`` at each upward crossing of
+    GPUMEM_BRIDGE_WARN_AT (after the GpuMemoryThresholdWarning).
+    ``crossing`` is a ThresholdCrossing (``device``, ``uuid``,
+    ``allocated``, ``reserved``, ``limit``, ``threshold``, ``crossings``;
+    ``._asdict()`` for a dict). It runs in the training thread when the
+    crossing is seen at an optimizer step (or step()), in the bridge's
+    thread when seen at a publish. An exception it raises is logged once
+    and never reaches the program. Returns ``callback`` (a decorator too)."""
+    steps.tracker.callbacks.append(callback)
+    return callback

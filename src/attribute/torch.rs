@@ -13,11 +13,22 @@
 //!   "alloc_retries":0,"ooms":0,
 //!   "pools":{"large":{"allocated":0,"reserved":0,"inactive_split":0,"segments":0},
 //!            "small":{"allocated":0,"reserved":0,"inactive_split":0,"segments":0}},
-//!   "limit":75377410048,"oom_snapshots":0}]}
+//!   "limit":75377410048,"oom_snapshots":0,
+//!   "steps":{"total":812,"ring":[[749,1764633600.125,8589934592],…]},
+//!   "threshold":{"bytes":64424509440,"crossings":1,"above":true}}]}
 //! ```
 //!
+//! `steps` (the bridge's optimizer step hook: per step end, the step
+//! number, the time and allocated bytes, the last ≤ 128 steps) is reduced
+//! here to what is exported: the total, allocated at the last step, the
+//! least-squares growth per step over the last [`trend::MAX_GROWTH_STEPS`]
+//! (none under [`trend::MIN_GROWTH_STEPS`]) and the steps per second over
+//! them; nothing of the ring is kept. `threshold` is the bridge's
+//! `GPUMEM_BRIDGE_WARN_AT` in bytes and its upward crossings.
+//!
 //! The eight figures of a device are required. `pools`, `limit`,
-//! `oom_snapshots` and the process-wide `allocator` are optional (a bridge
+//! `oom_snapshots`, `steps`, `threshold` and the process-wide `allocator`
+//! are optional (a bridge
 //! before them, a torch without the figure, a setting not made: their
 //! series are simply absent), but each is strict when present: `pools`
 //! needs both pools with all four figures, `allocator` all three fields
@@ -54,8 +65,10 @@ use serde::Deserialize;
 use super::procfs::ProcRoot;
 use crate::model::{
     AllocatorBackend, AllocatorSettings, TorchCounters, TorchPool, TorchPools, TorchStats,
+    TorchSteps, TorchThreshold,
 };
 use crate::ratelimit::LogLimiter;
+use crate::trend;
 
 /// What `/proc/<pid>/fd/<n>` reads for the bridge's memfd.
 pub const LINK_TARGET: &str = "/memfd:gpumem-bridge (deleted)";
@@ -66,6 +79,8 @@ pub const MAX_FDS_SCANNED: usize = 4096;
 /// A process without the bridge's memfd is scanned again after this long
 /// (a process may start the bridge after it started using the GPU).
 pub const RESCAN_AFTER: Duration = Duration::from_secs(5);
+/// A step ring longer than this is malformed (the bridge keeps 128).
+pub const MAX_RING: usize = 1024;
 /// The `v` field this reader understands.
 pub const PROTOCOL_VERSION: u32 = 1;
 
@@ -137,6 +152,23 @@ struct WireDevice {
     pools: Option<WirePools>,
     limit: Option<u64>,
     oom_snapshots: Option<u64>,
+    steps: Option<WireSteps>,
+    threshold: Option<WireThreshold>,
+}
+
+#[derive(Deserialize)]
+struct WireSteps {
+    total: u64,
+    /// `[step, unix seconds, allocated bytes]`, oldest first, steps
+    /// strictly increasing.
+    ring: Vec<(u64, f64, u64)>,
+}
+
+#[derive(Deserialize)]
+struct WireThreshold {
+    bytes: u64,
+    crossings: u64,
+    above: bool,
 }
 
 #[derive(Deserialize)]
@@ -184,6 +216,41 @@ enum WireBackend {
     CudaMallocAsync,
 }
 
+/// The exported step figures of a ring, or `None` (malformed) when its
+/// steps do not strictly increase, a time is not a finite non-negative
+/// number, or it holds more steps than `total` or than [`MAX_RING`].
+fn steps(w: WireSteps) -> Option<TorchSteps> {
+    let ring = &w.ring;
+    if ring.len() > MAX_RING || ring.len() as u64 > w.total {
+        return None;
+    }
+    if ring.windows(2).any(|p| p[0].0 >= p[1].0)
+        || ring.iter().any(|e| !e.1.is_finite() || e.1 < 0.0)
+    {
+        return None;
+    }
+    let window = &ring[ring.len().saturating_sub(trend::MAX_GROWTH_STEPS)..];
+    let growth = if window.len() >= trend::MIN_GROWTH_STEPS {
+        trend::slope(&window.iter().map(|e| (e.0, e.2)).collect::<Vec<_>>())
+    } else {
+        None
+    };
+    let pace = match (window.first(), window.last()) {
+        (Some(a), Some(b)) => {
+            let ms = ((b.1 - a.1) * 1000.0).round();
+            (ms >= 1.0 && b.0 > a.0).then(|| (b.0 - a.0, ms as u64))
+        }
+        _ => None,
+    };
+    Some(TorchSteps {
+        total: w.total,
+        allocated: window.last().map(|e| e.2),
+        growth,
+        pace,
+        window: window.len() as u32,
+    })
+}
+
 /// Parse a document strictly: every device field is required and must be a
 /// non-negative integer; unknown fields (such as a claimed `pid`) are
 /// ignored.
@@ -203,34 +270,40 @@ pub fn parse(bytes: &[u8]) -> Result<Document, DropReason> {
         expandable_segments: a.expandable_segments,
         max_split_size: a.max_split_size,
     });
-    Ok(Document {
-        devices: w
-            .devices
-            .into_iter()
-            .map(|d| {
-                (
-                    d.uuid,
-                    TorchStats {
-                        allocated: d.allocated,
-                        reserved: d.reserved,
-                        allocated_peak: d.allocated_peak,
-                        reserved_peak: d.reserved_peak,
-                        active: d.active,
-                        inactive_split: d.inactive_split,
-                        alloc_retries: d.alloc_retries,
-                        ooms: d.ooms,
-                        pools: d.pools.map(|p| TorchPools {
-                            large: p.large.into_pool(),
-                            small: p.small.into_pool(),
-                        }),
-                        limit: d.limit,
-                        allocator,
-                        oom_snapshots: d.oom_snapshots,
-                    },
-                )
-            })
-            .collect(),
-    })
+    let mut devices = Vec::with_capacity(w.devices.len());
+    for d in w.devices {
+        let steps = match d.steps {
+            Some(st) => Some(steps(st).ok_or(DropReason::Malformed)?),
+            None => None,
+        };
+        devices.push((
+            d.uuid,
+            TorchStats {
+                allocated: d.allocated,
+                reserved: d.reserved,
+                allocated_peak: d.allocated_peak,
+                reserved_peak: d.reserved_peak,
+                active: d.active,
+                inactive_split: d.inactive_split,
+                alloc_retries: d.alloc_retries,
+                ooms: d.ooms,
+                pools: d.pools.map(|p| TorchPools {
+                    large: p.large.into_pool(),
+                    small: p.small.into_pool(),
+                }),
+                limit: d.limit,
+                allocator,
+                oom_snapshots: d.oom_snapshots,
+                steps,
+                threshold: d.threshold.map(|t| TorchThreshold {
+                    bytes: t.bytes,
+                    crossings: t.crossings,
+                    above: t.above,
+                }),
+            },
+        ));
+    }
+    Ok(Document { devices })
 }
 
 /// The UUID without NVML's `GPU-` / `MIG-` prefix.
@@ -907,6 +980,177 @@ mod tests {
         ];
         for (name, input, want) in cases {
             assert_eq!(parse(input.as_bytes()), want, "case {name:?}: {input}");
+        }
+    }
+
+    /// The step figures a device entry's `steps` becomes, case by case.
+    #[test]
+    fn step_rings() {
+        const MIB: u64 = 1 << 20;
+        // `n` steps ending at step `last`, 0.1 s apart, allocated growing
+        // by `per` bytes per step from 1 GiB.
+        let ring = |n: u64, last: u64, per: u64| -> String {
+            let entries: Vec<String> = (last + 1 - n..=last)
+                .map(|s| {
+                    format!(
+                        "[{s},{:.3},{}]",
+                        1000.0 + s as f64 * 0.1,
+                        (1 << 30) + s * per
+                    )
+                })
+                .collect();
+            format!("[{}]", entries.join(","))
+        };
+        let with = |steps: &str| {
+            let d = dev_with(U0, 10, &format!(r#","steps":{steps}"#));
+            format!(r#"{{"v":1,"devices":[{d}]}}"#)
+        };
+        let parsed = |steps: &str| parse(with(steps).as_bytes()).map(|d| d.devices[0].1.steps);
+        let growth = |s: Result<Option<TorchSteps>, DropReason>| {
+            s.map(|s| s.map(|s| (s.total, s.allocated, s.growth_bytes(), s.window)))
+        };
+        type Want = Result<Option<(u64, Option<u64>, Option<f64>, u32)>, DropReason>;
+        let cases: Vec<(&str, String, Want)> = vec![
+            (
+                "70 steps keeping 3 MiB: the last 64 give exactly 3 MiB",
+                format!(r#"{{"total":70,"ring":{}}}"#, ring(70, 70, 3 * MIB)),
+                Ok(Some((
+                    70,
+                    Some((1 << 30) + 70 * 3 * MIB),
+                    Some(3.0 * MIB as f64),
+                    64,
+                ))),
+            ),
+            (
+                "16 steps: enough",
+                format!(r#"{{"total":900,"ring":{}}}"#, ring(16, 900, MIB)),
+                Ok(Some((
+                    900,
+                    Some((1 << 30) + 900 * MIB),
+                    Some(MIB as f64),
+                    16,
+                ))),
+            ),
+            (
+                "15 steps: no growth yet",
+                format!(r#"{{"total":15,"ring":{}}}"#, ring(15, 15, MIB)),
+                Ok(Some((15, Some((1 << 30) + 15 * MIB), None, 15))),
+            ),
+            (
+                "a steady loop",
+                format!(r#"{{"total":128,"ring":{}}}"#, ring(128, 128, 0)),
+                Ok(Some((128, Some(1 << 30), Some(0.0), 64))),
+            ),
+            (
+                "hooked, no step yet",
+                r#"{"total":0,"ring":[]}"#.into(),
+                Ok(Some((0, None, None, 0))),
+            ),
+            (
+                "unknown fields inside steps are ignored",
+                format!(r#"{{"total":20,"ring":{},"later":1}}"#, ring(20, 20, 0)),
+                Ok(Some((20, Some(1 << 30), Some(0.0), 20))),
+            ),
+            (
+                "steps going back",
+                r#"{"total":3,"ring":[[2,1.0,5],[1,2.0,5]]}"#.into(),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "a step twice",
+                r#"{"total":3,"ring":[[2,1.0,5],[2,2.0,5]]}"#.into(),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "a negative time",
+                r#"{"total":3,"ring":[[1,-1.0,5]]}"#.into(),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "more steps than total",
+                format!(r#"{{"total":3,"ring":{}}}"#, ring(4, 4, 0)),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "a ring over 1024",
+                format!(r#"{{"total":5000,"ring":{}}}"#, ring(1025, 5000, 0)),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "no ring",
+                r#"{"total":3}"#.into(),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "an entry of two",
+                r#"{"total":3,"ring":[[1,1.0]]}"#.into(),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "negative bytes",
+                r#"{"total":3,"ring":[[1,1.0,-5]]}"#.into(),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "a string total",
+                r#"{"total":"3","ring":[]}"#.into(),
+                Err(DropReason::Malformed),
+            ),
+        ];
+        for (name, steps, want) in cases {
+            assert_eq!(growth(parsed(&steps)), want, "{name}: {steps}");
+        }
+        // The pace: 63 steps over the last 64 entries, 6.3 s apart.
+        let s = parsed(&format!(r#"{{"total":70,"ring":{}}}"#, ring(70, 70, 0)));
+        let s = s.ok().flatten().and_then(|s| s.steps_per_second());
+        assert!(s.is_some_and(|s| (s - 10.0).abs() < 1e-9), "{s:?}");
+        // No steps field: an older bridge.
+        assert_eq!(
+            parse(format!(r#"{{"v":1,"devices":[{}]}}"#, dev(U0, 10)).as_bytes())
+                .map(|d| d.devices[0].1.steps),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn thresholds() {
+        let with = |t: &str| {
+            let d = dev_with(U0, 10, &format!(r#","threshold":{t}"#));
+            parse(format!(r#"{{"v":1,"devices":[{d}]}}"#).as_bytes())
+                .map(|d| d.devices[0].1.threshold)
+        };
+        let cases = [
+            (
+                r#"{"bytes":1000,"crossings":2,"above":true}"#,
+                Ok(Some(TorchThreshold {
+                    bytes: 1000,
+                    crossings: 2,
+                    above: true,
+                })),
+            ),
+            (
+                r#"{"bytes":1000,"crossings":0,"above":false,"later":1}"#,
+                Ok(Some(TorchThreshold {
+                    bytes: 1000,
+                    crossings: 0,
+                    above: false,
+                })),
+            ),
+            (
+                r#"{"bytes":1000,"crossings":0}"#,
+                Err(DropReason::Malformed),
+            ),
+            (
+                r#"{"bytes":0.5,"crossings":0,"above":false}"#,
+                Err(DropReason::Malformed),
+            ),
+            (
+                r#"{"bytes":1000,"crossings":0,"above":"yes"}"#,
+                Err(DropReason::Malformed),
+            ),
+        ];
+        for (t, want) in cases {
+            assert_eq!(with(t), want, "{t}");
         }
     }
 

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::values::{LogFormat, LogLevel};
+use super::values::{JobMappingFormat, LogFormat, LogLevel};
 pub use crate::sample::collectors::Collectors;
 
 /// The HTTP server's address and metrics path.
@@ -86,6 +86,15 @@ impl Default for Attribution {
     }
 }
 
+/// The container engine's API (Docker, or Podman's Docker-compatible
+/// service): container names, images and compose labels per process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerEngine {
+    /// Its Unix socket, e.g. `/run/docker.sock`; asked only by the
+    /// lookup thread.
+    pub socket: PathBuf,
+}
+
 /// The kubelet's pod-resources API: which devices are allocated to which
 /// container (`gpu_allocation_info`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,6 +116,16 @@ impl PodResourcesConfig {
             || resource.starts_with("nvidia.com/mig-")
             || self.extra_resources.iter().any(|r| r == resource)
     }
+}
+
+/// The Slurm job-mapping directory a prolog writes (`slurm.*`): which job
+/// holds which GPU (`gpu_allocation_info` rows with `slurm_job`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobMappingConfig {
+    pub dir: PathBuf,
+    pub format: JobMappingFormat,
+    /// The directory is read this often, on its own thread.
+    pub interval: Duration,
 }
 
 /// Log level and format.

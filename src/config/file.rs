@@ -9,7 +9,8 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use crate::sample::collectors;
 
 use super::values::{
-    ApiUrl, CmdlineLength, Interval, KubeMode, ListenAddress, LogFormat, LogLevel, TelemetryPath,
+    ApiUrl, CmdlineLength, Interval, JobMappingFormat, KubeMode, ListenAddress, LogFormat,
+    LogLevel, TelemetryPath,
 };
 
 #[derive(Debug, Default, Deserialize)]
@@ -26,6 +27,8 @@ pub(super) struct FileConfig {
     pub(super) processes: FileProcesses,
     pub(super) kubernetes: FileKubernetes,
     pub(super) collectors: FileCollectors,
+    pub(super) slurm: FileSlurm,
+    pub(super) containers: FileContainers,
 }
 
 /// `collectors:` — each collector on (true) or off (false), by its name in
@@ -99,6 +102,21 @@ pub(super) struct FileKubernetes {
     pub(super) pod_resources_socket: Option<String>,
     pub(super) pod_resources_interval: Option<Interval>,
     pub(super) pod_resources_extra_resources: Option<Vec<String>>,
+}
+
+/// `containers:` — the container engine's API; off while unset or empty.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileContainers {
+    pub(super) engine_socket: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileSlurm {
+    pub(super) job_mapping_dir: Option<String>,
+    pub(super) job_mapping_format: Option<JobMappingFormat>,
+    pub(super) job_mapping_interval: Option<Interval>,
 }
 
 #[derive(Debug, Default, Deserialize)]

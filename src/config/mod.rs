@@ -21,16 +21,18 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use crate::kube::KubeConfig;
+pub use components::ContainerEngine;
 pub use components::{
-    Attribution, Collectors, Http, Log, PodResourcesConfig, SamplerConfig, Selection, Timing,
+    Attribution, Collectors, Http, JobMappingConfig, Log, PodResourcesConfig, SamplerConfig,
+    Selection, Timing,
 };
 pub use values::{
-    ApiUrl, CmdlineLength, HumanDuration, Interval, KubeMode, ListenAddress, LogFormat, LogLevel,
-    TelemetryPath,
+    ApiUrl, CmdlineLength, HumanDuration, Interval, JobMappingFormat, KubeMode, ListenAddress,
+    LogFormat, LogLevel, TelemetryPath,
 };
 
 use crate::kube::discovery;
-use file::{FileCollectors, FileConfig, FileKubernetes, FileProcesses};
+use file::{FileCollectors, FileConfig, FileKubernetes, FileProcesses, FileSlurm};
 use yaml::{ReadError, YamlError};
 
 use crate::sample::collectors;
@@ -62,6 +64,11 @@ pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/k
 /// 10 s keeps the series current at a negligible cost (dcgm-exporter asks
 /// on every scrape instead).
 pub const DEFAULT_POD_RESOURCES_INTERVAL: Duration = Duration::from_secs(10);
+/// How often the Slurm job-mapping directory is read: a prolog writes it
+/// when a job starts and an epilog removes it when it ends, and one read
+/// is a directory listing and a few small files (dcgm-exporter reads it
+/// on every scrape instead).
+pub const DEFAULT_JOB_MAPPING_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A config error: one line that names the flag or the key, and the file
 /// and line it came from.
@@ -113,6 +120,12 @@ pub struct Config {
     /// `None`: the pod-resources client is off (`kubernetes.enabled:
     /// false`, or an empty `kubernetes.pod_resources_socket`).
     pub pod_resources: Option<PodResourcesConfig>,
+    /// `None`: no Slurm job-mapping directory is read (`slurm.job_mapping_dir`
+    /// unset or empty).
+    pub job_mapping: Option<JobMappingConfig>,
+    /// `None`: no container engine lookups (`containers.engine_socket`
+    /// unset or empty).
+    pub container_engine: Option<ContainerEngine>,
 }
 
 impl Config {
@@ -153,6 +166,8 @@ impl Default for Config {
                 interval: DEFAULT_POD_RESOURCES_INTERVAL,
                 extra_resources: Vec::new(),
             }),
+            job_mapping: None,
+            container_engine: None,
         }
     }
 }
@@ -171,6 +186,10 @@ pub struct Overrides {
     pub log_level: Option<String>,
     pub log_format: Option<String>,
     pub procfs: Option<String>,
+    pub job_mapping_dir: Option<String>,
+    pub job_mapping_format: Option<String>,
+    /// `--containers.engine-socket`.
+    pub engine_socket: Option<String>,
     /// `--collector.<name>` (true) / `--no-collector.<name>` (false).
     pub collectors: Vec<(&'static str, bool)>,
 }
@@ -336,7 +355,62 @@ fn build(
         attribution,
         kubernetes: kubernetes(&file.kubernetes, env)?,
         pod_resources: pod_resources(file.kubernetes)?,
+        job_mapping: job_mapping(file.slurm, o)?,
+        container_engine: container_engine(file.containers.engine_socket, &o.engine_socket)?,
     })
+}
+
+/// The Slurm job-mapping directory: on when `slurm.job_mapping_dir` (or
+/// its flag) names one; whether it exists is seen at each read.
+fn job_mapping(f: FileSlurm, o: &Overrides) -> Result<Option<JobMappingConfig>, Located> {
+    let Some(dir) = o
+        .job_mapping_dir
+        .clone()
+        .or(f.job_mapping_dir)
+        .filter(|d| !d.is_empty())
+    else {
+        return Ok(None);
+    };
+    let format = flag::<JobMappingFormat>("slurm.job-mapping-format", &o.job_mapping_format)?
+        .or(f.job_mapping_format)
+        .unwrap_or(JobMappingFormat::Dcgm);
+    let interval = f
+        .job_mapping_interval
+        .map(|i| i.0)
+        .unwrap_or(DEFAULT_JOB_MAPPING_INTERVAL);
+    Ok(Some(JobMappingConfig {
+        dir: PathBuf::from(dir),
+        format,
+        interval,
+    }))
+}
+
+/// `containers.engine_socket` (or its flag): off when unset or empty; an
+/// absolute path otherwise. Whether the socket answers is seen at run time
+/// (errors counted), so an engine started after the exporter is found.
+fn container_engine(
+    key: Option<String>,
+    flag: &Option<String>,
+) -> Result<Option<ContainerEngine>, Located> {
+    let (value, from_flag) = match flag {
+        Some(f) => (f.clone(), true),
+        None => (key.unwrap_or_default(), false),
+    };
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let socket = PathBuf::from(&value);
+    if !socket.is_absolute() {
+        let msg = format!(
+            "{value:?} is not an absolute path (the engine's Unix socket, e.g. /run/docker.sock)"
+        );
+        return Err(if from_flag {
+            Located::Flag("containers.engine-socket".into(), msg)
+        } else {
+            Located::Key("containers.engine_socket".into(), msg)
+        });
+    }
+    Ok(Some(ContainerEngine { socket }))
 }
 
 /// The `collectors:` map, then the `--collector.<name>` /
@@ -556,9 +630,14 @@ pub fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
     check(o.torch_bridge != n.torch_bridge, "processes.torch_bridge");
     check(old.kubernetes != new.kubernetes, "kubernetes");
     check(
+        old.container_engine != new.container_engine,
+        "containers.engine_socket",
+    );
+    check(
         old.pod_resources != new.pod_resources,
         "kubernetes.pod_resources_*",
     );
+    check(old.job_mapping != new.job_mapping, "slurm.job_mapping_*");
     keys
 }
 
@@ -823,6 +902,61 @@ mod tests {
         std::fs::create_dir_all(home.path().join(".kube")).unwrap();
         std::fs::write(home.path().join(".kube/config"), "apiVersion: v1\n").unwrap();
         assert_eq!(on(&home_env), Some(KubeConfig::node("n1")));
+    }
+
+    #[test]
+    fn job_mapping_settings() {
+        assert_eq!(parse("", "t").unwrap().job_mapping, None);
+        assert_eq!(
+            parse("slurm:\n  job_mapping_dir: \"\"\n", "t")
+                .unwrap()
+                .job_mapping,
+            None
+        );
+        let c = parse(
+            "slurm:\n  job_mapping_dir: /run/gpustat\n  job_mapping_format: jobstats\n  job_mapping_interval: 2s\n",
+            "t",
+        )
+        .unwrap()
+        .job_mapping;
+        assert_eq!(
+            c,
+            Some(JobMappingConfig {
+                dir: PathBuf::from("/run/gpustat"),
+                format: JobMappingFormat::Jobstats,
+                interval: Duration::from_secs(2),
+            })
+        );
+        // The flags: the directory alone turns it on at the defaults, and
+        // override the file.
+        let o = Overrides {
+            job_mapping_dir: Some("/run/jobs".into()),
+            ..Overrides::default()
+        };
+        let c = build(FileConfig::default(), &o, &|_| None).unwrap();
+        assert_eq!(
+            c.job_mapping,
+            Some(JobMappingConfig {
+                dir: PathBuf::from("/run/jobs"),
+                format: JobMappingFormat::Dcgm,
+                interval: DEFAULT_JOB_MAPPING_INTERVAL,
+            })
+        );
+        let o = Overrides {
+            job_mapping_dir: Some("/run/jobs".into()),
+            job_mapping_format: Some("pbs".into()),
+            ..Overrides::default()
+        };
+        assert!(matches!(
+            build(FileConfig::default(), &o, &|_| None),
+            Err(Located::Flag(ref f, _)) if f == "slurm.job-mapping-format"
+        ));
+        let err = parse("slurm:\n  job_mapping_format: lsf\n", "t").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("key slurm.job_mapping_format: invalid job mapping format \"lsf\""),
+            "{err}"
+        );
     }
 
     #[test]

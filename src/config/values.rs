@@ -195,7 +195,8 @@ deserialize_via_from_str!(
     LogFormat,
     KubeMode,
     ApiUrl,
-    CmdlineLength
+    CmdlineLength,
+    JobMappingFormat
 );
 
 /// `kubernetes.enabled`: `auto` turns the pod watcher on when running in a
@@ -215,6 +216,31 @@ impl FromStr for KubeMode {
             "true" => Ok(KubeMode::On),
             "false" => Ok(KubeMode::Off),
             _ => Err(format!("invalid value {s:?} (one of auto, true, false)")),
+        }
+    }
+}
+
+/// `slurm.job_mapping_format`: whose prolog wrote the job-mapping
+/// directory (docs/configuration.md has both layouts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobMappingFormat {
+    /// dcgm-exporter's `--hpc-job-mapping-dir`: a file per GPU index (or
+    /// `<gpu>.<gpu instance>`), one job id per line.
+    Dcgm,
+    /// Princeton jobstats' `/run/gpustat`: a file per GPU index, GPU UUID
+    /// or MIG UUID holding `<jobid> <uid>`.
+    Jobstats,
+}
+
+impl FromStr for JobMappingFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "dcgm" => Ok(JobMappingFormat::Dcgm),
+            "jobstats" => Ok(JobMappingFormat::Jobstats),
+            _ => Err(format!(
+                "invalid job mapping format {s:?} (one of dcgm, jobstats)"
+            )),
         }
     }
 }

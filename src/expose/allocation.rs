@@ -1,8 +1,12 @@
 //! `gpu_allocation_info`: which container the kubelet allocated each device
-//! to (pod-resources API). The device ids are matched to this snapshot's
-//! GPUs and MIG instances here, at encode time, so the `gpu` index and the
-//! MIG ids are those of the same snapshot as the memory series they are
-//! joined with.
+//! to (pod-resources API), and which Slurm job holds it (the job-mapping
+//! directory a prolog writes, `jobmap`). One family for both schedulers:
+//! Kubernetes rows carry `namespace`, `pod`, `container` and `resource`,
+//! Slurm rows `slurm_job` (and `slurm_uid` where the file has it); the
+//! device labels are the same. The device ids are matched to this
+//! snapshot's GPUs and MIG instances here, at encode time, so the `gpu`
+//! index and the MIG ids are those of the same snapshot as the memory
+//! series they are joined with.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -12,47 +16,76 @@ use prometheus_client::encoding::DescriptorEncoder;
 use super::encoder::gauge;
 use crate::model::{AllocatedDevice, Allocation, DeviceInfo, MigInfo, Snapshot};
 
-/// `gpu_allocation_info`, when the pod-resources client is on.
+/// `gpu_allocation_info`, when the pod-resources client or the Slurm
+/// job-mapping reader is on.
 pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
-    let Some(p) = &s.pod_resources else {
+    if s.pod_resources.is_none() && s.job_mapping.is_none() {
         return Ok(());
-    };
+    }
     let mut m = gauge(
         enc,
         "gpu_allocation_info",
-        "A device the kubelet allocated to a container (pod-resources API); value is always 1. gpu and uuid name the GPU (the parent GPU of a MIG device; absent when this exporter does not see it), resource the extended resource; MIG devices add mig_uuid, gpu_instance_id and compute_instance_id, time-sliced ones replica.",
+        "A device the kubelet allocated to a container (pod-resources API), or that a Slurm job holds (slurm_job, from the job-mapping directory); value is always 1. gpu and uuid name the GPU (the parent GPU of a MIG device; absent when this exporter does not see it), resource the extended resource; MIG devices add mig_uuid, gpu_instance_id and compute_instance_id, time-sliced ones replica.",
     )?;
-    if p.allocations.is_empty() {
+    let k8s = s
+        .pod_resources
+        .as_ref()
+        .map_or(&[][..], |p| &p.allocations[..]);
+    let slurm = s
+        .job_mapping
+        .as_ref()
+        .map_or(&[][..], |j| &j.allocations[..]);
+    if k8s.is_empty() && slurm.is_empty() {
         return Ok(());
     }
     let devices = Devices::of(s);
-    for a in p.allocations.iter() {
+    for a in k8s {
         let place = devices.place(&a.device);
-        let instance = place
-            .instance
-            .map(|(gi, ci)| (gi.to_string(), ci.to_string()));
         let replica = a.replica.map(|r| r.to_string());
-        let mut labels: Vec<(&str, &str)> = vec![("gpu", place.gpu), ("uuid", place.uuid)];
-        if let Some(mig_uuid) = place.mig_uuid {
-            labels.push(("mig_uuid", mig_uuid));
-        }
-        if let Some((gi, ci)) = &instance {
-            labels.push(("gpu_instance_id", gi));
-            labels.push(("compute_instance_id", ci));
-        }
-        if let Some(r) = &replica {
-            labels.push(("replica", r));
-        }
-        labels.extend([
+        let owner = [
             ("namespace", a.namespace.as_str()),
             ("pod", a.pod.as_str()),
             ("container", a.container.as_str()),
             ("resource", a.resource.as_str()),
-        ]);
-        // No label with an empty value (see encoder::Labels).
-        labels.retain(|(_, v)| !v.is_empty());
-        m.encode_family(&labels)?.encode_gauge(&1u32)?;
+        ];
+        row(&mut m, &place, replica.as_deref(), &owner)?;
     }
+    for a in slurm {
+        let place = devices.place(&a.device);
+        let owner = [
+            ("slurm_job", a.job.as_str()),
+            ("slurm_uid", a.uid.as_deref().unwrap_or("")),
+        ];
+        row(&mut m, &place, None, &owner)?;
+    }
+    Ok(())
+}
+
+/// One series: the device's labels, then its owner's.
+fn row(
+    m: &mut prometheus_client::encoding::MetricEncoder<'_>,
+    place: &Place<'_>,
+    replica: Option<&str>,
+    owner: &[(&'static str, &str)],
+) -> Result<(), fmt::Error> {
+    let instance = place
+        .instance
+        .map(|(gi, ci)| (gi.to_string(), ci.to_string()));
+    let mut labels: Vec<(&str, &str)> = vec![("gpu", place.gpu), ("uuid", place.uuid)];
+    if let Some(mig_uuid) = place.mig_uuid {
+        labels.push(("mig_uuid", mig_uuid));
+    }
+    if let Some((gi, ci)) = &instance {
+        labels.push(("gpu_instance_id", gi));
+        labels.push(("compute_instance_id", ci));
+    }
+    if let Some(r) = replica {
+        labels.push(("replica", r));
+    }
+    labels.extend_from_slice(owner);
+    // No label with an empty value (see encoder::Labels).
+    labels.retain(|(_, v)| !v.is_empty());
+    m.encode_family(&labels)?.encode_gauge(&1u32)?;
     Ok(())
 }
 
@@ -106,6 +139,8 @@ struct Place<'a> {
 /// This snapshot's GPUs by UUID and MIG instances by UUID and by ids.
 struct Devices<'a> {
     gpus: HashMap<&'a str, &'a DeviceInfo>,
+    by_index: HashMap<&'a str, &'a DeviceInfo>,
+    mig_of_index: HashMap<(&'a str, u32), (&'a DeviceInfo, &'a MigInfo)>,
     migs: HashMap<&'a str, (&'a DeviceInfo, &'a MigInfo)>,
     mig_ids: HashMap<(&'a str, u32, u32), &'a MigInfo>,
 }
@@ -114,12 +149,19 @@ impl<'a> Devices<'a> {
     fn of(s: &'a Snapshot) -> Devices<'a> {
         let mut d = Devices {
             gpus: HashMap::new(),
+            by_index: HashMap::new(),
+            mig_of_index: HashMap::new(),
             migs: HashMap::new(),
             mig_ids: HashMap::new(),
         };
         for dev in s.devices.iter().filter(|dev| dev.info.is_known()) {
             d.gpus.insert(dev.info.uuid.as_str(), &dev.info);
+            d.by_index.insert(dev.info.gpu.as_str(), &dev.info);
             for m in dev.mig.iter() {
+                // The first compute instance of a GPU instance stands for it.
+                d.mig_of_index
+                    .entry((dev.info.gpu.as_str(), m.info.gpu_instance_id))
+                    .or_insert((&dev.info, &m.info));
                 d.migs
                     .insert(m.info.mig_uuid.as_str(), (&dev.info, &m.info));
                 d.mig_ids.insert(
@@ -171,6 +213,38 @@ impl<'a> Devices<'a> {
                     .get(&(gpu_uuid.as_str(), *gpu_instance_id, *compute_instance_id))
                     .map(|m| m.mig_uuid.as_str()),
                 instance: Some((*gpu_instance_id, *compute_instance_id)),
+            },
+            AllocatedDevice::GpuIndex { gpu } => match self.by_index.get(gpu.as_str()) {
+                Some(g) => Place {
+                    gpu: &g.gpu,
+                    uuid: &g.uuid,
+                    mig_uuid: None,
+                    instance: None,
+                },
+                // A GPU this exporter does not see: no gpu label to join.
+                None => Place {
+                    gpu: "",
+                    uuid: "",
+                    mig_uuid: None,
+                    instance: None,
+                },
+            },
+            AllocatedDevice::MigOfGpuIndex {
+                gpu,
+                gpu_instance_id,
+            } => match self.mig_of_index.get(&(gpu.as_str(), *gpu_instance_id)) {
+                Some((g, m)) => Place {
+                    gpu: &g.gpu,
+                    uuid: &g.uuid,
+                    mig_uuid: Some(&m.mig_uuid),
+                    instance: Some((m.gpu_instance_id, m.compute_instance_id)),
+                },
+                None => Place {
+                    gpu: "",
+                    uuid: "",
+                    mig_uuid: None,
+                    instance: None,
+                },
             },
             AllocatedDevice::Other { id } => Place {
                 gpu: "",
@@ -311,7 +385,7 @@ mod tests {
             errors_total: 1,
         });
         let want = [
-            "# HELP gpu_allocation_info A device the kubelet allocated to a container (pod-resources API); value is always 1. gpu and uuid name the GPU (the parent GPU of a MIG device; absent when this exporter does not see it), resource the extended resource; MIG devices add mig_uuid, gpu_instance_id and compute_instance_id, time-sliced ones replica.".to_string(),
+            "# HELP gpu_allocation_info A device the kubelet allocated to a container (pod-resources API), or that a Slurm job holds (slurm_job, from the job-mapping directory); value is always 1. gpu and uuid name the GPU (the parent GPU of a MIG device; absent when this exporter does not see it), resource the extended resource; MIG devices add mig_uuid, gpu_instance_id and compute_instance_id, time-sliced ones replica.".to_string(),
             "# TYPE gpu_allocation_info gauge".to_string(),
             format!(r#"gpu_allocation_info{{gpu="0",uuid="{GPU0}",namespace="team-a",pod="a",container="main",resource="nvidia.com/gpu"}} 1"#),
             format!(r#"gpu_allocation_info{{gpu="1",uuid="{GPU1}",mig_uuid="{MIG_A}",gpu_instance_id="3",compute_instance_id="0",namespace="team-a",pod="b",container="main",resource="nvidia.com/mig-1g.18gb"}} 1"#),
@@ -329,6 +403,71 @@ mod tests {
         );
         assert!(
             text.contains("\ngpumem_exporter_pod_resources_errors_total 1\n"),
+            "{text}"
+        );
+    }
+
+    /// Slurm rows beside Kubernetes rows: by index, `<gpu>.<gi>` and
+    /// UUIDs, with and without a uid; a GPU this exporter does not see
+    /// keeps only the job.
+    #[test]
+    fn slurm_rows_are_joined_with_the_snapshot() {
+        let mut s = Snapshot::empty(UNIX_EPOCH);
+        s.devices = vec![
+            device("0", GPU0, &[]),
+            device("1", GPU1, &[(MIG_A, 3, 0), (MIG_B, 5, 0)]),
+        ];
+        use AllocatedDevice::*;
+        let job = |device, job: &str, uid: Option<&str>| JobAllocation {
+            device,
+            job: job.into(),
+            uid: uid.map(Into::into),
+        };
+        s.job_mapping = Some(JobMappingState {
+            allocations: vec![
+                job(Gpu { uuid: GPU0.into() }, "1002", Some("1000")),
+                job(GpuIndex { gpu: "0".into() }, "1001", None),
+                job(
+                    MigOfGpuIndex {
+                        gpu: "1".into(),
+                        gpu_instance_id: 5,
+                    },
+                    "1003",
+                    None,
+                ),
+                job(GpuIndex { gpu: "7".into() }, "1004", None),
+            ]
+            .into(),
+            reads_total: 3,
+            errors: JobMappingErrors {
+                content: 2,
+                ..Default::default()
+            },
+        });
+        let want = [
+            format!(
+                r#"gpu_allocation_info{{gpu="0",uuid="{GPU0}",slurm_job="1002",slurm_uid="1000"}} 1"#
+            ),
+            format!(r#"gpu_allocation_info{{gpu="0",uuid="{GPU0}",slurm_job="1001"}} 1"#),
+            format!(
+                r#"gpu_allocation_info{{gpu="1",uuid="{GPU1}",mig_uuid="{MIG_B}",gpu_instance_id="5",compute_instance_id="0",slurm_job="1003"}} 1"#
+            ),
+            r#"gpu_allocation_info{slurm_job="1004"} 1"#.to_string(),
+        ];
+        let got: Vec<String> = lines(s.clone())
+            .into_iter()
+            .filter(|l| !l.starts_with('#'))
+            .collect();
+        assert_eq!(got, want);
+        let text = encode(&Arc::new(s), Format::Text).unwrap();
+        assert!(
+            text.contains("\ngpumem_exporter_slurm_job_mapping_reads_total 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "\ngpumem_exporter_slurm_job_mapping_errors_total{reason=\"content\"} 2\n"
+            ),
             "{text}"
         );
     }

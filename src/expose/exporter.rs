@@ -1,6 +1,7 @@
 //! The exporter's own families (`gpumem_exporter_*`): build info, sample
 //! durations, counters of the sampler, the config reloads, /proc lookups,
-//! the torch bridge, the pod watcher, the pod-resources client, NVML
+//! the torch bridge, the pod watcher, the pod-resources client, the Slurm
+//! job-mapping reader, NVML
 //! errors and the HTTP server.
 //! Encoded last, after the GPU data.
 
@@ -117,6 +118,23 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         }
     }
 
+    if let Some(c) = &s.containers {
+        let mut m = enc.encode_descriptor(
+            "gpumem_exporter_container_lookups",
+            "Requests to the container engine's API (containers.engine_socket), by result: found, not_found (404: not asked again for 60s), error (no answer: socket missing or refused, timeout, unexpected status, malformed body; retried after 1s doubling to 30s). One per new container, never per scrape.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, n) in [
+            ("found", c.found),
+            ("not_found", c.not_found),
+            ("error", c.error),
+        ] {
+            m.encode_family(&Labels([("result", result)]))?
+                .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+        }
+    }
+
     if let Some(k) = &s.kubernetes {
         gauge(
             enc,
@@ -167,6 +185,26 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         ] {
             enc.encode_descriptor(name, help, None, MetricType::Counter)?
                 .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+        }
+    }
+
+    if let Some(j) = &s.job_mapping {
+        enc.encode_descriptor(
+            "gpumem_exporter_slurm_job_mapping_reads",
+            "Reads of the Slurm job-mapping directory (one every slurm.job_mapping_interval).",
+            None,
+            MetricType::Counter,
+        )?
+        .encode_counter::<NoLabelSet, _, u64>(&j.reads_total, None)?;
+        let mut m = enc.encode_descriptor(
+            "gpumem_exporter_slurm_job_mapping_errors",
+            "Slurm job-mapping entries skipped, by reason: read (directory or file unreadable), name (no device of the format), content (no valid job id), too_large (file over 4 KiB), too_many (over 1024 files).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, n) in j.errors.by_reason() {
+            m.encode_family(&Labels([("reason", reason)]))?
+                .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
         }
     }
 

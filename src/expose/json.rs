@@ -20,7 +20,7 @@ use serde::Serialize;
 use super::exporter::{REVISION, VERSION};
 use crate::gpu::readings::{self, Utilization};
 use crate::history::{History, unix_seconds};
-use crate::model::{DeviceSample, MemoryInfo, ProcessSample, Snapshot};
+use crate::model::{DeviceSample, Forecast, MemoryInfo, ProcessSample, Snapshot};
 
 /// `schema_version` of both documents; bumped on any incompatible change
 /// (a field removed, renamed or retyped). New fields may appear within a
@@ -104,6 +104,14 @@ struct Gpu<'a> {
     processes_other: Option<Rollup>,
     processes_omitted: Option<Rollup>,
     mig: Vec<Mig<'a>>,
+    forecast: Option<GpuForecast>,
+}
+
+#[derive(Serialize)]
+struct GpuForecast {
+    full_in_seconds: f64,
+    growth_bytes_per_second: f64,
+    window_seconds: u64,
 }
 
 #[derive(Serialize)]
@@ -138,7 +146,14 @@ struct Process<'a> {
     pod: &'a str,
     container: &'a str,
     container_id: &'a str,
+    container_name: Option<&'a str>,
+    container_image: Option<&'a str>,
+    compose_project: Option<&'a str>,
+    compose_service: Option<&'a str>,
     pod_uid: &'a str,
+    slurm_job: Option<&'a str>,
+    slurm_step: Option<&'a str>,
+    slurm_uid: Option<&'a str>,
     cmdline: Option<&'a str>,
     gpu_instance_id: Option<u32>,
     compute_instance_id: Option<u32>,
@@ -167,6 +182,24 @@ struct Torch {
     alloc_retries: u64,
     ooms: u64,
     limit_bytes: Option<u64>,
+    steps: Option<Steps>,
+    threshold: Option<Threshold>,
+}
+
+#[derive(Serialize)]
+struct Steps {
+    total: u64,
+    allocated_bytes: Option<u64>,
+    growth_bytes_per_step: Option<f64>,
+    steps_per_second: Option<f64>,
+    window_steps: u32,
+}
+
+#[derive(Serialize)]
+struct Threshold {
+    bytes: u64,
+    crossings: u64,
+    above: bool,
 }
 
 #[derive(Serialize)]
@@ -182,6 +215,23 @@ struct Kubernetes {
     pods: u64,
 }
 
+/// A field the container engine gave, `None` (null) when not known.
+fn engine_field(
+    i: &crate::model::ProcIdentity,
+    f: fn(&crate::model::ContainerInfo) -> &str,
+) -> Option<&str> {
+    i.engine.as_deref().map(f).filter(|v| !v.is_empty())
+}
+
+/// A Slurm field of the process's job (`None`: in no job, or not in the
+/// path).
+fn slurm_field(
+    i: &crate::model::ProcIdentity,
+    f: fn(&crate::model::SlurmJob) -> &str,
+) -> Option<&str> {
+    i.slurm.as_ref().map(f).filter(|v| !v.is_empty())
+}
+
 fn process(p: &ProcessSample) -> Process<'_> {
     let i = &p.ident;
     Process {
@@ -192,7 +242,14 @@ fn process(p: &ProcessSample) -> Process<'_> {
         pod: &i.pod,
         container: &i.container,
         container_id: &i.container_id,
+        container_name: engine_field(i, |c| &c.name),
+        container_image: engine_field(i, |c| &c.image),
+        compose_project: engine_field(i, |c| &c.compose_project),
+        compose_service: engine_field(i, |c| &c.compose_service),
         pod_uid: &i.pod_uid,
+        slurm_job: slurm_field(i, |j| &j.job),
+        slurm_step: slurm_field(i, |j| &j.step),
+        slurm_uid: slurm_field(i, |j| &j.uid),
         cmdline: i.cmdline.as_deref(),
         gpu_instance_id: p.gpu_instance_id,
         compute_instance_id: p.compute_instance_id,
@@ -217,6 +274,18 @@ fn process(p: &ProcessSample) -> Process<'_> {
             alloc_retries: t.alloc_retries,
             ooms: t.ooms,
             limit_bytes: t.limit,
+            steps: t.steps.map(|st| Steps {
+                total: st.total,
+                allocated_bytes: st.allocated,
+                growth_bytes_per_step: st.growth_bytes(),
+                steps_per_second: st.steps_per_second(),
+                window_steps: st.window,
+            }),
+            threshold: t.threshold.map(|th| Threshold {
+                bytes: th.bytes,
+                crossings: th.crossings,
+                above: th.above,
+            }),
         }),
     }
 }
@@ -240,7 +309,7 @@ fn processes(d: &DeviceSample) -> (Vec<Process<'_>>, Option<Rollup>) {
     (kept.into_iter().map(process).collect(), Some(omitted))
 }
 
-fn gpu(d: &DeviceSample) -> Gpu<'_> {
+fn gpu(d: &DeviceSample, forecast: Option<Forecast>) -> Gpu<'_> {
     let i = &d.info;
     let (processes, processes_omitted) = processes(d);
     Gpu {
@@ -279,6 +348,11 @@ fn gpu(d: &DeviceSample) -> Gpu<'_> {
                 memory: m.memory.map(Memory::from),
             })
             .collect(),
+        forecast: forecast.map(|f| GpuForecast {
+            full_in_seconds: f.full_in_seconds,
+            growth_bytes_per_second: f.growth_bytes_per_second,
+            window_seconds: f.window_seconds,
+        }),
     }
 }
 
@@ -301,7 +375,12 @@ pub(crate) fn snapshot(
             nvml_version: &s.driver.nvml_version,
             cuda_driver_version: &s.driver.cuda_driver_version,
         },
-        gpus: s.devices.iter().map(gpu).collect(),
+        gpus: s
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| gpu(d, s.forecasts.get(i).copied().flatten()))
+            .collect(),
         nvml_errors: s
             .nvml_errors
             .iter()
@@ -377,7 +456,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::model::{DeviceInfo, TorchStats};
+    use crate::model::{DeviceInfo, TorchStats, TorchSteps, TorchThreshold};
 
     fn proc(pid: u32, used: Option<u64>) -> ProcessSample {
         ProcessSample {
@@ -447,6 +526,27 @@ mod tests {
         assert_eq!(few["gpus"][0]["processes_omitted"], serde_json::Value::Null);
     }
 
+    /// A process's Slurm job as on gpu_process_info; null outside a job
+    /// and for a field the path does not hold.
+    #[test]
+    fn slurm_job_and_step() {
+        let mut p = proc(9, Some(1));
+        p.ident = Arc::new(crate::model::ProcIdentity {
+            slurm: Some(crate::model::SlurmJob {
+                job: Arc::from("4242"),
+                step: Arc::from("batch"),
+                uid: Arc::from(""),
+            }),
+            ..crate::model::ProcIdentity::default()
+        });
+        let v = doc(&one_gpu(vec![p, proc(10, Some(1))]));
+        let ps = &v["gpus"][0]["processes"];
+        assert_eq!(ps[0]["slurm_job"], "4242");
+        assert_eq!(ps[0]["slurm_step"], "batch");
+        assert_eq!(ps[0]["slurm_uid"], serde_json::Value::Null);
+        assert_eq!(ps[1]["slurm_job"], serde_json::Value::Null);
+    }
+
     #[test]
     fn torch_figures_as_the_bridge_gave_them() {
         let mut p = proc(9, Some(11_782 << 20));
@@ -460,9 +560,30 @@ mod tests {
             alloc_retries: 2,
             ooms: 1,
             limit: None,
+            steps: Some(TorchSteps {
+                total: 812,
+                allocated: Some(10_240 << 20),
+                growth: crate::trend::slope(&[(0, 0), (2, 6 << 20)]),
+                pace: Some((63, 5040)),
+                window: 64,
+            }),
+            threshold: Some(TorchThreshold {
+                bytes: 60 << 30,
+                crossings: 1,
+                above: true,
+            }),
             ..TorchStats::default()
         });
-        let v = doc(&one_gpu(vec![p]));
+        let mut q = proc(10, Some(1 << 30));
+        q.torch = Some(TorchStats {
+            steps: Some(TorchSteps {
+                total: 3,
+                window: 3,
+                ..TorchSteps::default()
+            }),
+            ..TorchStats::default()
+        });
+        let v = doc(&one_gpu(vec![p, q]));
         assert_eq!(
             v["gpus"][0]["processes"][0]["torch"],
             serde_json::json!({
@@ -470,7 +591,28 @@ mod tests {
                 "allocated_peak_bytes": 10_300u64 << 20, "reserved_peak_bytes": 11_300u64 << 20,
                 "active_bytes": 10_240u64 << 20, "inactive_split_bytes": 3,
                 "alloc_retries": 2, "ooms": 1, "limit_bytes": null,
+                "steps": {"total": 812, "allocated_bytes": 10_240u64 << 20,
+                          "growth_bytes_per_step": 3145728.0, "steps_per_second": 12.5,
+                          "window_steps": 64},
+                "threshold": {"bytes": 60u64 << 30, "crossings": 1, "above": true},
             })
+        );
+        assert_eq!(
+            v["gpus"][0]["processes"][1]["torch"]["steps"],
+            serde_json::json!({"total": 3, "allocated_bytes": null,
+                "growth_bytes_per_step": null, "steps_per_second": null, "window_steps": 3}),
+            "under 16 steps, no growth; no time passed, no pace"
+        );
+        assert_eq!(v["gpus"][0]["forecast"], serde_json::Value::Null);
+        let mut s = one_gpu(vec![]);
+        s.forecasts = vec![Some(crate::model::Forecast {
+            full_in_seconds: 744.5,
+            growth_bytes_per_second: 1048576.0,
+            window_seconds: 599,
+        })];
+        assert_eq!(
+            doc(&s)["gpus"][0]["forecast"],
+            serde_json::json!({"full_in_seconds": 744.5, "growth_bytes_per_second": 1048576.0, "window_seconds": 599})
         );
     }
 }

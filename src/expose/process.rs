@@ -6,18 +6,18 @@ use std::fmt;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use super::encoder::{Ids, Labels, gauge, gpu_labels};
-use crate::model::{DeviceSample, OtherProcesses, ProcessSample, Snapshot};
+use crate::model::{ContainerInfo, DeviceSample, OtherProcesses, ProcessSample, Snapshot};
 
 /// Labels of every per-process value series: the GPU (and MIG instance),
-/// the pid, its name and its pod; those not known (no pod, no MIG, no
-/// name) are left out.
+/// the pid, its name, its pod and its Slurm job; those not known (no pod,
+/// no job, no MIG, no name) are left out.
 pub(super) fn process_labels<'a>(
     d: &'a DeviceSample,
     p: &'a ProcessSample,
     pid: &'a str,
     gi: &'a str,
     ci: &'a str,
-) -> Labels<'a, 9> {
+) -> Labels<'a, 10> {
     Labels([
         ("gpu", d.info.gpu.as_str()),
         ("uuid", d.info.uuid.as_str()),
@@ -26,6 +26,7 @@ pub(super) fn process_labels<'a>(
         ("namespace", &*p.ident.namespace),
         ("pod", &*p.ident.pod),
         ("container", &*p.ident.container),
+        ("slurm_job", p.ident.slurm.as_ref().map_or("", |j| &*j.job)),
         ("gpu_instance_id", gi),
         ("compute_instance_id", ci),
     ])
@@ -118,13 +119,16 @@ pub(super) fn rollup_and_identity(
     let mut m = gauge(
         enc,
         "gpu_process_info",
-        "Identity of a process on a GPU; value is always 1. user from the host's passwd (or the uid), container_id and pod_uid from its cgroup.",
+        "Identity of a process on a GPU; value is always 1. user from the host's passwd (or the uid), container_id and pod_uid from its cgroup; container_name, container_image, compose_project and compose_service from the container engine's API (containers.engine_socket) when Kubernetes does not know the process.",
     )?;
     let mut ids = Ids::default();
     for d in &s.devices {
         for p in d.processes.iter() {
             let pid = ids.pid(p);
             let i = &p.ident;
+            let slurm = i.slurm.as_ref();
+            let engine = i.engine.as_deref();
+            let from_engine = |f: fn(&ContainerInfo) -> &str| engine.map(f).unwrap_or("");
             let labels = Labels([
                 ("gpu", d.info.gpu.as_str()),
                 ("uuid", d.info.uuid.as_str()),
@@ -132,7 +136,14 @@ pub(super) fn rollup_and_identity(
                 ("process", &*i.comm),
                 ("user", &*i.user),
                 ("container_id", &*i.container_id),
+                ("container_name", from_engine(|c| &c.name)),
+                ("container_image", from_engine(|c| &c.image)),
+                ("compose_project", from_engine(|c| &c.compose_project)),
+                ("compose_service", from_engine(|c| &c.compose_service)),
                 ("pod_uid", &*i.pod_uid),
+                ("slurm_job", slurm.map_or("", |j| &*j.job)),
+                ("slurm_step", slurm.map_or("", |j| &*j.step)),
+                ("slurm_uid", slurm.map_or("", |j| &*j.uid)),
                 ("cmdline", i.cmdline.as_deref().unwrap_or("")),
             ]);
             m.encode_family(&labels)?.encode_gauge(&1u32)?;

@@ -149,6 +149,51 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         |t| t.oom_snapshots,
     )?;
 
+    simple(
+        enc,
+        s,
+        "gpu_process_torch_steps",
+        "Training steps this process has taken, counted by the torch bridge's global optimizer step post-hook (every optimizer.step() of every optimizer) and gpumem_bridge.step() calls. Present once the process has the hook or called step().",
+        MetricType::Counter,
+        |t| t.steps.map(|st| st.total),
+    )?;
+    simple(
+        enc,
+        s,
+        "gpu_process_torch_step_allocated_bytes",
+        "torch.cuda.memory_allocated() of this GPU at the end of the last recorded step (read by the step hook, no device synchronisation).",
+        MetricType::Gauge,
+        |t| t.steps.and_then(|st| st.allocated),
+    )?;
+    let mut m = enc.encode_descriptor(
+        "gpu_process_torch_step_allocated_growth_bytes",
+        "Least-squares slope of allocated-at-step-end over step number across the last <= 64 steps, in bytes per step: steady growth across steps is a leak (memory kept from step to step); a sawtooth within a step is not, since every figure is taken at a step end. Absent with fewer than 16 steps.",
+        None,
+        MetricType::Gauge,
+    )?;
+    each_process(s, |labels, t| {
+        match t.steps.and_then(|st| st.growth_bytes()) {
+            Some(g) => m.encode_family(&labels)?.encode_gauge(&g),
+            None => Ok(()),
+        }
+    })?;
+    simple(
+        enc,
+        s,
+        "gpu_process_torch_threshold_bytes",
+        "The in-process warning threshold on the allocator's reserved bytes (GPUMEM_BRIDGE_WARN_AT, resolved to bytes for this GPU). Present only while it is set and valid.",
+        MetricType::Gauge,
+        |t| t.threshold.map(|th| th.bytes),
+    )?;
+    simple(
+        enc,
+        s,
+        "gpu_process_torch_threshold_crossings",
+        "Upward crossings of gpu_process_torch_threshold_bytes by the allocator's reserved bytes (each one warning and one on_threshold callback in the process; re-armed below 95% of the threshold).",
+        MetricType::Counter,
+        |t| t.threshold.map(|th| th.crossings),
+    )?;
+
     let mut m = enc.encode_descriptor(
         "gpu_process_torch_allocator_info",
         "PyTorch caching-allocator settings of this process, parsed by the torch bridge from PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF: backend, expandable_segments, max_split_size_bytes (\"unlimited\" unless max_split_size_mb is set). Value is always 1; absent when the setting is malformed.",

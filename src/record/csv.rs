@@ -3,7 +3,7 @@
 //! per full sample. Columns (docs/record.md has the table):
 //!
 //! ```text
-//! time,unix_seconds,kind,gpu,uuid,used_bytes,reserved_bytes,free_bytes,total_bytes,pid,process,user,namespace,pod,torch_allocated_bytes,torch_reserved_bytes,container,resource
+//! time,unix_seconds,kind,gpu,uuid,used_bytes,reserved_bytes,free_bytes,total_bytes,pid,process,user,namespace,pod,torch_allocated_bytes,torch_reserved_bytes,container,resource,torch_steps,torch_step_allocated_bytes,torch_step_growth_bytes
 //! ```
 //!
 //! `kind` is `gpu`, `process`, `mig` or `allocation`. Allocation rows (the
@@ -16,16 +16,46 @@
 //! row's kind is empty, and so is a figure NVML did not give (a GPU that
 //! did not answer has a `gpu` row with empty byte columns). Quoting is the
 //! `csv` crate's (RFC 4180), since process and user names may hold commas
-//! or quotes.
+//! or quotes. The `torch_step*` columns (steps taken, allocated at the
+//! last step end, growth per step) are filled for torch processes whose
+//! bridge records steps.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::format::{EncodeError, Encoder, SampleKind, Stamp};
 use crate::expose;
 use crate::model::{Allocation, MemoryInfo, Snapshot};
 
-/// The header row, column by column.
-pub(crate) const COLUMNS: [&str; 18] = [
+/// The columns, in order: the header row is [`COLUMNS`] and a row is set
+/// column by column, the others left empty.
+#[derive(Debug, Clone, Copy)]
+enum Col {
+    Time,
+    UnixSeconds,
+    Kind,
+    Gpu,
+    Uuid,
+    Used,
+    Reserved,
+    Free,
+    Total,
+    Pid,
+    Process,
+    User,
+    Namespace,
+    Pod,
+    TorchAllocated,
+    TorchReserved,
+    Container,
+    Resource,
+    TorchSteps,
+    TorchStepAllocated,
+    TorchStepGrowth,
+}
+
+/// The header row, column by column (the order of [`Col`]).
+pub(crate) const COLUMNS: [&str; 21] = [
     "time",
     "unix_seconds",
     "kind",
@@ -44,6 +74,9 @@ pub(crate) const COLUMNS: [&str; 18] = [
     "torch_reserved_bytes",
     "container",
     "resource",
+    "torch_steps",
+    "torch_step_allocated_bytes",
+    "torch_step_growth_bytes",
 ];
 
 pub(crate) struct Csv {
@@ -65,51 +98,59 @@ impl Default for Csv {
 
 type Rows<'a> = ::csv::Writer<&'a mut Vec<u8>>;
 
-fn row(w: &mut Rows, fields: [&str; 18]) -> Result<(), EncodeError> {
-    w.write_record(fields).map_err(EncodeError::from)
+/// One row being filled: every column empty until set.
+struct Row<'a>([Cow<'a, str>; COLUMNS.len()]);
+
+impl<'a> Row<'a> {
+    /// A row of `kind` at `time` (RFC 3339) / `unix` (seconds).
+    fn new((time, unix): (&'a str, &'a str), kind: &'a str) -> Self {
+        Row(Default::default())
+            .set(Col::Time, time)
+            .set(Col::UnixSeconds, unix)
+            .set(Col::Kind, kind)
+    }
+
+    fn set(mut self, c: Col, v: impl Into<Cow<'a, str>>) -> Self {
+        self.0[c as usize] = v.into();
+        self
+    }
+
+    /// A number, or empty when there is none.
+    fn num(self, c: Col, v: Option<impl ToString>) -> Self {
+        match v {
+            Some(v) => self.set(c, v.to_string()),
+            None => self,
+        }
+    }
+
+    fn write(self, w: &mut Rows) -> Result<(), EncodeError> {
+        w.write_record(self.0.iter().map(|f| f.as_bytes()))
+            .map_err(EncodeError::from)
+    }
 }
 
 fn done(mut w: Rows) -> Result<(), EncodeError> {
     w.flush().map_err(EncodeError::from)
 }
 
-fn opt(v: Option<u64>) -> String {
-    v.map(|v| v.to_string()).unwrap_or_default()
-}
-
 /// A `gpu` or `mig` row: who, then used / reserved / free / total bytes
 /// (empty when the device did not answer); the process columns empty.
 fn memory_row(
     w: &mut Rows,
-    (time, unix): (&str, &str),
+    at: (&str, &str),
     kind: &str,
     gpu: &str,
     uuid: &str,
     m: Option<MemoryInfo>,
 ) -> Result<(), EncodeError> {
-    row(
-        w,
-        [
-            time,
-            unix,
-            kind,
-            gpu,
-            uuid,
-            &opt(m.map(|m| m.used)),
-            &opt(m.map(|m| m.reserved)),
-            &opt(m.map(|m| m.free)),
-            &opt(m.map(|m| m.total)),
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-        ],
-    )
+    Row::new(at, kind)
+        .set(Col::Gpu, gpu)
+        .set(Col::Uuid, uuid)
+        .num(Col::Used, m.map(|m| m.used))
+        .num(Col::Reserved, m.map(|m| m.reserved))
+        .num(Col::Free, m.map(|m| m.free))
+        .num(Col::Total, m.map(|m| m.total))
+        .write(w)
 }
 
 impl Csv {
@@ -117,7 +158,7 @@ impl Csv {
     fn allocations(
         &mut self,
         w: &mut Rows,
-        (time, unix): (&str, &str),
+        at: (&str, &str),
         s: &Snapshot,
     ) -> Result<u64, EncodeError> {
         let Some(p) = &s.pod_resources else {
@@ -129,36 +170,19 @@ impl Csv {
         self.allocations = Some(Arc::clone(&p.allocations));
         let placed = expose::placed(s);
         if placed.is_empty() {
-            let mut fields = [""; 18];
-            (fields[0], fields[1], fields[2]) = (time, unix, "allocation");
-            row(w, fields)?;
+            Row::new(at, "allocation").write(w)?;
             return Ok(1);
         }
         for a in &placed {
             let al = a.allocation;
-            row(
-                w,
-                [
-                    time,
-                    unix,
-                    "allocation",
-                    a.gpu,
-                    a.mig_uuid.unwrap_or(a.uuid),
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    &al.namespace,
-                    &al.pod,
-                    "",
-                    "",
-                    &al.container,
-                    &al.resource,
-                ],
-            )?;
+            Row::new(at, "allocation")
+                .set(Col::Gpu, a.gpu)
+                .set(Col::Uuid, a.mig_uuid.unwrap_or(a.uuid))
+                .set(Col::Namespace, al.namespace.as_str())
+                .set(Col::Pod, al.pod.as_str())
+                .set(Col::Container, al.container.as_str())
+                .set(Col::Resource, al.resource.as_str())
+                .write(w)?;
         }
         Ok(placed.len() as u64)
     }
@@ -168,7 +192,7 @@ impl Encoder for Csv {
     fn header(&mut self) -> Result<Vec<u8>, EncodeError> {
         let mut out = Vec::new();
         let mut w = self.builder.from_writer(&mut out);
-        row(&mut w, COLUMNS)?;
+        w.write_record(COLUMNS).map_err(EncodeError::from)?;
         done(w)?;
         Ok(out)
     }
@@ -186,16 +210,9 @@ impl Encoder for Csv {
     ) -> Result<u64, EncodeError> {
         let mut rows = 0;
         let mut w = self.builder.from_writer(out);
-        let (time, unix) = (at.rfc3339.as_str(), at.unix_seconds.as_str());
+        let at = (at.rfc3339.as_str(), at.unix_seconds.as_str());
         for d in &s.devices {
-            memory_row(
-                &mut w,
-                (time, unix),
-                "gpu",
-                &d.info.gpu,
-                &d.info.uuid,
-                d.memory,
-            )?;
+            memory_row(&mut w, at, "gpu", &d.info.gpu, &d.info.uuid, d.memory)?;
             rows += 1;
         }
         if kind == SampleKind::Full {
@@ -203,61 +220,37 @@ impl Encoder for Csv {
                 for p in d.processes.iter() {
                     let i = &p.ident;
                     let torch = p.torch;
-                    row(
-                        &mut w,
-                        [
-                            time,
-                            unix,
-                            "process",
-                            &d.info.gpu,
-                            &d.info.uuid,
-                            &opt(p.used_bytes),
-                            "",
-                            "",
-                            "",
-                            &p.pid.to_string(),
-                            &i.comm,
-                            &i.user,
-                            &i.namespace,
-                            &i.pod,
-                            &opt(torch.map(|t| t.allocated)),
-                            &opt(torch.map(|t| t.reserved)),
-                            "",
-                            "",
-                        ],
-                    )?;
+                    let steps = torch.and_then(|t| t.steps);
+                    Row::new(at, "process")
+                        .set(Col::Gpu, d.info.gpu.as_str())
+                        .set(Col::Uuid, d.info.uuid.as_str())
+                        .num(Col::Used, p.used_bytes)
+                        .set(Col::Pid, p.pid.to_string())
+                        .set(Col::Process, &*i.comm)
+                        .set(Col::User, &*i.user)
+                        .set(Col::Namespace, &*i.namespace)
+                        .set(Col::Pod, &*i.pod)
+                        .num(Col::TorchAllocated, torch.map(|t| t.allocated))
+                        .num(Col::TorchReserved, torch.map(|t| t.reserved))
+                        .num(Col::TorchSteps, steps.map(|st| st.total))
+                        .num(Col::TorchStepAllocated, steps.and_then(|st| st.allocated))
+                        .num(Col::TorchStepGrowth, steps.and_then(|st| st.growth_bytes()))
+                        .write(&mut w)?;
                     rows += 1;
                 }
                 if let Some(o) = d.other {
-                    row(
-                        &mut w,
-                        [
-                            time,
-                            unix,
-                            "process",
-                            &d.info.gpu,
-                            &d.info.uuid,
-                            &o.used_bytes.to_string(),
-                            "",
-                            "",
-                            "",
-                            "other",
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                        ],
-                    )?;
+                    Row::new(at, "process")
+                        .set(Col::Gpu, d.info.gpu.as_str())
+                        .set(Col::Uuid, d.info.uuid.as_str())
+                        .set(Col::Used, o.used_bytes.to_string())
+                        .set(Col::Pid, "other")
+                        .write(&mut w)?;
                     rows += 1;
                 }
                 for mig in d.mig.iter() {
                     memory_row(
                         &mut w,
-                        (time, unix),
+                        at,
                         "mig",
                         &d.info.gpu,
                         &mig.info.mig_uuid,
@@ -266,7 +259,7 @@ impl Encoder for Csv {
                     rows += 1;
                 }
             }
-            rows += self.allocations(&mut w, (time, unix), s)?;
+            rows += self.allocations(&mut w, at, s)?;
         }
         done(w)?;
         Ok(rows)

@@ -10,7 +10,7 @@ use crate::config::{SamplerConfig, Timing};
 use crate::gpu::GpuError;
 use crate::gpu::fake::{FakeDevice, FakeGpu, process};
 use crate::model::Snapshot;
-use crate::model::{ProcIdentity, TorchStats};
+use crate::model::{ProcIdentity, TorchStats, TorchSteps};
 use crate::sample::Sampler;
 
 const GIB: u64 = 1 << 30;
@@ -31,6 +31,14 @@ impl ProcessLookup for Names {
         (pid == 7).then_some(TorchStats {
             allocated: 3 * GIB,
             reserved: 4 * GIB,
+            // 40 steps of which the last 16, 2 MiB apart, are the window.
+            steps: Some(TorchSteps {
+                total: 40,
+                allocated: Some(3 * GIB),
+                growth: crate::trend::slope(&[(0, 0), (1, 2 << 20)]),
+                pace: Some((15, 1500)),
+                window: 16,
+            }),
             ..TorchStats::default()
         })
     }
@@ -94,21 +102,22 @@ fn csv_writes_process_rows_at_full_samples_only_and_quotes_names() {
     let free = 80 * GIB - 10 * GIB;
     let reserved = 0;
     let full = format!(
-        "1970-01-01T00:16:40.000Z,1000.000,gpu,0,{u},{},{reserved},{free},{},,,,,,,,,\n\
-         1970-01-01T00:16:40.000Z,1000.000,process,0,{u},{},,,,7,\"p,7\",alice,,,{},{},,\n\
-         1970-01-01T00:16:40.000Z,1000.000,process,0,{u},{},,,,9,\"p,9\",alice,,,,,,\n",
+        "1970-01-01T00:16:40.000Z,1000.000,gpu,0,{u},{},{reserved},{free},{},,,,,,,,,,,,\n\
+         1970-01-01T00:16:40.000Z,1000.000,process,0,{u},{},,,,7,\"p,7\",alice,,,{},{},,,40,{},2097152\n\
+         1970-01-01T00:16:40.000Z,1000.000,process,0,{u},{},,,,9,\"p,9\",alice,,,,,,,,,\n",
         10 * GIB,
         80 * GIB,
         6 * GIB,
         3 * GIB,
         4 * GIB,
+        3 * GIB,
         GIB
     );
     assert_eq!(text[0], full);
     assert_eq!(
         text[1],
         format!(
-            "1970-01-01T00:16:40.100Z,1000.100,gpu,0,{u},{},{reserved},{free},{},,,,,,,,,\n",
+            "1970-01-01T00:16:40.100Z,1000.100,gpu,0,{u},{},{reserved},{free},{},,,,,,,,,,,,\n",
             10 * GIB,
             80 * GIB
         )

@@ -279,9 +279,12 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             nvml_reinit_attempts: self.reinit_attempts,
             kubernetes: self.procs.kubernetes(),
             torch: self.procs.torch_counters(),
+            containers: self.procs.container_lookups(),
             // Filled in by `publish::Shared::publish`.
             pod_resources: None,
+            job_mapping: None,
             exporter: Default::default(),
+            forecasts: Vec::new(),
         }
     }
 }

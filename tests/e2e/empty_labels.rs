@@ -206,6 +206,7 @@ fn comparisons(main: &str) -> Vec<(String, String, Option<f64>)> {
         ("gpu", ".*".to_string()),
         ("namespace", ".*".to_string()),
         ("pod", ".*".to_string()),
+        ("slurm_job", ".*".to_string()),
         ("__rate_interval", RATE_INTERVAL.to_string()),
     ];
     let selected = [
@@ -213,6 +214,7 @@ fn comparisons(main: &str) -> Vec<(String, String, Option<f64>)> {
         ("gpu", grafana_regex(&["0", "1"])),
         ("namespace", grafana_regex(&["team-a"])),
         ("pod", grafana_regex(&["trainer-0", "notebook"])),
+        ("slurm_job", grafana_regex(&["4242"])),
         ("__rate_interval", RATE_INTERVAL.to_string()),
     ];
     let mut out = Vec::new();
@@ -312,6 +314,9 @@ fn every_query_answers_the_same_series_with_and_without_empty_labels() {
     let lean_prom = Prometheus::start(&prometheus_config(&direct));
     let padded_prom = Prometheus::start(&prometheus_config(&proxied));
     let ready_at = Instant::now();
+    // The scenario moves as in the `prometheus` test (free memory creeping
+    // down, a spike): the time-to-full panel has data.
+    world.start_rewriting();
 
     loop {
         let mut problems = Vec::new();

@@ -23,11 +23,14 @@ use gpumem_exporter::gpu::readings::{
 };
 use gpumem_exporter::gpu::{ErrorKind, Operation};
 use gpumem_exporter::model::{
-    AllocatorBackend, AllocatorSettings, DeviceInfo, DeviceSample, DriverInfo, DurationHistogram,
-    ExporterCounters, KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses, ProcIdentity,
-    ProcessSample, Readings, Snapshot, TorchCounters, TorchPool, TorchPools, TorchStats,
+    AllocatedDevice, AllocatorBackend, AllocatorSettings, ContainerInfo, ContainerLookups,
+    DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ExporterCounters, JobAllocation,
+    JobMappingErrors, JobMappingState, KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses,
+    ProcIdentity, ProcessSample, Readings, SlurmJob, Snapshot, TorchCounters, TorchPool,
+    TorchPools, TorchStats, TorchSteps, TorchThreshold,
 };
 use gpumem_exporter::sample::SAMPLE_DURATION_BUCKETS;
+use gpumem_exporter::trend;
 
 use crate::harness::empty_label_lines;
 
@@ -51,10 +54,12 @@ fn ident(
         user: Arc::from(user),
         container_id: Arc::from(container_id),
         pod_uid: Arc::from(pod_uid),
+        slurm: None,
         cmdline: cmdline.map(Arc::from),
         namespace: Arc::from(namespace),
         pod: Arc::from(pod),
         container: Arc::from(container),
+        engine: None,
     })
 }
 
@@ -133,6 +138,19 @@ fn fixed_snapshot() -> Snapshot {
                 max_split_size: Some(256 * MIB),
             }),
             oom_snapshots: Some(1),
+            // 64 steps keeping 3 MiB each, 8 steps a second.
+            steps: Some(TorchSteps {
+                total: 812,
+                allocated: Some(10 * GIB),
+                growth: trend::slope(&[(749, 10 * GIB - 3 * MIB), (750, 10 * GIB)]),
+                pace: Some((63, 7875)),
+                window: 64,
+            }),
+            threshold: Some(TorchThreshold {
+                bytes: 60 * GIB,
+                crossings: 1,
+                above: false,
+            }),
         }),
         readings: Readings::default().with(ProcessUtilization {
             sm: 87,
@@ -140,6 +158,24 @@ fn fixed_snapshot() -> Snapshot {
             encoder: 0,
             decoder: 2,
         }),
+    };
+    // A Slurm job's step beside the pod (the job from its cgroup path).
+    let slurm_step = ProcessSample {
+        pid: 4343,
+        used_bytes: Some(GIB),
+        ident: Arc::new(ProcIdentity {
+            slurm: Some(SlurmJob {
+                job: Arc::from("81234"),
+                step: Arc::from("0"),
+                uid: Arc::from("1001"),
+            }),
+            ..ProcIdentity::clone(&ident("python3", "bob", "", "", None, None))
+        }),
+        gpu_instance_id: None,
+        compute_instance_id: None,
+        used_peak_bytes: Some(GIB),
+        torch: None,
+        readings: Readings::default(),
     };
     let unavailable = ProcessSample {
         pid: 5151,
@@ -159,7 +195,7 @@ fn fixed_snapshot() -> Snapshot {
         ),
         memory: Some(memory(11_790 * MIB + 3 * GIB)),
         used_peak_bytes: Some(16 * GIB),
-        processes: Arc::from(vec![trainer, unavailable]),
+        processes: Arc::from(vec![trainer, slurm_step, unavailable]),
         other: Some(OtherProcesses {
             count: 3,
             used_bytes: 3 * GIB,
@@ -211,7 +247,23 @@ fn fixed_snapshot() -> Snapshot {
     let on_mig = ProcessSample {
         pid: 777,
         used_bytes: Some(2 * GIB),
-        ident: ident("vllm", "1001", "", "", None, None),
+        // A plain Docker container, named through the engine's API.
+        ident: Arc::new(ProcIdentity {
+            engine: Some(Arc::new(ContainerInfo {
+                name: Arc::from("shop-vllm-1"),
+                image: Arc::from("vllm/vllm-openai:v0.6.3"),
+                compose_project: Arc::from("shop"),
+                compose_service: Arc::from("vllm"),
+            })),
+            ..ProcIdentity::clone(&ident(
+                "vllm",
+                "1001",
+                "4c5e0a1f9b2d7e3c6a8b0d1f2e4c6a8b0d1f2e4c6a8b0d1f2e4c6a8b0d1f2e4c",
+                "",
+                None,
+                None,
+            ))
+        }),
         gpu_instance_id: Some(1),
         compute_instance_id: Some(0),
         used_peak_bytes: Some(2 * GIB + MIB),
@@ -307,8 +359,37 @@ fn fixed_snapshot() -> Snapshot {
             oversized: 0,
             permission: 2,
         }),
+        containers: Some(ContainerLookups {
+            found: 3,
+            not_found: 1,
+            error: 2,
+        }),
         pod_resources: None,
+        // Slurm jobs' GPUs: GPU 0 (by index, dcgm layout), GPU 1 by UUID
+        // with the owner (jobstats layout).
+        job_mapping: Some(JobMappingState {
+            allocations: Arc::from(vec![
+                JobAllocation {
+                    device: AllocatedDevice::Gpu {
+                        uuid: "GPU-6f1c2a9e-4b1d-8c3e-9a7f-000000000001".into(),
+                    },
+                    job: "81235".into(),
+                    uid: Some("1002".into()),
+                },
+                JobAllocation {
+                    device: AllocatedDevice::GpuIndex { gpu: "0".into() },
+                    job: "81234".into(),
+                    uid: None,
+                },
+            ]),
+            reads_total: 7,
+            errors: JobMappingErrors {
+                content: 1,
+                ..JobMappingErrors::default()
+            },
+        }),
         exporter: ExporterCounters::default(),
+        forecasts: Vec::new(),
     }
 }
 
@@ -406,7 +487,9 @@ fn no_label_has_an_empty_value() {
         for series in [
             "gpu_process_memory_used_bytes{gpu=\"0\",uuid=\"GPU-6f1c2a9e-4b1d-8c3e-9a7f-000000000000\",pid=\"other\"} ",
             "gpu_process_memory_unavailable{gpu=\"0\",uuid=\"GPU-6f1c2a9e-4b1d-8c3e-9a7f-000000000000\",pid=\"5151\",process=\"Xorg\"} ",
-            "gpu_process_info{gpu=\"1\",uuid=\"GPU-6f1c2a9e-4b1d-8c3e-9a7f-000000000001\",pid=\"777\",process=\"vllm\",user=\"1001\"} ",
+            "gpu_process_info{gpu=\"0\",uuid=\"GPU-6f1c2a9e-4b1d-8c3e-9a7f-000000000000\",pid=\"5151\",process=\"Xorg\",user=\"root\"} ",
+            // A Docker container: names from the engine, no pod labels.
+            "container_name=\"shop-vllm-1\",container_image=\"vllm/vllm-openai:v0.6.3\",compose_project=\"shop\",compose_service=\"vllm\"} ",
         ] {
             assert!(
                 body.contains(series),

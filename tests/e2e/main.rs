@@ -16,6 +16,8 @@
 //! - `allocation`: gpu_allocation_info from a fake kubelet's pod-resources
 //!   API (whole GPUs, MIG devices, time-slicing replicas).
 //! - `torch`: the torch bridge with real Python processes and a stub torch.
+//! - `slurm`: Slurm jobs and steps per process, and GPU → job allocations
+//!   from the shipped prolog/epilog, against a real slurmctld/slurmd.
 //! - `web`: connection limits, TLS, mTLS, basic auth, web config reload.
 //! - `page`: the live page in a real headless Chromium, and its JSON API.
 //! - `attack`: slowhttptest floods (slow headers, slow body, slow read,
@@ -28,6 +30,9 @@
 //! - `config_corpus`: every malformed config in tests/config-corpus.
 //! - `fuzz`: the parsers under generated input, for a time budget.
 //! - `soak`: process churn; RSS, fds and series stay flat.
+//! - `podman`: container names from a real Podman's Docker-compatible
+//!   API: two containers named, the service stopped and back, no API
+//!   call in 1,000 scrapes.
 //! - `ops_artifacts`: rules, manifests, systemd unit, Dockerfile, dashboard,
 //!   checked with the tools that consume them.
 //! - `golden`: golden exposition files (tests/fixtures).
@@ -77,7 +82,11 @@ mod attack; // slowhttptest, sslscan, openssl; 3,000 connections
 #[cfg(feature = "external-tools")]
 mod empty_labels; // a real Prometheus
 #[cfg(feature = "external-tools")]
+mod podman; // a real Podman (runc, vfs) and its Docker-compatible API
+#[cfg(feature = "external-tools")]
 mod prometheus; // a real Prometheus, python3 children (the stub torch)
+#[cfg(feature = "external-tools")]
+mod slurm; // slurmctld, slurmd, munge (root: mknod, cgroups)
 #[cfg(feature = "external-tools")]
 mod soak; // the long run: process churn for SOAK_SECONDS
 #[cfg(feature = "external-tools")]

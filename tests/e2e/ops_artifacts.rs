@@ -26,9 +26,13 @@ use crate::harness::{BIN, repo_file};
 #[cfg(feature = "external-tools")]
 mod external;
 
-const ALERTS: [&str; 13] = [
+const ALERTS: [&str; 17] = [
     "GpuMemoryHigh",
     "GpuMemoryExhaustionPredicted",
+    "GpuMemoryWillFillSoon",
+    "GpuMemorySpikeWouldNotFit",
+    "GpuTorchWillHitLimit",
+    "GpuTorchMemoryLeak",
     "GpuProcessMemoryLeakSuspected",
     "GpuDown",
     "GpuMemExporterDown",

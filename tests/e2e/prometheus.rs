@@ -24,6 +24,10 @@
 //!   the inference pod (time-slicing replicas, both busy) and both MIG
 //!   instances of GPU 1 to the notebook, which uses only instance 1: instance
 //!   2 is allocated but idle (GpuAllocatedButIdle, the idle rollup).
+//!   A Slurm job's process (4105, cgroup v1 `/slurm/uid_1000/job_4242/…`)
+//!   runs on GPU 0 beside the pods; a job-mapping directory (dcgm layout)
+//!   says job 4242 holds GPU 0 (busy) and job 4243 MIG instance 1 of GPU 1,
+//!   where no process of 4243 runs (GpuAllocatedButIdle for Slurm).
 //! - `stale`: an exporter whose GPU calls hang (fake NVML `delay_ms`) after
 //!   its first sample, so the sample it serves ages
 //!   (GpuMemExporterSamplesStale).
@@ -62,6 +66,12 @@ const MIG2: &str = "MIG-22222222-0000-0000-0000-000000000000";
 /// GPU 0's UUID as CUDA (and the stub torch) spell it: without `GPU-`.
 const GPU0_CUDA: &str = "0a0a0a0a-0000-0000-0000-000000000000";
 
+/// GPU 1's used memory: its level, the spike it has for 300 ms between two
+/// scrapes, and the level it rises to after it (GpuMemorySpikeWouldNotFit).
+const GPU1_LEVEL: u64 = 9_000_000_000;
+const GPU1_SPIKE: u64 = 80_000_000_000;
+const GPU1_RISEN: u64 = 20_000_000_000;
+
 /// The trainer's memory: NVML's figure, and torch's allocated and reserved
 /// (so 36 GB in tensors, 12 GB cached, 2 GB outside torch).
 const TRAINER_USED: u64 = 50_000_000_000;
@@ -71,7 +81,7 @@ const TORCH_RESERVED: u64 = 48_000_000_000;
 const RETRY_EVERY: Duration = Duration::from_millis(500);
 /// The pids the fake /proc and the fake NVML use: the trainer's real pid
 /// must not be one of them.
-const FAKE_PIDS: [u32; 6] = [4102, 4103, 4104, 6000, 6100, 7002];
+const FAKE_PIDS: [u32; 7] = [4102, 4103, 4104, 4105, 6000, 6100, 7002];
 
 /// `$__rate_interval` as Grafana would set it for a 1s scrape interval
 /// (rounded up, so two samples are always in the window).
@@ -124,21 +134,41 @@ pub(super) fn fake_proc(root: &Path, trainer_pid: u32) {
         "0::/user.slice/user-1001.slice\n",
         &[],
     );
+    write_proc(
+        root,
+        4105,
+        "python3",
+        1000,
+        "11:memory:/slurm/uid_1000/job_4242/step_0/task_0\n4:freezer:/slurm/uid_1000/job_4242/step_0\n1:name=systemd:/system.slice/slurmd.service\n",
+        &[],
+    );
+}
+
+/// The job-mapping directory a Slurm prolog would write (dcgm layout):
+/// job 4242 holds GPU 0, job 4243 GPU 1's MIG GPU instance 1.
+pub(super) fn job_mapping(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("0"), "4242\n").unwrap();
+    std::fs::write(dir.join("1.1"), "4243\n").unwrap();
 }
 
 /// The main exporter's GPUs; GPU 2 is lost (every call on it fails).
 /// GPU 0 is busy and unhealthy (uncorrectable ECC errors, a pending and a
 /// failed row remap, `xids` critical Xid 79 events so far); GPU 1 holds
 /// memory while idle and retires pages (a GPU before Ampere).
-pub(super) fn main_scenario(trainer_pid: u32, xids: usize) -> String {
+pub(super) fn main_scenario(trainer_pid: u32, xids: usize, gpu1_used: u64) -> String {
     let xid_list = vec!["79"; xids].join(", ");
+    // Free memory of GPU 0 creeps down, 1 kB per rewrite (every 2 s), so
+    // the time-to-full rule has a slope to divide by.
+    let gpu0_used = 80_000_000_000 + 1_000 * xids as u64;
     format!(
         "devices:
   - uuid: {GPU0}
-    memory: {{total: 85899345920, reserved: 536870912, used: 80000000000}}
+    memory: {{total: 85899345920, reserved: 536870912, used: {gpu0_used}}}
     processes:
       - {{pid: {trainer_pid}, used: {TRAINER_USED}}}
       - {{pid: 4102, used: 29000000000}}
+      - {{pid: 4105, used: 5000000000}}
       - {{pid: 4104, used: 300000000}}
       - {{pid: 6000, used: 50000000}}
       - {{pid: 6100, used: null}}
@@ -157,7 +187,7 @@ pub(super) fn main_scenario(trainer_pid: u32, xids: usize) -> String {
     remapped_rows: {{correctable: 2, uncorrectable: 1, pending: true, failed: true}}
     xid_events: [{xid_list}]
   - uuid: {GPU1}
-    memory: {{total: 85899345920, reserved: 536870912, used: 9000000000}}
+    memory: {{total: 85899345920, reserved: 536870912, used: {gpu1_used}}}
     utilization: {{gpu: 2, memory: 1, encoder: 0, decoder: 0}}
     temperature_c: 35
     power_mw: 90000
@@ -233,13 +263,20 @@ pub(super) struct Trainer {
     _dir: tempfile::TempDir,
 }
 
+/// Reserved bytes creep up by this much per RETRY_EVERY, so the
+/// time-to-limit rule has a slope (the checks allow for it: [`CREEP_SLACK`]).
+const RESERVED_CREEP: u64 = 1_000;
+/// What the creep can add up to while the test runs.
+const CREEP_SLACK: f64 = 1_000_000.0;
+
 /// `torch.cuda.memory_stats()` of GPU 0 as the stub returns them.
 fn torch_stats(retries: u64) -> Value {
+    let reserved = TORCH_RESERVED + RESERVED_CREEP * retries;
     json!({
         "allocated_bytes.all.current": TORCH_ALLOCATED,
-        "reserved_bytes.all.current": TORCH_RESERVED,
+        "reserved_bytes.all.current": reserved,
         "allocated_bytes.all.peak": TORCH_ALLOCATED + 4_000_000_000u64,
-        "reserved_bytes.all.peak": TORCH_RESERVED,
+        "reserved_bytes.all.peak": reserved,
         "active_bytes.all.current": TORCH_ALLOCATED + 1_000_000_000u64,
         "inactive_split_bytes.all.current": 3_000_000_000u64,
         "num_alloc_retries": retries,
@@ -247,7 +284,7 @@ fn torch_stats(retries: u64) -> Value {
         // The pools: 35 GB + 1 GB allocated, 46 GB + 2 GB reserved.
         "allocated_bytes.large_pool.current": TORCH_ALLOCATED - 1_000_000_000u64,
         "allocated_bytes.small_pool.current": 1_000_000_000u64,
-        "reserved_bytes.large_pool.current": TORCH_RESERVED - 2_000_000_000u64,
+        "reserved_bytes.large_pool.current": reserved - 2_000_000_000u64,
         "reserved_bytes.small_pool.current": 2_000_000_000u64,
         "inactive_split_bytes.large_pool.current": 2_500_000_000u64,
         "inactive_split_bytes.small_pool.current": 500_000_000u64,
@@ -255,6 +292,19 @@ fn torch_stats(retries: u64) -> Value {
         "segment.small_pool.current": 950,
     })
 }
+
+/// The trainer: a memory fraction of 0.5 (the torch memory limit), and a
+/// training loop taking an optimizer step every 50 ms that keeps nothing
+/// (growth 0 per step), in a thread.
+const TRAINER_CODE: &str = "torch.cuda.set_per_process_memory_fraction(0.5, 0)
+import threading, time
+def _train():
+    opt = torch.optim.SGD([], lr=0.1)
+    while True:
+        opt.step()
+        time.sleep(0.05)
+threading.Thread(target=_train, daemon=True).start()
+";
 
 impl Trainer {
     pub(super) fn start() -> Trainer {
@@ -267,11 +317,14 @@ impl Trainer {
         let py = loop {
             let py = Py::bridge_to(
                 &state,
-                "torch.cuda.set_per_process_memory_fraction(0.5, 0)",
-                &[(
-                    "GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR",
-                    snapshots.to_str().unwrap(),
-                )],
+                TRAINER_CODE,
+                &[
+                    (
+                        "GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR",
+                        snapshots.to_str().unwrap(),
+                    ),
+                    ("GPUMEM_BRIDGE_WARN_AT", "0.9"),
+                ],
                 &dir.path().join("stderr"),
             );
             if !FAKE_PIDS.contains(&py.pid) {
@@ -419,15 +472,28 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
         // MIG instance 2 of GPU 1: allocated to the notebook, which runs on
         // instance 1 only. (Its `for: 1h` is not waited for: the
         // expression is checked, and the alert must be pending.)
-        "GpuAllocatedButIdle" => Expect::Now(vec![vec![
-            i(&t.main),
-            ("gpu", "1".into()),
-            ("uuid", GPU1.into()),
-            ("mig_uuid", MIG2.into()),
-            ("gpu_instance_id", "2".into()),
-            ("namespace", "team-a".into()),
-            ("pod", "notebook".into()),
-        ]]),
+        "GpuAllocatedButIdle" => Expect::Now(vec![
+            vec![
+                i(&t.main),
+                ("gpu", "1".into()),
+                ("uuid", GPU1.into()),
+                ("mig_uuid", MIG2.into()),
+                ("gpu_instance_id", "2".into()),
+                ("namespace", "team-a".into()),
+                ("pod", "notebook".into()),
+            ],
+            vec![
+                // Job 4243 holds MIG instance 1 of GPU 1, where only the
+                // notebook's process runs.
+                i(&t.main),
+                ("gpu", "1".into()),
+                ("uuid", GPU1.into()),
+                ("mig_uuid", MIG1.into()),
+                ("gpu_instance_id", "1".into()),
+                ("slurm_job", "4243".into()),
+                ("pod", String::new()),
+            ],
+        ]),
         "GpuMemExporterSamplesStale" => Expect::Ahead(STALE_AHEAD_S, vec![vec![i(&t.stale)]]),
         "GpuMemoryExhaustionPredicted" => {
             Expect::SelectorsOnly("needs a 30-minute decline of free memory")
@@ -435,6 +501,22 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
         "GpuProcessMemoryLeakSuspected" => {
             Expect::SelectorsOnly("needs 30 minutes of steady growth")
         }
+        // GPU 1 spiked by 71 GB over its level between scrapes, then its
+        // level rose by 11 GB: the spike no longer fits in what is free.
+        "GpuMemorySpikeWouldNotFit" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "1".into()),
+            ("uuid", GPU1.into()),
+        ]]),
+        "GpuMemoryWillFillSoon" => Expect::SelectorsOnly(
+            "needs 5 minutes of falling free memory (offset 5m); GPU 0's creeps down so its recording rule has data",
+        ),
+        "GpuTorchWillHitLimit" => Expect::SelectorsOnly(
+            "needs 5 minutes of growing reserved memory (offset 5m); the trainer's creeps up so its recording rule has data",
+        ),
+        "GpuTorchMemoryLeak" => Expect::SelectorsOnly(
+            "needs 15 minutes of steps (offset 15m); the trainer steps, without a leak",
+        ),
         other => panic!(
             "rules.yml has a new alert {other}: add what the scenario shows for it to \
              `expectation` in tests/e2e/prometheus.rs"
@@ -580,6 +662,7 @@ impl Checks<'_> {
             ("gpu", ".*".to_string()),
             ("namespace", ".*".to_string()),
             ("pod", ".*".to_string()),
+            ("slurm_job", ".*".to_string()),
             ("__rate_interval", RATE_INTERVAL.to_string()),
         ];
         let selected = [
@@ -587,6 +670,7 @@ impl Checks<'_> {
             ("gpu", grafana_regex(&["0", "1"])),
             ("namespace", grafana_regex(&["team-a"])),
             ("pod", grafana_regex(&["trainer-0", "notebook"])),
+            ("slurm_job", grafana_regex(&["4242"])),
             ("__rate_interval", RATE_INTERVAL.to_string()),
         ];
         for (title, ref_id, expr) in dashboard_queries() {
@@ -643,12 +727,23 @@ impl Checks<'_> {
                 if stored.result.is_empty() {
                     problem.get_or_insert(format!("the recorded series {record} does not exist"));
                 } else if sorted(stored.values()) != sorted(q.values()) {
-                    // An instant query's series come in no fixed order.
-                    problem.get_or_insert(format!(
-                        "{record} stored {:?}, its expression gives {:?}",
-                        stored.values(),
-                        q.values()
-                    ));
+                    // A record that moves with every scrape (a deriv):
+                    // compare with its expression at the time the stored
+                    // samples were evaluated. (An instant query's series
+                    // come in no fixed order.)
+                    let at = self
+                        .query(record, &format!("max(timestamp({record}))"), None)
+                        .values()
+                        .first()
+                        .copied();
+                    let then = at.map(|t| self.query(&name, &rule.expr, Some(t)).values());
+                    if then.map(sorted) != Some(sorted(stored.values())) {
+                        problem.get_or_insert(format!(
+                            "{record} stored {:?}, its expression gives {:?}",
+                            stored.values(),
+                            q.values()
+                        ));
+                    }
                 }
                 rows.push(Row {
                     kind: "record",
@@ -802,9 +897,10 @@ impl Checks<'_> {
         });
 
         // "Allocated GPUs and their memory": each allocated device with the
-        // bytes its pod holds on it and how many processes: the trainer's
-        // replica of GPU 0, the notebook's MIG instance 1, and its idle
-        // instance 2 at 0 bytes and 0 processes.
+        // bytes its pod (or Slurm job) holds on it and how many processes:
+        // the trainer's replica of GPU 0, the notebook's MIG instance 1,
+        // and its idle instance 2 at 0 bytes and 0 processes; job 4242's
+        // GPU 0 and job 4243's idle MIG instance 1.
         let mut got = BTreeMap::new();
         for (title, ref_id, expr) in dashboard_queries() {
             if title != ALLOCATED {
@@ -814,8 +910,9 @@ impl Checks<'_> {
             for series in &q.result {
                 let m = &series["metric"];
                 let key = format!(
-                    "{}/{} {}",
+                    "{}{}/{} {}",
                     m["pod"].as_str().unwrap_or(""),
+                    m["slurm_job"].as_str().unwrap_or(""),
                     m["mig_uuid"].as_str().unwrap_or(""),
                     ref_id
                 );
@@ -834,6 +931,12 @@ impl Checks<'_> {
             (&format!("notebook/{MIG1} B"), 1.0),
             (&format!("notebook/{MIG2} A"), 0.0),
             (&format!("notebook/{MIG2} B"), 0.0),
+            // Slurm: job 4242 holds GPU 0 and runs 4105 there; job 4243
+            // holds MIG instance 1 and runs nothing.
+            ("4242/ A", 5_000_000_000.0),
+            ("4242/ B", 1.0),
+            (&format!("4243/{MIG1} A"), 0.0),
+            (&format!("4243/{MIG1} B"), 0.0),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), Some(v)))
@@ -868,10 +971,17 @@ impl Checks<'_> {
                 .and_then(|v| v.parse::<f64>().ok());
             got.push((ref_id, value));
         }
-        let expected: Vec<(String, Option<f64>)> = want
-            .iter()
-            .map(|(r, _, v)| (r.to_string(), Some(*v as f64)))
-            .collect();
+        // Reserved creeps up (RESERVED_CREEP): cached (B) may be up to
+        // CREEP_SLACK more, non-torch (C) as much less.
+        let close = want.iter().zip(&got).all(|((r, _, v), (g_ref, g))| {
+            let d = g.map(|g| g - *v as f64);
+            *r == *g_ref
+                && d.is_some_and(|d| match *r {
+                    "B" => (0.0..=CREEP_SLACK).contains(&d),
+                    "C" => (-CREEP_SLACK..=0.0).contains(&d),
+                    _ => d == 0.0,
+                })
+        });
         rows.push(Row {
             kind: "stack",
             name: format!(
@@ -881,7 +991,7 @@ impl Checks<'_> {
             ),
             counts: vec![got.iter().filter(|(_, v)| v.is_some()).count()],
             expr: String::new(),
-            problem: (got != expected).then(|| format!("got {got:?}")),
+            problem: (!close || got.len() != want.len()).then(|| format!("got {got:?}")),
         });
         rows
     }
@@ -896,6 +1006,8 @@ pub(super) struct World {
     pub(super) main: Exporter,
     pub(super) trainer: Trainer,
     pub(super) scenario: Scenario,
+    /// Rewrites `scenario` every 2 s once started ([`World::start_rewriting`]).
+    rewriter: std::sync::Mutex<Option<(Arc<AtomicBool>, JoinHandle<()>)>>,
     _stale_scenario: Scenario,
     _node: FakeNode,
     _kubelet: FakeKubelet,
@@ -923,15 +1035,19 @@ impl World {
         // exporter started): the exporter serves the two others at once and
         // GPU 2 as gpu_up 0 with no uuid, so every panel has data and
         // GpuDown is pending.
-        let scenario = Scenario::new(&main_scenario(trainer.py.pid, 1));
+        let scenario = Scenario::new(&main_scenario(trainer.py.pid, 1, GPU1_LEVEL));
         let config = node.config_with(
             &scenario,
-            "  min_bytes: 1000000000\n  top_n: 2\n",
+            "  min_bytes: 1000000000\n  top_n: 3\n",
             &format!(
                 "  pod_resources_socket: {}\n  pod_resources_interval: 1s\n",
                 kubelet.socket.display()
             ),
-        ) + "collectors:\n  process_utilization: true\n";
+        ) + &format!(
+            "collectors:\n  process_utilization: true\nslurm:\n  job_mapping_dir: {}\n  job_mapping_interval: 1s\n",
+            scenario.dir.path().join("slurm-jobs").display()
+        );
+        job_mapping(&scenario.dir.path().join("slurm-jobs"));
         let main = Exporter::with_config(&scenario, &config, &[]);
         let pid = trainer.py.pid.to_string();
         wait_for(
@@ -944,6 +1060,12 @@ impl World {
                     &[("pid", pid.as_str()), ("pod", "trainer-0")],
                 );
                 (pods_resolved(&m, &["trainer-0", "notebook"])
+                    && m.find("gpu_allocation_info", &[("slurm_job", "4243")])
+                        .len()
+                        == 1
+                    && m.find("gpu_process_memory_used_bytes", &[("slurm_job", "4242")])
+                        .len()
+                        == 1
                     && torch.len() == 1
                     && torch[0].1 == TORCH_ALLOCATED as f64)
                     .then_some(())
@@ -954,9 +1076,56 @@ impl World {
             main,
             trainer,
             scenario,
+            rewriter: std::sync::Mutex::new(None),
             _stale_scenario: stale_scn,
             _node: node,
             _kubelet: kubelet,
+        }
+    }
+}
+
+impl World {
+    /// Start rewriting the main scenario, once Prometheus scrapes: a
+    /// critical Xid every 2 s on GPU 0, so its counter grows while
+    /// Prometheus watches (GpuXidCritical's increase() branch) and its free
+    /// memory creeps down (the time-to-full rule); GPU 1 spikes for 300 ms
+    /// at the second rewrite (4 s in: rule evaluation has begun) and its
+    /// level rises at the fourth, after several evaluations have recorded
+    /// the spike over the old level (GpuMemorySpikeWouldNotFit).
+    pub(super) fn start_rewriting(&self) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, path, pid) = (
+            Arc::clone(&stop),
+            self.scenario.path.clone(),
+            self.trainer.py.pid,
+        );
+        let ticker = std::thread::spawn(move || {
+            let write = |n: usize, gpu1: u64| {
+                let tmp = path.with_extension("xid.tmp");
+                std::fs::write(&tmp, main_scenario(pid, n, gpu1)).unwrap();
+                std::fs::rename(&tmp, &path).unwrap();
+            };
+            let mut n = 1;
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_secs(2));
+                n += 1;
+                if n == 3 {
+                    write(n, GPU1_SPIKE);
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                write(n, if n >= 5 { GPU1_RISEN } else { GPU1_LEVEL });
+            }
+        });
+        *self.rewriter.lock().unwrap() = Some((stop, ticker));
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let taken = self.rewriter.lock().map(|mut r| r.take()).unwrap_or(None);
+        if let Some((stop, ticker)) = taken {
+            stop.store(true, Ordering::Relaxed);
+            let _ = ticker.join();
         }
     }
 }
@@ -967,8 +1136,7 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
     prometheus_binary();
 
     let world = World::start();
-    let (stale, trainer, scenario, main) =
-        (&world.stale, &world.trainer, &world.scenario, &world.main);
+    let (stale, trainer, main) = (&world.stale, &world.trainer, &world.main);
 
     // The exporter's metric families, as Prometheus names their series.
     let families: Vec<String> = main
@@ -1018,22 +1186,7 @@ scrape_configs:
     );
     let prom = Prometheus::start(&config);
     let ready_at = Instant::now();
-    // A critical Xid every 2 s on GPU 0, so its counter grows while this
-    // Prometheus watches (GpuXidCritical's increase() branch).
-    let xid_stop = Arc::new(AtomicBool::new(false));
-    let xid_ticker = {
-        let (stop, path, pid) = (Arc::clone(&xid_stop), scenario.path.clone(), trainer.py.pid);
-        std::thread::spawn(move || {
-            let mut n = 1;
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_secs(2));
-                n += 1;
-                let tmp = path.with_extension("xid.tmp");
-                std::fs::write(&tmp, main_scenario(pid, n)).unwrap();
-                std::fs::rename(&tmp, &path).unwrap();
-            }
-        })
-    };
+    world.start_rewriting();
 
     let mut checks = Checks {
         prom: &prom,
@@ -1072,8 +1225,7 @@ scrape_configs:
         ready_at.duration_since(started),
         ready_at.elapsed()
     );
-    xid_stop.store(true, Ordering::Relaxed);
-    xid_ticker.join().unwrap();
+    drop(world);
     drop(down_socket);
 }
 

@@ -23,7 +23,7 @@ const RESERVED: u64 = 644_939_776;
 /// The trace pid of GPU 0 (docs/record.md).
 const GPU0_TRACK: u64 = 4_194_304;
 
-const COLUMNS: [&str; 18] = [
+const COLUMNS: [&str; 21] = [
     "time",
     "unix_seconds",
     "kind",
@@ -42,6 +42,9 @@ const COLUMNS: [&str; 18] = [
     "torch_reserved_bytes",
     "container",
     "resource",
+    "torch_steps",
+    "torch_step_allocated_bytes",
+    "torch_step_growth_bytes",
 ];
 
 /// One GPU using `used`, with these (pid, bytes) on it.

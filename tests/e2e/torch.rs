@@ -12,6 +12,8 @@ use crate::harness::tools::assert_promtool_check_metrics_clean;
 use crate::harness::*;
 use serde_json::json;
 
+mod steps;
+
 /// CUDA's (bare) UUIDs of the stub's devices; NVML spells them `GPU-…`.
 const U0: &str = "8f2c1d3e-5a6b-4c7d-8e9f-00000000aaaa";
 const U1: &str = "8f2c1d3e-5a6b-4c7d-8e9f-00000000bbbb";

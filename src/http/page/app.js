@@ -7,6 +7,8 @@
   const MIB = 1048576;
   const SVG_NS = 'http://www.w3.org/2000/svg';
   const HISTORY_SECONDS = 600;
+  // Growth per step below this (64 KiB) is read as steady, not a leak.
+  const LEAK_SENTENCE_BYTES = 65536;
   const state = {
     sort: { key: 'mem', desc: true },
     snap: null,
@@ -34,6 +36,10 @@
   }
   function mib(bytes) {
     return group(Math.round(bytes / MIB)) + ' MiB';
+  }
+  // With one decimal: the per-step growth is often a few MiB.
+  function mibs(bytes) {
+    return (bytes / MIB).toFixed(1) + ' MiB';
   }
   function pct(ratio) {
     return Math.round(ratio * 100) + ' %';
@@ -149,6 +155,25 @@
       if (parts.length) card.append(el('p', 'util', 'utilisation: ' + parts.join(' · ')));
     }
     card.append(sparkline(hist, m.total_bytes));
+    const f = g.forecast;
+    if (f) {
+      card.append(el('p', 'forecast', 'Full in about ' + ago(f.full_in_seconds) + ' at the last ' + ago(f.window_seconds) +
+        "'s rate (used grows " + mib(f.growth_bytes_per_second * 60) + ' a minute).'));
+    }
+    for (const p of g.processes) {
+      const st = p.torch && p.torch.steps;
+      if (st && st.growth_bytes_per_step !== null && st.growth_bytes_per_step >= LEAK_SENTENCE_BYTES) {
+        card.append(el('p', 'leak', 'pid ' + p.pid + ' (' + (p.process || '?') + '): allocated grows ' +
+          mibs(st.growth_bytes_per_step) + ' per step over the last ' + st.window_steps + ' steps: a leak?' +
+          (st.steps_per_second !== null ? ' At ' + st.steps_per_second.toFixed(1) + ' steps/s that is ' +
+            mib(st.growth_bytes_per_step * st.steps_per_second * 60) + ' a minute.' : '')));
+      }
+      const th = p.torch && p.torch.threshold;
+      if (th && th.above) {
+        card.append(el('p', 'leak', 'pid ' + p.pid + ' (' + (p.process || '?') + ') is above its warning threshold: ' +
+          mib(p.torch.reserved_bytes) + ' reserved, threshold ' + mib(th.bytes) + ' (GPUMEM_BRIDGE_WARN_AT).'));
+      }
+    }
     for (const mig of g.mig) {
       card.append(el('p', 'mig dim', 'MIG ' + mig.name + ' (GI ' + mig.gpu_instance_id + ', CI ' + mig.compute_instance_id + '): ' +
         (mig.memory ? mib(mig.memory.used_bytes) + ' of ' + mib(mig.memory.total_bytes) : 'no figures')));
@@ -232,6 +257,8 @@
     const cols = COLUMNS.slice();
     if (util) cols.push({ key: null, label: 'SM' });
     if (torch) cols.push({ key: null, label: 'torch allocated / reserved' });
+    const steps = procs.some((p) => p.torch && p.torch.steps);
+    if (steps) cols.push({ key: null, label: 'per step' });
     const head = el('tr');
     for (const c of cols) {
       if (!c.key || c.share) {
@@ -264,6 +291,7 @@
       if (torch) {
         tr.append(el('td', 'torch num', p.torch ? mib(p.torch.allocated_bytes) + ' / ' + mib(p.torch.reserved_bytes) : '—'));
       }
+      if (steps) tr.append(el('td', 'steps num', stepText(p.torch && p.torch.steps)));
       body.append(tr);
     }
     for (const [label, r] of [['other', g.processes_other], ['not listed', g.processes_omitted]]) {
@@ -279,6 +307,7 @@
       ];
       if (util) cells.push(el('td', null, ''));
       if (torch) cells.push(el('td', null, ''));
+      if (steps) cells.push(el('td', null, ''));
       tr.append(...cells);
       body.append(tr);
     }
@@ -290,6 +319,19 @@
       body.append(tr);
     }
     return el('table', 'procs', el('thead', null, head), body);
+  }
+
+  // "+3.0 MiB · 12.5/s · 812 steps": growth per step (once 16 steps are
+  // in), pace, steps taken.
+  function stepText(st) {
+    if (!st) return '—';
+    const parts = [];
+    if (st.growth_bytes_per_step !== null) {
+      parts.push((st.growth_bytes_per_step >= 0 ? '+' : '−') + mibs(Math.abs(st.growth_bytes_per_step)));
+    }
+    if (st.steps_per_second !== null) parts.push(st.steps_per_second.toFixed(1) + '/s');
+    parts.push(group(st.total) + (st.total === 1 ? ' step' : ' steps'));
+    return parts.join(' · ');
   }
 
   function sortBy(key) {

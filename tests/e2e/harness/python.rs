@@ -111,6 +111,7 @@ impl Py {
             "GPUMEM_BRIDGE_OOM_SNAPSHOT_MAX_BYTES",
             "GPUMEM_BRIDGE_OOM_HISTORY",
             "GPUMEM_BRIDGE_OOM_HISTORY_ENTRIES",
+            "GPUMEM_BRIDGE_WARN_AT",
         ] {
             cmd.env_remove(k);
         }

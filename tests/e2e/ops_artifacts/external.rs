@@ -724,13 +724,13 @@ fn grafana_dashboard_is_valid_and_complete() {
     ] {
         assert_eq!(var(name)["definition"].as_str(), Some(query), "${name}");
     }
-    for name in ["instance", "gpu", "namespace", "pod"] {
+    for name in ["instance", "gpu", "namespace", "pod", "slurm_job"] {
         let v = var(name);
         assert_eq!(v["type"].as_str(), Some("query"));
         assert_eq!(v["multi"].as_bool(), Some(true), "${name} multi");
         assert_eq!(v["includeAll"].as_bool(), Some(true), "${name} all");
     }
-    for name in ["namespace", "pod"] {
+    for name in ["namespace", "pod", "slurm_job"] {
         assert!(
             var(name)["definition"]
                 .as_str()
@@ -739,9 +739,16 @@ fn grafana_dashboard_is_valid_and_complete() {
         );
     }
 
-    let allowed: BTreeSet<String> = ["instance", "gpu", "namespace", "pod", "__rate_interval"]
-        .map(String::from)
-        .into();
+    let allowed: BTreeSet<String> = [
+        "instance",
+        "gpu",
+        "namespace",
+        "pod",
+        "slurm_job",
+        "__rate_interval",
+    ]
+    .map(String::from)
+    .into();
     let mut ids = BTreeSet::new();
     let mut exprs = Vec::new();
     let panels = list(&dash["panels"]);
@@ -804,6 +811,7 @@ fn grafana_dashboard_is_valid_and_complete() {
         "gpu_process_torch_ooms_total",
         "gpumem_exporter_torch_reports_dropped_total",
         "gpu_allocation_info",
+        "gpumem_exporter_slurm_job_mapping_errors_total",
     ] {
         assert!(
             exprs
@@ -823,7 +831,8 @@ fn grafana_dashboard_is_valid_and_complete() {
             .replace("$instance", "10.0.0.1:9877|ws-1:9877")
             .replace("$gpu", ".*")
             .replace("$namespace", ".*")
-            .replace("$pod", ".*");
+            .replace("$pod", ".*")
+            .replace("$slurm_job", ".*");
         rules.push_str(&format!(
             "      # {}\n      - record: dashboard:expr_{i}\n        expr: {}\n",
             title.replace('\n', " "),

@@ -281,3 +281,114 @@ fn before_the_first_sample_the_page_and_the_api_say_why() {
         assert!(e.contains("503"), "{e}");
     }
 }
+
+/// "Will it OOM?" on the page: a GPU whose used memory grows steadily and a
+/// torch process whose allocated grows 3 MiB per step get the forecast and
+/// the leak sentence; a flat GPU with a steady process gets neither. The
+/// forecast needs a minute of history, so both run side by side for one.
+#[test]
+fn the_page_forecasts_a_growing_gpu_and_names_a_leak_but_not_for_a_flat_one() {
+    use crate::harness::python::Py;
+    const GPU: &str = "GPU-cccccccc-2222-2222-2222-222222222222";
+    const GIB: u64 = 1 << 30;
+    let total = 150_754_820_096u64;
+    // A bridge document with 64 steps, allocated growing by `per_step`.
+    let torch = |per_step: u64| {
+        let ring: Vec<Value> = (1..=64u64)
+            .map(|i| serde_json::json!([i, 1_000.0 + i as f64 * 0.1, 8 * GIB + i * per_step]))
+            .collect();
+        let doc = serde_json::json!({"v": 1, "devices": [{
+            "uuid": GPU, "allocated": 8 * GIB + 64 * per_step, "reserved": 9 * GIB,
+            "allocated_peak": 9 * GIB, "reserved_peak": 9 * GIB, "active": 8 * GIB,
+            "inactive_split": 0, "alloc_retries": 0, "ooms": 0,
+            "steps": {"total": 64, "ring": ring}}]});
+        Py::raw(doc.to_string().as_bytes(), true)
+    };
+    let ((leaky, _d1), (steady, _d2)) = (torch(3 * MIB), torch(0));
+    let yaml = |pid: u32, used: u64| {
+        format!(
+            "devices:\n  - uuid: {GPU}\n    memory: {{total: {total}, reserved: 644939776, used: {used}}}\n    processes: [{{pid: {pid}, used: {used}}}]\n"
+        )
+    };
+    let growing = Scenario::new(&yaml(leaky.pid, 20 * GIB));
+    let flat = Scenario::new(&yaml(steady.pid, 20 * GIB));
+    let cfg = "sample_interval: 500ms\n";
+    let (ex_growing, ex_flat) = (
+        Exporter::with_config(&growing, cfg, &[]),
+        Exporter::with_config(&flat, cfg, &[]),
+    );
+    // 256 MiB a second, for 66 seconds.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(66) {
+        let used = 20 * GIB + (start.elapsed().as_millis() as u64 * 256 * MIB) / 1000;
+        growing.write(&yaml(leaky.pid, used));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    const READ: &str = r#"(() => ({
+      forecast: [...document.querySelectorAll('section.gpu p.forecast')].map((p) => p.textContent),
+      leak: [...document.querySelectorAll('section.gpu p.leak')].map((p) => p.textContent),
+      steps: [...document.querySelectorAll('section.gpu td.steps')].map((td) => td.textContent),
+    }))()"#;
+    let mut b = Browser::start(1280, 900);
+    b.navigate(&format!("http://{}/", ex_growing.addr));
+    let dom = b.wait_until(Duration::from_secs(20), "the forecast", READ, |d| {
+        d["forecast"].as_array().is_some_and(|f| f.len() == 1)
+    });
+    let forecast = dom["forecast"][0].as_str().unwrap_or_default();
+    // "Full in about 7 min at the last 1 min's rate (used grows 15,356 MiB
+    // a minute)." — 256 MiB a second is 15,360 a minute, give or take the
+    // timing of the scenario writes.
+    let per_minute: f64 = forecast
+        .split("used grows ")
+        .nth(1)
+        .and_then(|r| r.split(" MiB").next())
+        .map(|n| n.replace(',', ""))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0.0);
+    assert!(
+        forecast.starts_with("Full in about ")
+            && forecast.contains(" at the last 1 min's rate (used grows ")
+            && (per_minute / 15_360.0 - 1.0).abs() < 0.02,
+        "{forecast}"
+    );
+    assert_eq!(
+        dom["leak"],
+        serde_json::json!([format!(
+            "pid {} ({}): allocated grows 3.0 MiB per step over the last 64 steps: a leak? At 10.0 steps/s that is 1,800 MiB a minute.",
+            leaky.pid,
+            std::fs::read_to_string(format!("/proc/{}/comm", leaky.pid))
+                .unwrap_or_default()
+                .trim()
+        )]),
+        "{dom:#}"
+    );
+    assert_eq!(
+        dom["steps"],
+        serde_json::json!(["+3.0 MiB · 10.0/s · 64 steps"])
+    );
+    // The API says the same: 256 MiB a second, free ÷ that.
+    let (_, v) = json(&ex_growing, "/api/v1/snapshot");
+    let f = &v["gpus"][0]["forecast"];
+    let rate = f["growth_bytes_per_second"].as_f64().unwrap_or(0.0);
+    assert!((rate / (256.0 * MIB as f64) - 1.0).abs() < 0.05, "{f}");
+    let free = v["gpus"][0]["memory"]["free_bytes"].as_f64().unwrap_or(0.0);
+    let full_in = f["full_in_seconds"].as_f64().unwrap_or(0.0);
+    assert!((full_in - free / rate).abs() < 1.0, "{f} free {free}");
+    assert!(f["window_seconds"].as_u64().unwrap_or(0) >= 60, "{f}");
+
+    b.navigate(&format!("http://{}/", ex_flat.addr));
+    let dom = b.wait_until(Duration::from_secs(20), "the flat GPU", READ, |d| {
+        d["steps"].as_array().is_some_and(|s| s.len() == 1)
+    });
+    assert_eq!(dom["forecast"], serde_json::json!([]), "{dom:#}");
+    assert_eq!(dom["leak"], serde_json::json!([]), "{dom:#}");
+    assert_eq!(
+        dom["steps"],
+        serde_json::json!(["+0.0 MiB · 10.0/s · 64 steps"])
+    );
+    let (_, v) = json(&ex_flat, "/api/v1/snapshot");
+    assert_eq!(v["gpus"][0]["forecast"], Value::Null);
+
+    b.pump(Duration::from_millis(300));
+    assert_eq!(b.errors, Vec::<String>::new());
+}

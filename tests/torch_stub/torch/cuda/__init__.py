@@ -18,6 +18,11 @@ class OutOfMemoryError(RuntimeError):
 _ooms = {}
 _allowed = {}
 _events = {}
+# What stub_allocate / stub_free did, per device: bytes allocated, bytes
+# freed but kept reserved (the cache), the peaks seen (allocated, reserved).
+_alloc = {}
+_cache = {}
+_peaks = {}
 # torch.cuda._lazy_call's queue: run once CUDA is initialised.
 _queued_calls = []
 
@@ -83,17 +88,56 @@ def get_device_properties(i):
     return _CudaDeviceProperties(_state()["devices"][_index(i)])
 
 
+def _stats(st, i):
+    """The state file's figures of device ``i`` plus what stub_allocate /
+    stub_free did in this process (only for a device they touched)."""
+    stats = dict(st["devices"][i].get("stats", {}))
+    if i in _alloc:
+        alloc, cache = _alloc[i], _cache.get(i, 0)
+        keys = [("all", alloc, cache)]
+        if "allocated_bytes.large_pool.current" in stats:
+            keys.append(("large_pool", alloc, cache))
+        for pool, a, c in keys:
+            stats["allocated_bytes.%s.current" % pool] = stats.get("allocated_bytes.%s.current" % pool, 0) + a
+            stats["reserved_bytes.%s.current" % pool] = stats.get("reserved_bytes.%s.current" % pool, 0) + a + c
+        stats["active_bytes.all.current"] = stats.get("active_bytes.all.current", 0) + alloc
+        peak_a, peak_r = _peaks.get(i, (0, 0))
+        peak_a = max(peak_a, stats["allocated_bytes.all.current"])
+        peak_r = max(peak_r, stats["reserved_bytes.all.current"])
+        _peaks[i] = (peak_a, peak_r)
+        stats["allocated_bytes.all.peak"] = max(stats.get("allocated_bytes.all.peak", 0), peak_a)
+        stats["reserved_bytes.all.peak"] = max(stats.get("reserved_bytes.all.peak", 0), peak_r)
+    return stats
+
+
 def memory_stats(device=None):
     st = _state()
     if not st.get("initialized", True):
         return {}
     i = _index(device)
-    stats = dict(st["devices"][i].get("stats", {}))
+    stats = _stats(st, i)
     # Real torch returns many more keys; the bridge must ignore them.
     stats.setdefault("allocated_bytes.small_pool.current", 0)
     stats.setdefault("num_device_alloc", 0)
     stats["num_ooms"] = stats.get("num_ooms", 0) + _ooms.get(i, 0)
     return stats
+
+
+def memory_stats_as_nested_dict(device=None):
+    """What torch.cuda.memory_stats() flattens: ``"a.b.c": v`` is
+    ``d["a"]["b"]["c"]``."""
+    out = {}
+    for key, v in memory_stats(device).items():
+        d = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            d = d.setdefault(p, {})
+        d[parts[-1]] = v
+    return out
+
+
+if os.environ.get("TORCH_STUB_NO_NESTED_STATS"):
+    del memory_stats_as_nested_dict
 
 
 def memory_allocated(device=None):
@@ -106,9 +150,11 @@ def memory_reserved(device=None):
 
 def mem_get_info(device=None):
     """(free, total) as cudaMemGetInfo says."""
-    d = _state()["devices"][_index(device)]
+    st = _state()
+    i = _index(device)
+    d = st["devices"][i]
     total = d.get("total_memory", _DEFAULT_TOTAL)
-    return total - d.get("stats", {}).get("reserved_bytes.all.current", 0), total
+    return total - _stats(st, i).get("reserved_bytes.all.current", 0), total
 
 
 def set_per_process_memory_fraction(fraction, device=None):
@@ -144,3 +190,42 @@ def stub_out_of_memory(device=None, size=1 << 40):
     for observer in list(_C._oom_observers):
         observer(i, size, _allowed.get(i, total), free)
     raise OutOfMemoryError("CUDA out of memory. Tried to allocate %d bytes (stub)" % size)
+
+
+def stub_allocate(device=None, nbytes=0):
+    """Stub only: allocate ``nbytes`` on ``device`` as the caching allocator
+    would, in this process (the state file is not rewritten): allocated
+    grows by ``nbytes``; reserved grows by what the cache (bytes freed by
+    stub_free) cannot cover. Past the memory fraction's limit, or the
+    device's total memory, it fails as torch does (stub_out_of_memory)."""
+    i = _index(device)
+    nbytes = int(nbytes)
+    if nbytes < 0:
+        raise ValueError("nbytes must be >= 0")
+    st = _state()
+    reserved = _stats(st, i).get("reserved_bytes.all.current", 0)
+    from_cache = min(_cache.get(i, 0), nbytes)
+    grown = reserved + nbytes - from_cache
+    total = st["devices"][i].get("total_memory", _DEFAULT_TOTAL)
+    if grown > _allowed.get(i, total) or grown > total:
+        stub_out_of_memory(i, nbytes)
+    _cache[i] = _cache.get(i, 0) - from_cache
+    _alloc[i] = _alloc.get(i, 0) + nbytes
+    _stats(st, i)  # the peaks
+
+
+def stub_free(device=None, nbytes=0):
+    """Stub only: free ``nbytes`` that stub_allocate allocated: allocated
+    shrinks, reserved stays (the bytes go to the cache) until empty_cache()."""
+    i = _index(device)
+    nbytes = int(nbytes)
+    if not 0 <= nbytes <= _alloc.get(i, 0):
+        raise ValueError("stub_free(%d): only %d bytes were stub_allocate-d" % (nbytes, _alloc.get(i, 0)))
+    _alloc[i] -= nbytes
+    _cache[i] = _cache.get(i, 0) + nbytes
+
+
+def empty_cache():
+    """Give the cache back: reserved falls to allocated (for what
+    stub_allocate / stub_free did; the state file's figures stay)."""
+    _cache.clear()

@@ -1,0 +1,278 @@
+//! cgroup → Slurm job, step and uid: a pure `&str → value` parser beside
+//! [`super::cgroup`], table-tested with the paths Slurm's cgroup plugins
+//! write.
+//!
+//! Slurm puts every step of a job in a cgroup whose path names the job:
+//! - cgroup v1 (`cgroup/v1`): `/slurm/uid_<uid>/job_<id>/step_<step>/task_<t>`,
+//!   or `/slurm_<node>/…` when slurmd runs as several nodes on one host
+//!   (`--enable-multiple-slurmd`), under each controller it uses (freezer,
+//!   cpuset, memory, devices);
+//! - cgroup v2 (`cgroup/v2`): `/system.slice/slurmstepd.scope/job_<id>/step_<step>/user/task_<t>`
+//!   (the step's slurmstepd itself in `…/step_<step>/slurm`), or
+//!   `<node>_slurmstepd.scope`; slurmd's own processes sit in
+//!   `slurmstepd.scope/system`, which is no job;
+//! - Slurm 26.05's default v2 layout names the job by its SLUID instead of
+//!   `job_<id>` (`…/slurmstepd.scope/<SLUID>/step_<step>/…`;
+//!   `CgroupJobIdPaths=yes` restores `job_<id>`).
+//!
+//! The job is exported as the path holds it: the numeric job id, or the
+//! SLUID string. Steps are `batch`, `extern`, `interactive` or a number
+//! (`<n>+<het component>` for heterogeneous steps); the uid is only in v1
+//! paths.
+
+/// A process's Slurm job, as far as its cgroup path tells.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlurmCgroup {
+    /// `job_<id>`'s id, or the SLUID (26.05 v2 layout), as written.
+    pub job: String,
+    /// `step_<step>`'s step; `None` for a process in the job's own cgroup.
+    pub step: Option<String>,
+    /// `uid_<uid>`'s uid (cgroup v1 only).
+    pub uid: Option<String>,
+}
+
+impl SlurmCgroup {
+    fn rank(&self) -> (bool, bool) {
+        (self.step.is_some(), self.uid.is_some())
+    }
+}
+
+/// The Slurm job of a `/proc/<pid>/cgroup`, if any line's path is in one:
+/// the most informative line wins (v1 controllers a job does not use sit
+/// elsewhere, e.g. under `slurmd.service`), the first one on ties.
+pub fn parse_slurm_cgroup(content: &str) -> Option<SlurmCgroup> {
+    let mut best: Option<SlurmCgroup> = None;
+    for line in content.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(_), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        if let Some(found) = parse_slurm_path(path)
+            && best.as_ref().is_none_or(|b| found.rank() > b.rank())
+        {
+            best = Some(found);
+        }
+    }
+    best
+}
+
+/// The Slurm job of one cgroup path, `None` outside Slurm's hierarchy.
+pub fn parse_slurm_path(path: &str) -> Option<SlurmCgroup> {
+    let path = path.trim();
+    let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+    let mut segments = path.split('/').filter(|s| !s.is_empty());
+    // Find Slurm's root: `slurm`/`slurm_<node>` (v1) or
+    // `slurmstepd.scope`/`<node>_slurmstepd.scope` (v2).
+    let v2 = loop {
+        let s = segments.next()?;
+        if s == "slurm" || s.strip_prefix("slurm_").is_some_and(is_name) {
+            break false;
+        }
+        if s == "slurmstepd.scope" || s.strip_suffix("_slurmstepd.scope").is_some_and(is_name) {
+            break true;
+        }
+    };
+    let mut uid = None;
+    let mut next = segments.next()?;
+    if !v2 && let Some(u) = next.strip_prefix("uid_") {
+        if !u.bytes().all(|b| b.is_ascii_digit()) || u.is_empty() {
+            return None;
+        }
+        uid = Some(u.to_owned());
+        next = segments.next()?;
+    }
+    let job = match next.strip_prefix("job_") {
+        Some(id) if is_job_id(id) => id,
+        Some(_) => return None,
+        // The SLUID form: v2 only; `system` is slurmd's own cgroup.
+        None if v2 && next != "system" && is_sluid(next) => next,
+        None => return None,
+    };
+    let step = segments
+        .next()
+        .and_then(|s| s.strip_prefix("step_"))
+        .filter(|s| is_step(s))
+        .map(str::to_owned);
+    Some(SlurmCgroup {
+        job: job.to_owned(),
+        step,
+        uid,
+    })
+}
+
+/// A node name as slurmd puts it in a path.
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+/// A numeric job id.
+fn is_job_id(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// A SLUID: a short alphanumeric string (Slurm 26.05 writes it in
+/// lower-case base 32); bounded so a label value stays short.
+fn is_sluid(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 32 && s.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// `batch`, `extern`, `interactive`, a number, or `<n>+<component>`.
+fn is_step(s: &str) -> bool {
+    match s {
+        "batch" | "extern" | "interactive" => true,
+        _ => {
+            let (n, het) = s.split_once('+').unwrap_or((s, "0"));
+            is_job_id(n) && is_job_id(het)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(job: &str, step: Option<&str>, uid: Option<&str>) -> Option<SlurmCgroup> {
+        Some(SlurmCgroup {
+            job: job.into(),
+            step: step.map(Into::into),
+            uid: uid.map(Into::into),
+        })
+    }
+
+    #[test]
+    fn parse_slurm_cgroup_table() {
+        let cases: Vec<(&str, &str, Option<SlurmCgroup>)> = vec![
+            // --- cgroup v1 (Slurm 22.05 on Debian 12, as srun leaves it) ---
+            (
+                "v1 one node, step 0, hybrid host",
+                "13:misc:/\n12:freezer:/slurm_node1/uid_0/job_1/step_0\n11:devices:/slurm_node1/uid_0/job_1/step_0/task_0\n\
+                 7:memory:/slurm_node1/uid_0/job_1/step_0/task_0\n1:name=systemd:/system.slice/slurmd.service\n0::/system.slice/slurmd.service\n",
+                job("1", Some("0"), Some("0")),
+            ),
+            (
+                "v1 /slurm root, batch step",
+                "4:memory:/slurm/uid_1000/job_4242/step_batch/task_0\n3:freezer:/slurm/uid_1000/job_4242/step_batch\n",
+                job("4242", Some("batch"), Some("1000")),
+            ),
+            (
+                "v1 extern step (pam_slurm_adopt)",
+                "3:freezer:/slurm/uid_1000/job_77/step_extern\n",
+                job("77", Some("extern"), Some("1000")),
+            ),
+            (
+                "v1 interactive step (salloc)",
+                "5:cpuset:/slurm/uid_1000/job_78/step_interactive/task_0\n",
+                job("78", Some("interactive"), Some("1000")),
+            ),
+            (
+                "v1 heterogeneous step",
+                "3:freezer:/slurm/uid_1000/job_90/step_2+1\n",
+                job("90", Some("2+1"), Some("1000")),
+            ),
+            (
+                "v1 job cgroup without a step",
+                "7:memory:/slurm/uid_1000/job_91\n",
+                job("91", None, Some("1000")),
+            ),
+            (
+                "v1 the deepest line wins over a job-only one",
+                "7:memory:/slurm/uid_1000/job_91\n3:freezer:/slurm/uid_1000/job_91/step_3\n",
+                job("91", Some("3"), Some("1000")),
+            ),
+            // --- cgroup v2 ---
+            (
+                "v2 task",
+                "0::/system.slice/slurmstepd.scope/job_1234/step_0/user/task_0\n",
+                job("1234", Some("0"), None),
+            ),
+            (
+                "v2 the step's slurmstepd",
+                "0::/system.slice/slurmstepd.scope/job_1234/step_batch/slurm\n",
+                job("1234", Some("batch"), None),
+            ),
+            (
+                "v2 multiple slurmd: <node>_slurmstepd.scope",
+                "0::/system.slice/gpu-07_slurmstepd.scope/job_55/step_extern/user/task_special\n",
+                job("55", Some("extern"), None),
+            ),
+            (
+                "v2 interactive",
+                "0::/system.slice/slurmstepd.scope/job_56/step_interactive/user/task_0\n",
+                job("56", Some("interactive"), None),
+            ),
+            (
+                "v2 Slurm 26.05 default layout, job by SLUID",
+                "0::/system.slice/slurmstepd.scope/s1f0c9kq2h7r4/step_0/user/task_0\n",
+                job("s1f0c9kq2h7r4", Some("0"), None),
+            ),
+            (
+                "v2 SLUID, batch step's slurmstepd",
+                "0::/system.slice/slurmstepd.scope/s1f0c9kq2h7r4/step_batch/slurm\n",
+                job("s1f0c9kq2h7r4", Some("batch"), None),
+            ),
+            (
+                "removed cgroup",
+                "0::/system.slice/slurmstepd.scope/job_9/step_1/user/task_0 (deleted)\n",
+                job("9", Some("1"), None),
+            ),
+            // --- not a job ---
+            (
+                "slurmd's own scope",
+                "0::/system.slice/slurmstepd.scope/system\n",
+                None,
+            ),
+            ("slurmd service", "0::/system.slice/slurmd.service\n", None),
+            (
+                "slurmctld",
+                "1:name=systemd:/system.slice/slurmctld.service\n",
+                None,
+            ),
+            (
+                "user session",
+                "0::/user.slice/user-1000.slice/session-3.scope\n",
+                None,
+            ),
+            (
+                "a pod",
+                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod7e6b1f2a_3c4d_4e5f_8a9b_0c1d2e3f4a5b.slice/cri-containerd-3f4e5d6c7b8a99887766554433221100ffeeddccbbaa00112233445566778899.scope\n",
+                None,
+            ),
+            (
+                "a docker container",
+                "12:pids:/docker/3f4e5d6c7b8a99887766554433221100ffeeddccbbaa00112233445566778899\n",
+                None,
+            ),
+            ("slurm root only", "3:freezer:/slurm\n", None),
+            ("bad job id", "3:freezer:/slurm/uid_0/job_x1/step_0\n", None),
+            ("bad uid", "3:freezer:/slurm/uid_me/job_1/step_0\n", None),
+            (
+                "v1 without job_ is no SLUID",
+                "3:freezer:/slurm/uid_0/abc/step_0\n",
+                None,
+            ),
+            (
+                "a slurm-named directory elsewhere",
+                "0::/user.slice/slurmish/job_1\n",
+                None,
+            ),
+            ("empty", "", None),
+            ("garbage", "no colons here\n::\n", None),
+        ];
+        for (name, input, want) in cases {
+            assert_eq!(parse_slurm_cgroup(input), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn odd_steps_keep_the_job() {
+        assert_eq!(
+            parse_slurm_path("/slurm/uid_0/job_5/step_what"),
+            job("5", None, Some("0"))
+        );
+        let long = format!("/system.slice/slurmstepd.scope/{}/step_0", "a".repeat(33));
+        assert_eq!(parse_slurm_path(&long), None);
+    }
+}
