@@ -1,7 +1,10 @@
 # syntax=docker/dockerfile:1
 #
-# gpumem-exporter container image. UNTESTED in this repository's CI (no
-# Docker engine there); see docs/deploying.md, "Docker".
+# gpumem-exporter container image. Built and run in CI (tests/e2e/image.rs,
+# through scripts/ci/build-image: the runtime stage below as written, the
+# base assembled from Debian's packages, the build stage stood in for by
+# the same cargo command on the host); see docs/deploying.md, "Container
+# image".
 #
 #     docker build -t registry.example.com/gpumem-exporter:0.1.0 \
 #         --build-arg GPUMEM_EXPORTER_REVISION=$(git rev-parse --short=12 HEAD) .
@@ -26,9 +29,20 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked -p gpumem-exporter \
  && cp target/release/gpumem-exporter /gpumem-exporter
 
-# distroless/cc: glibc, libgcc, CA certificates, no shell; the :nonroot tag
-# runs as uid/gid 65532, matching runAsUser in deploy/kubernetes.
+# distroless/cc: glibc, libgcc, CA certificates, tzdata, no shell; the
+# :nonroot tag runs as uid/gid 65532, matching runAsUser in deploy/kubernetes.
 FROM gcr.io/distroless/cc-debian12:nonroot
+# The version is Cargo.toml's (a test keeps the two equal); the revision is
+# the one build.rs stamps into gpumem_exporter_build_info.
+ARG GPUMEM_EXPORTER_VERSION=0.1.0
+ARG GPUMEM_EXPORTER_REVISION=unknown
+ARG GPUMEM_EXPORTER_SOURCE=https://github.com/gpumem-exporter/gpumem-exporter
+LABEL org.opencontainers.image.title="gpumem-exporter" \
+      org.opencontainers.image.description="Prometheus exporter for GPU memory: per GPU, per process, per pod, from NVML" \
+      org.opencontainers.image.source="${GPUMEM_EXPORTER_SOURCE}" \
+      org.opencontainers.image.version="${GPUMEM_EXPORTER_VERSION}" \
+      org.opencontainers.image.revision="${GPUMEM_EXPORTER_REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /gpumem-exporter /gpumem-exporter
 USER 65532:65532
 EXPOSE 9877

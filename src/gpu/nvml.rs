@@ -25,10 +25,12 @@ pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 /// says what failed, where, and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum InitError {
-    #[error(
-        "NVML could not be loaded from {where_}: {detail}. Install the NVIDIA driver, or point --nvml.library (config key nvml.library) at libnvidia-ml.so.1, e.g. --nvml.library=/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
-    )]
-    Load { where_: String, detail: String },
+    #[error("NVML could not be loaded from {where_}: {detail}. {advice}")]
+    Load {
+        where_: String,
+        detail: String,
+        advice: String,
+    },
     #[error(
         "NVML was loaded from {where_} but the NVIDIA kernel driver is not loaded (NVML_ERROR_DRIVER_NOT_LOADED): check that `nvidia-smi` works and that the nvidia module is loaded"
     )]
@@ -44,6 +46,22 @@ pub enum InitError {
         #[source]
         source: NvmlError,
     },
+}
+
+/// What to do when the library cannot be loaded. `in_container`:
+/// NVIDIA_VISIBLE_DEVICES is set, as in a container meant for the NVIDIA
+/// container toolkit, which mounts the library (the image has none).
+fn load_advice(in_container: bool) -> String {
+    let arch = std::env::consts::ARCH;
+    if in_container {
+        format!(
+            "NVIDIA_VISIBLE_DEVICES is set but the NVIDIA container toolkit did not mount libnvidia-ml.so.1 (expected at /usr/lib/{arch}-linux-gnu/libnvidia-ml.so.1 in this image): run the container with the NVIDIA runtime (Kubernetes: runtimeClassName: nvidia; Docker/Podman: --runtime=nvidia or --gpus all, or CDI --device nvidia.com/gpu=all) and NVIDIA_DRIVER_CAPABILITIES=utility"
+        )
+    } else {
+        format!(
+            "Install the NVIDIA driver, or point --nvml.library (config key nvml.library) at libnvidia-ml.so.1, e.g. --nvml.library=/usr/lib/{arch}-linux-gnu/libnvidia-ml.so.1"
+        )
+    }
 }
 
 fn gpu_err(operation: Operation) -> impl Fn(NvmlError) -> GpuError {
@@ -101,10 +119,12 @@ impl NvmlSource {
             NvmlError::LibloadingError(le) => InitError::Load {
                 where_: where_.clone(),
                 detail: le.to_string(),
+                advice: load_advice(std::env::var_os("NVIDIA_VISIBLE_DEVICES").is_some()),
             },
             NvmlError::FailedToLoadSymbol(s) => InitError::Load {
                 where_: where_.clone(),
                 detail: format!("missing symbol {s}"),
+                advice: load_advice(std::env::var_os("NVIDIA_VISIBLE_DEVICES").is_some()),
             },
             NvmlError::DriverNotLoaded => InitError::DriverNotLoaded {
                 where_: where_.clone(),

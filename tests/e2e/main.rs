@@ -33,6 +33,10 @@
 //! - `podman`: container names from a real Podman's Docker-compatible
 //!   API: two containers named, the service stopped and back, no API
 //!   call in 1,000 scrapes.
+//! - `image`: the container image built from the Dockerfile (nothing
+//!   pulled) and run with Podman as the DaemonSet runs it: uid 65532,
+//!   read-only root, no capabilities, the toolkit's NVML mount, in-cluster
+//!   API; SIGTERM, and no library mounted.
 //! - `ops_artifacts`: rules, manifests, systemd unit, Dockerfile, dashboard,
 //!   checked with the tools that consume them.
 //! - `golden`: golden exposition files (tests/fixtures).
@@ -81,6 +85,8 @@ mod web;
 mod attack; // slowhttptest, sslscan, openssl; 3,000 connections
 #[cfg(feature = "external-tools")]
 mod empty_labels; // a real Prometheus
+#[cfg(feature = "external-tools")]
+mod image; // buildah, podman, runc, kubectl: the image built and run as the DaemonSet runs it
 #[cfg(feature = "external-tools")]
 mod podman; // a real Podman (runc, vfs) and its Docker-compatible API
 #[cfg(feature = "external-tools")]

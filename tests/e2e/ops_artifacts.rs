@@ -254,6 +254,20 @@ fn dockerfile_builds_a_nonroot_glibc_image() {
             .any(|l| *l == "USER 65532" || l.starts_with("USER 65532:")),
         "Dockerfile: USER 65532"
     );
+    // The image's OCI labels; its version is Cargo.toml's.
+    for label in ["source", "version", "revision", "licenses"] {
+        assert!(
+            dockerfile.contains(&format!("org.opencontainers.image.{label}=")),
+            "Dockerfile: label org.opencontainers.image.{label}"
+        );
+    }
+    assert!(
+        lines.contains(
+            &format!("ARG GPUMEM_EXPORTER_VERSION={}", env!("CARGO_PKG_VERSION")).as_str()
+        ),
+        "Dockerfile: ARG GPUMEM_EXPORTER_VERSION={} (Cargo.toml's version)",
+        env!("CARGO_PKG_VERSION")
+    );
     let ignore = read(".dockerignore");
     let ignored: Vec<&str> = ignore.lines().map(str::trim).collect();
     for want in ["target/", ".dev/", ".git"] {

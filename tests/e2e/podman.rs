@@ -5,52 +5,44 @@
 //! exporter on the real /proc with Kubernetes off.
 //!
 //! Everything Podman keeps (storage, run state, the socket) is under one
-//! temp dir, with `--storage-driver vfs` and a containers.conf holding
-//! `default_ulimits = []` (crun, and runc's defaults, refuse this
-//! machine's hybrid cgroups). The [`Podman`] guard removes the containers
-//! and stops the service on drop.
+//! temp dir ([`Podman`]); the [`Engine`] guard stops the service on drop,
+//! and the Podman guard then removes the containers.
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::harness::tools::require_tool;
+use crate::harness::podman::Podman;
 use crate::harness::*;
 
 const GPU: &str = "GPU-cccccccc-0000-0000-0000-000000000000";
 const IMAGE: &str = "localhost/gpumem-e2e:busybox";
 const BUSYBOX: &str = "/bin/busybox";
 
-/// A Podman whose state lives in a temp dir, and its API service.
-struct Podman {
-    dir: tempfile::TempDir,
+/// A Podman of its own ([`Podman`]) holding the busybox
+/// image, and its API service.
+struct Engine {
+    podman: Podman,
     socket: PathBuf,
     service: Option<Child>,
 }
 
-impl Podman {
-    fn new() -> Podman {
-        require_tool("podman");
-        require_tool("runc");
+impl Engine {
+    fn new() -> Engine {
         let busybox = std::fs::read(BUSYBOX).unwrap_or_default();
         assert!(
             is_static_elf(&busybox),
             "{BUSYBOX} is missing or not static; install it: `apt-get install -y busybox-static` (scripts/ci/test does)"
         );
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(
-            dir.path().join("containers.conf"),
-            "[containers]\ndefault_ulimits = []\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n",
-        )
-        .unwrap();
-        let rootfs = dir.path().join("rootfs");
+        let podman = Podman::new();
+        let rootfs = podman.dir().join("rootfs");
         std::fs::create_dir_all(rootfs.join("bin")).unwrap();
         std::fs::copy(BUSYBOX, rootfs.join("bin/busybox")).unwrap();
         for applet in ["sh", "sleep"] {
             std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
         }
-        let tar = dir.path().join("rootfs.tar");
+        let tar = podman.dir().join("rootfs.tar");
         let out = Command::new("tar")
             .arg("-C")
             .arg(&rootfs)
@@ -60,45 +52,17 @@ impl Podman {
             .output()
             .expect("run tar");
         assert!(out.status.success(), "tar: {}", output_text(&out));
-        let socket = dir.path().join("api.sock");
-        let p = Podman {
-            dir,
+        podman.ok(&["import", tar.to_str().unwrap(), IMAGE]);
+        let socket = podman.dir().join("api.sock");
+        Engine {
+            podman,
             socket,
             service: None,
-        };
-        p.ok(&["import", tar.to_str().unwrap(), IMAGE]);
-        p
-    }
-
-    /// `podman` with its state in the temp dir.
-    fn cmd(&self, args: &[&str]) -> Command {
-        let d = self.dir.path();
-        let mut c = Command::new("podman");
-        c.env("CONTAINERS_CONF", d.join("containers.conf"))
-            .arg("--root")
-            .arg(d.join("root"))
-            .arg("--runroot")
-            .arg(d.join("run"))
-            .arg("--tmpdir")
-            .arg(d.join("tmp"))
-            .args(["--storage-driver", "vfs", "--runtime", "runc"])
-            .args(["--cgroup-manager", "cgroupfs", "--events-backend", "file"])
-            .args(args);
-        c
+        }
     }
 
     fn ok(&self, args: &[&str]) -> String {
-        let out = self
-            .cmd(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run podman");
-        assert!(
-            out.status.success(),
-            "podman {args:?}: {}",
-            output_text(&out)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        self.podman.ok(args)
     }
 
     /// Start the API service and wait until its socket accepts.
@@ -106,8 +70,8 @@ impl Podman {
         let _ = std::fs::remove_file(&self.socket);
         let uri = format!("unix://{}", self.socket.display());
         let child = self
+            .podman
             .cmd(&["system", "service", "--time=0", &uri])
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -139,14 +103,9 @@ impl Podman {
     }
 }
 
-impl Drop for Podman {
+impl Drop for Engine {
     fn drop(&mut self) {
         self.stop_service();
-        let _ = self
-            .cmd(&["rm", "--all", "--force", "--time", "0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
     }
 }
 
@@ -207,7 +166,7 @@ fn named(ex: &Exporter, pid: u32, name: &str) -> Option<Metrics> {
 #[test]
 fn podman_containers_are_named_and_lookups_survive_the_engine_going_away() {
     let started = Instant::now();
-    let mut podman = Podman::new();
+    let mut podman = Engine::new();
     podman.start_service();
     let (a_id, a_pid) = podman.container("trainer-a", &[]);
     let (b_id, b_pid) = podman.container(

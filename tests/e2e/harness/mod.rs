@@ -4,17 +4,20 @@
 //! - `browser`: a headless Chromium driven over the DevTools protocol,
 //! - `cluster`: a fake node (/proc root, pods, Kubernetes list/watch API),
 //! - `kubelet`: a fake kubelet's pod-resources gRPC API on a Unix socket,
+//! - `podman`: a real Podman with its state in a temp dir,
 //! - `prom`: a real Prometheus server, PromQL and Grafana helpers,
 //! - `python`: Python children running the torch bridge, the stub torch,
 //! - `tools`: the external programs the tests run.
 //!
-//! `browser`, `prom`, `python` and `tools` start programs from outside the
+//! `browser`, `podman`, `prom`, `python` and `tools` start programs from outside the
 //! Rust toolchain, so they are built only with `--features external-tools`.
 
 #[cfg(feature = "external-tools")]
 pub mod browser;
 pub mod cluster;
 pub mod kubelet;
+#[cfg(feature = "external-tools")]
+pub mod podman;
 #[cfg(feature = "external-tools")]
 pub mod prom;
 #[cfg(feature = "external-tools")]

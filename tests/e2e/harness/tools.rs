@@ -98,6 +98,37 @@ pub fn run_tool_ok(program: &str, args: &[&str], stdin: Option<&[u8]>) -> String
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `kubectl kustomize <dir>`, as a list of objects. kustomize prints YAML
+/// only; `kubectl annotate --local` reads it offline (no cluster, any kind)
+/// and prints JSON. Removing an annotation nobody sets changes nothing.
+pub fn kustomize(dir: &str) -> Vec<serde_json::Value> {
+    let yaml = run_tool_ok("kubectl", &["kustomize", dir], None);
+    let json = run_tool_ok(
+        "kubectl",
+        &[
+            "annotate",
+            "--local",
+            "-f",
+            "-",
+            "gpumem-exporter.test/unused-",
+            "-o",
+            "json",
+        ],
+        Some(yaml.as_bytes()),
+    );
+    let mut objects = Vec::new();
+    for value in serde_json::Deserializer::from_str(&json).into_iter::<serde_json::Value>() {
+        let value = value.unwrap_or_else(|e| panic!("kubectl printed bad JSON ({e}):\n{json}"));
+        if value["kind"].as_str() == Some("List") {
+            objects.extend(value["items"].as_array().into_iter().flatten().cloned());
+        } else {
+            objects.push(value);
+        }
+    }
+    assert!(!objects.is_empty(), "{dir} rendered no objects");
+    objects
+}
+
 /// `promtool check metrics` finds nothing to say about this exposition.
 pub fn assert_promtool_check_metrics_clean(exposition: &str) {
     let out = run_tool(

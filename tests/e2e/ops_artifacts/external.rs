@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::harness::output_text;
-use crate::harness::tools::{run_tool, run_tool_ok};
+use crate::harness::tools::{kustomize as render, run_tool, run_tool_ok};
 
 const IMAGE: &str = "ghcr.io/gpumem-exporter/gpumem-exporter:0.1.0";
 const NAMESPACE: &str = "gpumem-exporter";
@@ -16,37 +16,6 @@ const REPO_BLOB: &str = "https://github.com/gpumem-exporter/gpumem-exporter/blob
 /// What the torch bridge needs to read other users' /proc/<pid>/fd, and
 /// nothing more.
 const TORCH_CAPABILITIES: [&str; 2] = ["SYS_PTRACE", "DAC_READ_SEARCH"];
-
-/// `kubectl kustomize <dir>`, as a list of objects. kustomize prints YAML
-/// only; `kubectl annotate --local` reads it offline (no cluster, any kind)
-/// and prints JSON. Removing an annotation nobody sets changes nothing.
-fn render(dir: &str) -> Vec<Value> {
-    let yaml = run_tool_ok("kubectl", &["kustomize", dir], None);
-    let json = run_tool_ok(
-        "kubectl",
-        &[
-            "annotate",
-            "--local",
-            "-f",
-            "-",
-            "gpumem-exporter.test/unused-",
-            "-o",
-            "json",
-        ],
-        Some(yaml.as_bytes()),
-    );
-    let mut objects = Vec::new();
-    for value in serde_json::Deserializer::from_str(&json).into_iter::<Value>() {
-        let value = value.unwrap_or_else(|e| panic!("kubectl printed bad JSON ({e}):\n{json}"));
-        if value["kind"].as_str() == Some("List") {
-            objects.extend(list(&value["items"]).iter().cloned());
-        } else {
-            objects.push(value);
-        }
-    }
-    assert!(!objects.is_empty(), "{dir} rendered no objects");
-    objects
-}
 
 fn kinds(objects: &[Value]) -> BTreeSet<String> {
     objects
