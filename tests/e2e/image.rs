@@ -47,6 +47,11 @@ use crate::harness::*;
 /// Where the NVIDIA container toolkit mounts NVML in a Debian-based image:
 /// the image's multiarch library directory, on the loader's default path.
 const TOOLKIT_NVML: &str = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1";
+/// The same in the arm64 image.
+const TOOLKIT_NVML_ARM64: &str = "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1";
+/// qemu-user, mounted into the arm64 container as its entrypoint (this
+/// host registers no binfmt handler, and the image stays as built).
+const QEMU: &str = "/usr/bin/qemu-aarch64-static";
 /// Where the kubelet mounts the service account (token, ca.crt, namespace).
 const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 const SA_TOKEN: &str = "image-e2e-service-account-token";
@@ -354,8 +359,8 @@ impl Spec {
 
     /// The `podman run` flags (before the image) that run the container as
     /// the DaemonSet does, on `node`; `nvml`: the library the toolkit would
-    /// mount, or none. Volume sources are made under `dir`.
-    fn podman_args(&self, node: &Node, nvml: Option<&Path>, dir: &Path) -> Vec<String> {
+    /// mount and where, or none. Volume sources are made under `dir`.
+    fn podman_args(&self, node: &Node, nvml: Option<(&Path, &str)>, dir: &Path) -> Vec<String> {
         let mut a: Vec<String> = vec!["--network".into(), "host".into()];
         if self.host_pid {
             a.extend(["--pid".into(), "host".into()]);
@@ -393,8 +398,8 @@ impl Spec {
         ));
         // The NVIDIA container toolkit (runtimeClassName: nvidia).
         assert_eq!(self.runtime_class, "nvidia", "runtimeClassName");
-        if let Some(lib) = nvml {
-            a.push(format!("--volume={}:{TOOLKIT_NVML}:ro", lib.display()));
+        if let Some((lib, at)) = nvml {
+            a.push(format!("--volume={}:{at}:ro", lib.display()));
         }
         // The fake NVML's own input: not the DaemonSet's.
         a.push(format!(
@@ -438,12 +443,12 @@ impl Spec {
 
     /// Every mount point of the container: the DaemonSet's, the kubelet's
     /// and the toolkit's (when `nvml`), and the scenario.
-    fn mount_points(&self, nvml: bool) -> BTreeSet<String> {
+    fn mount_points(&self, nvml: Option<&str>) -> BTreeSet<String> {
         let mut s: BTreeSet<String> = self.mounts.iter().map(|m| m.path.clone()).collect();
         s.insert(SERVICE_ACCOUNT.into());
         s.insert(SCENARIO_IN_CONTAINER.into());
-        if nvml {
-            s.insert(TOOLKIT_NVML.into());
+        if let Some(at) = nvml {
+            s.insert(at.into());
         }
         s
     }
@@ -539,11 +544,16 @@ impl Drop for Node {
 
 // ------------------------------------------------------------------ the image
 
-/// Builds the image into `podman`'s storage, tagged `tag`; its output.
-fn build_image(podman: &Podman, tag: &str) -> String {
+/// Builds the image into `podman`'s storage, tagged `tag`: a manifest list
+/// of the host's image and the arm64 one (`arm64_binary`); its output.
+fn build_image(podman: &Podman, tag: &str, arm64_binary: &Path) -> String {
     require_tool("buildah");
     let mut cmd = Command::new(repo_file("scripts/ci/build-image"));
-    cmd.arg("--storage").arg(podman.dir()).args(["--tag", tag]);
+    cmd.arg("--storage")
+        .arg(podman.dir())
+        .args(["--tag", tag])
+        .arg("--arm64-binary")
+        .arg(arm64_binary);
     if let Some(bin) = std::env::var_os("GPUMEM_IMAGE_BINARY").filter(|b| !b.is_empty()) {
         cmd.arg("--binary").arg(bin);
     }
@@ -600,7 +610,29 @@ fn the_image_runs_as_the_daemonset_runs_it() {
     let started = Instant::now();
     let spec = Spec::of(&kustomize("deploy/kubernetes"));
     let podman = Podman::new();
-    build_image(&podman, &spec.image);
+    let arm64 = crate::arm64::arm64_build();
+    build_image(&podman, &spec.image, &arm64.join("gpumem-exporter"));
+    let amd64_image = format!("{}-amd64", spec.image);
+    let list: Value = serde_json::from_str(&podman.ok(&["manifest", "inspect", &spec.image]))
+        .expect("manifest JSON");
+    let platforms: BTreeSet<String> = list["manifests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            format!(
+                "{}/{}",
+                str_at(m, "/platform/os"),
+                str_at(m, "/platform/architecture")
+            )
+        })
+        .collect();
+    assert_eq!(
+        platforms,
+        BTreeSet::from(["linux/amd64".to_string(), "linux/arm64".to_string()]),
+        "{} is a two-architecture manifest list: {list}",
+        spec.image
+    );
 
     // ---- the image: user, entrypoint, labels, size, layers
     let image = inspect(&podman, "image", &spec.image);
@@ -641,19 +673,17 @@ fn the_image_runs_as_the_daemonset_runs_it() {
         size as f64 / 1e6
     );
     eprintln!(
-        "image e2e: layers:\n{}",
-        podman.ok(&["image", "tree", &spec.image])
+        "image e2e: manifest list {}: {platforms:?}; layers of the amd64 image:\n{}",
+        spec.image,
+        podman.ok(&["image", "tree", &amd64_image])
     );
-    eprintln!(
-        "{}",
-        podman.ok(&["history", "--no-trunc=false", &spec.image])
-    );
+    eprintln!("{}", podman.ok(&["history", &amd64_image]));
 
     // ---- the container, as the DaemonSet runs it
     let node = Node::start();
     let scratch = tempfile::tempdir().unwrap();
     let mut run = vec!["run".to_string(), "-d".into(), format!("--name={NAME}")];
-    run.extend(spec.podman_args(&node, Some(fake_nvml()), scratch.path()));
+    run.extend(spec.podman_args(&node, Some((fake_nvml(), TOOLKIT_NVML)), scratch.path()));
     run.push(spec.image.clone());
     run.extend(spec.args.iter().cloned());
     let run: Vec<&str> = run.iter().map(String::as_str).collect();
@@ -712,6 +742,7 @@ fn the_image_runs_as_the_daemonset_runs_it() {
     let used = m.find("gpu_process_memory_used_bytes", &[("pid", &holder)]);
     assert_eq!(used.len(), 1);
     assert_eq!(used[0].1, 4934598656.0);
+    let amd64_gpu = crate::arm64::gpu_families(&get(spec.port, "/metrics").body);
     let bi = build_info(&m);
     assert_eq!(
         bi["version"],
@@ -747,7 +778,11 @@ fn the_image_runs_as_the_daemonset_runs_it() {
         .iter()
         .map(|m| m["Destination"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(mounted, spec.mount_points(true), "mount points");
+    assert_eq!(
+        mounted,
+        spec.mount_points(Some(TOOLKIT_NVML)),
+        "mount points"
+    );
     for m in &spec.mounts {
         let found = ctr["Mounts"]
             .as_array()
@@ -841,10 +876,66 @@ fn the_image_runs_as_the_daemonset_runs_it() {
         errors[0]
     );
 
+    // ---- the arm64 image of the list, run the same way under qemu-user:
+    // the emulator mounted and made the entrypoint (no binfmt handler on
+    // this host), the binary and its arguments after it.
+    let name = format!("{NAME}-arm64");
+    let arm64_lib = arm64.join("libfake_nvml.so");
+    let mut run = vec![
+        "run".to_string(),
+        "-d".into(),
+        format!("--name={name}"),
+        "--arch=arm64".into(),
+    ];
+    run.extend(spec.podman_args(
+        &node,
+        Some((&arm64_lib, TOOLKIT_NVML_ARM64)),
+        scratch.path(),
+    ));
+    run.push(format!("--volume={QEMU}:{QEMU}:ro"));
+    run.push(format!("--entrypoint={QEMU}"));
+    run.push(spec.image.clone());
+    run.push("/gpumem-exporter".into());
+    run.extend(spec.args.iter().cloned());
+    let run: Vec<&str> = run.iter().map(String::as_str).collect();
+    let t = Instant::now();
+    podman.ok(&run);
+    let arm = inspect(&podman, "container", &name);
+    let arm_image = inspect(&podman, "image", str_at(&arm, "/Image"));
+    assert_eq!(
+        arm_image["Architecture"], "arm64",
+        "the arm64 instance of the list"
+    );
+    wait_for(
+        Duration::from_secs(60),
+        "/readyz 200 from the arm64 container",
+        || {
+            let listening = std::net::TcpStream::connect(("127.0.0.1", readiness.port)).is_ok();
+            (listening && get(readiness.port, &readiness.path).status == 200).then_some(())
+        },
+    );
+    let arm_ready = t.elapsed();
+    let arm_gpu = wait_for(Duration::from_secs(20), "the arm64 GPU families", || {
+        let body = get(spec.port, "/metrics").body;
+        let gpu = crate::arm64::gpu_families(&body);
+        (gpu == amd64_gpu).then_some(gpu)
+    });
+    let t = Instant::now();
+    podman.ok(&["kill", "--signal", "TERM", &name]);
+    let code = podman.ok(&["wait", &name]);
+    let arm_stopped = t.elapsed();
+    assert_eq!(code, "0", "arm64 exit status after SIGTERM");
+
     eprintln!(
-        "image e2e: /metrics, the probes and / answered; SIGTERM → exit 0 in {:.0} ms; without NVML: {}; total {:.1} s",
+        "image e2e: /metrics, the probes and / answered; SIGTERM → exit 0 in {:.0} ms; without NVML: {}",
         stopped.as_secs_f64() * 1e3,
         errors[0],
+    );
+    eprintln!(
+        "image e2e: arm64 image under qemu-user: ready {:.1} s after run, {} GPU-family lines equal to the amd64 container's, SIGTERM → exit 0 in {:.0} ms; total {:.1} s",
+        arm_ready.as_secs_f64(),
+        arm_gpu.lines().count(),
+        arm_stopped.as_secs_f64() * 1e3,
         started.elapsed().as_secs_f64()
     );
 }

@@ -33,6 +33,8 @@
 //! - `podman`: container names from a real Podman's Docker-compatible
 //!   API: two containers named, the service stopped and back, no API
 //!   call in 1,000 scrapes.
+//! - `arm64`: the aarch64 cross build of the exporter and the fake NVML
+//!   under qemu-user: the same GPU bytes as the host build, SIGTERM.
 //! - `image`: the container image built from the Dockerfile (nothing
 //!   pulled) and run with Podman as the DaemonSet runs it: uid 65532,
 //!   read-only root, no capabilities, the toolkit's NVML mount, in-cluster
@@ -81,6 +83,8 @@ mod web;
 // Areas that need a program from outside the Rust toolchain, or run long:
 // `cargo test --features external-tools` (scripts/ci/test installs the
 // programs and runs them).
+#[cfg(feature = "external-tools")]
+mod arm64; // the aarch64 cross build under qemu-user
 #[cfg(feature = "external-tools")]
 mod attack; // slowhttptest, sslscan, openssl; 3,000 connections
 #[cfg(feature = "external-tools")]

@@ -124,9 +124,20 @@ impl Exporter {
     /// KUBECONFIG, no in-cluster variables, no NODE_NAME, and a HOME (the
     /// scenario's folder) without a ~/.kube/config; a test that wants
     /// them sets them on the command.
-    pub fn command(mut cmd: Command, scenario: &Scenario, extra: &[&str]) -> Command {
+    pub fn command(cmd: Command, scenario: &Scenario, extra: &[&str]) -> Command {
+        Self::command_with_library(cmd, fake_nvml(), scenario, extra)
+    }
+
+    /// [`Exporter::command`] with `library` as the fake NVML (one built for
+    /// another architecture, say).
+    pub fn command_with_library(
+        mut cmd: Command,
+        library: &Path,
+        scenario: &Scenario,
+        extra: &[&str],
+    ) -> Command {
         cmd.arg("--nvml.library")
-            .arg(fake_nvml())
+            .arg(library)
             .args(["--web.listen-address", "127.0.0.1:0"])
             .args(extra)
             .env("FAKE_NVML_CONFIG", &scenario.path);
