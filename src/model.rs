@@ -636,6 +636,10 @@ pub enum AllocatedDevice {
     Gpu { uuid: String },
     /// A MIG device by its UUID (`MIG-…`, drivers R470 and later).
     Mig { mig_uuid: String },
+    /// A MIG device by its UUID and its parent GPU's (a DRA ResourceSlice's
+    /// `uuid` and `parentUUID`): the parent names the GPU even before a MIG
+    /// rescan has seen a device the DRA driver has just created.
+    MigOfParent { mig_uuid: String, gpu_uuid: String },
     /// A MIG device in the older form `MIG-GPU-<uuid>/<gi>/<ci>`.
     MigOfGpu {
         gpu_uuid: String,

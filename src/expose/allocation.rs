@@ -221,6 +221,23 @@ impl<'a> Devices<'a> {
                     instance: None,
                 },
             },
+            AllocatedDevice::MigOfParent { mig_uuid, gpu_uuid } => {
+                match self.migs.get(mig_uuid.as_str()) {
+                    Some((gpu, m)) => Place {
+                        gpu: &gpu.gpu,
+                        uuid: &gpu.uuid,
+                        mig_uuid: Some(mig_uuid),
+                        instance: Some((m.gpu_instance_id, m.compute_instance_id)),
+                    },
+                    // Not (yet) seen by a MIG rescan: its parent GPU.
+                    None => Place {
+                        gpu: gpu_of(gpu_uuid),
+                        uuid: gpu_uuid,
+                        mig_uuid: Some(mig_uuid),
+                        instance: None,
+                    },
+                }
+            }
             AllocatedDevice::MigOfGpu {
                 gpu_uuid,
                 gpu_instance_id,
@@ -495,7 +512,8 @@ mod tests {
 
     /// DRA rows: a whole GPU and a MIG device from the slices, a device
     /// shared by two claims (two rows), the fallback by index, an unknown
-    /// device (the owner only), and the two counters.
+    /// device (the owner only), a MIG device no rescan has seen yet (its
+    /// parent from the slice), and the two counters.
     #[test]
     fn dra_rows_are_joined_with_the_snapshot() {
         let mut s = Snapshot::empty(UNIX_EPOCH);
@@ -531,6 +549,15 @@ mod tests {
                 dra("c", "shared-2", "gpu-0", Gpu { uuid: GPU0.into() }),
                 dra("d", "by-name", "gpu-1", GpuIndex { gpu: "1".into() }),
                 dra("e", "odd", "gpu-vfio-0", Other { id: String::new() }),
+                dra(
+                    "f",
+                    "new-mig",
+                    "gpu-1-mig-9-6-1",
+                    MigOfParent {
+                        mig_uuid: "MIG-new".into(),
+                        gpu_uuid: GPU1.into(),
+                    },
+                ),
             ]
             .into(),
             dra_fallbacks_total: 2,
@@ -571,6 +598,10 @@ mod tests {
             format!(
                 r#"gpu_allocation_info{{{}}} 1"#,
                 owner("e", "odd", "gpu-vfio-0")
+            ),
+            format!(
+                r#"gpu_allocation_info{{gpu="1",uuid="{GPU1}",mig_uuid="MIG-new",{}}} 1"#,
+                owner("f", "new-mig", "gpu-1-mig-9-6-1")
             ),
         ];
         let got: Vec<String> = lines(s.clone())

@@ -11,7 +11,8 @@
 //!   UUID for a MIG device, which also carries `parentUUID`, `profile` and
 //!   `type: mig`); attributes may also be written qualified with the
 //!   driver's domain (`gpu.nvidia.com/uuid`), which the API treats as the
-//!   same name, so both are read.
+//!   same name, so both are read. `parentUUID` places a MIG device on its
+//!   GPU before a MIG rescan has seen it (one the driver just created).
 //! - **Node-scoped, off the scrape and sample paths.** Like the pod
 //!   watcher: `fieldSelector=spec.nodeName=<node>`, its own task, an
 //!   immutable map published by swapping an `Arc`. The pod-resources client
@@ -96,6 +97,7 @@ fn devices_of(slice: &ResourceSlice) -> Vec<(DeviceKey, AllocatedDevice)> {
     let spec = &slice.spec;
     let driver = spec.driver.as_str();
     let qualified = format!("{driver}/uuid");
+    let qualified_parent = format!("{driver}/parentUUID");
     spec.devices
         .iter()
         .flatten()
@@ -105,9 +107,20 @@ fn devices_of(slice: &ResourceSlice) -> Vec<(DeviceKey, AllocatedDevice)> {
                 .get("uuid")
                 .or_else(|| attrs.get(&qualified))
                 .and_then(|a: &DeviceAttribute| a.string.as_deref())?;
+            let parent = attrs
+                .get("parentUUID")
+                .or_else(|| attrs.get(&qualified_parent))
+                .and_then(|a: &DeviceAttribute| a.string.as_deref())
+                .filter(|p| p.starts_with("GPU-"));
             let device = if uuid.starts_with("MIG-") {
-                AllocatedDevice::Mig {
-                    mig_uuid: uuid.to_owned(),
+                match parent {
+                    Some(p) => AllocatedDevice::MigOfParent {
+                        mig_uuid: uuid.to_owned(),
+                        gpu_uuid: p.to_owned(),
+                    },
+                    None => AllocatedDevice::Mig {
+                        mig_uuid: uuid.to_owned(),
+                    },
                 }
             } else if uuid.starts_with("GPU-") {
                 AllocatedDevice::Gpu {
@@ -269,6 +282,7 @@ mod tests {
                         "uuid": {"string": "MIG-1111"},
                         "parentUUID": {"string": "GPU-1000"},
                         "profile": {"string": "1g.18gb"}}},
+                    {"name": "gpu-1-mig-9-5-1", "attributes": {"uuid": {"string": "MIG-1112"}}},
                     {"name": "gpu-2", "attributes": {"gpu.nvidia.com/uuid": {"string": "GPU-2000"}}},
                     {"name": "nic-0", "attributes": {"uuid": {"string": "0000:3b:00.0"}}},
                     {"name": "bare"}
@@ -288,8 +302,15 @@ mod tests {
                 ),
                 (
                     key("gpu-1-mig-9-4-1"),
+                    AllocatedDevice::MigOfParent {
+                        mig_uuid: "MIG-1111".into(),
+                        gpu_uuid: "GPU-1000".into()
+                    }
+                ),
+                (
+                    key("gpu-1-mig-9-5-1"),
                     AllocatedDevice::Mig {
-                        mig_uuid: "MIG-1111".into()
+                        mig_uuid: "MIG-1112".into()
                     }
                 ),
                 (

@@ -19,9 +19,14 @@ use crate::harness::*;
 
 const DRIVER: &str = "gpu.nvidia.com";
 const MIG_DEVICE: &str = "gpu-1-mig-9-1-1";
+/// A MIG device the DRA driver has just created: in its slice, not yet in
+/// a MIG rescan of the exporter (dcgm-exporter #714).
+const NEW_MIG_DEVICE: &str = "gpu-1-mig-9-2-1";
+const NEW_MIG: &str = "MIG-99999999-0000-0000-0000-000000000000";
 
 /// What the kubelet reports: a whole GPU (and a NIC of another driver,
-/// not a GPU), a MIG device, and GPU 2 in two claims of two pods.
+/// not a GPU), a MIG device, a MIG device just created, and GPU 2 in two
+/// claims of two pods.
 fn kubelet_pods() -> Vec<proto::PodResources> {
     vec![
         dra_pod(
@@ -51,6 +56,14 @@ fn kubelet_pods() -> Vec<proto::PodResources> {
             )],
         ),
         dra_pod(
+            "team-b",
+            "infer-1",
+            &[(
+                "server",
+                &[("team-b", "infer-mig-new", &[(DRIVER, NODE, NEW_MIG_DEVICE)])],
+            )],
+        ),
+        dra_pod(
             "team-c",
             "nb-a",
             &[(
@@ -74,6 +87,7 @@ fn api_pods() -> Vec<Value> {
     vec![
         seeded_pod("team-a", "trainer-0", 'a', "trainer", "containerd"),
         seeded_pod("team-b", "infer-0", 'b', "server", "containerd"),
+        seeded_pod("team-b", "infer-1", 'e', "server", "containerd"),
         seeded_pod("team-c", "nb-a", 'c', "jupyter", "containerd"),
         seeded_pod("team-c", "nb-b", 'd', "jupyter", "containerd"),
     ]
@@ -96,6 +110,11 @@ fn slices() -> Vec<Value> {
                 (
                     MIG_DEVICE,
                     json!({"type": {"string": "mig"}, "uuid": {"string": MIG1},
+                           "parentUUID": {"string": GPU1}, "profile": {"string": "1g.10gb"}}),
+                ),
+                (
+                    NEW_MIG_DEVICE,
+                    json!({"type": {"string": "mig"}, "uuid": {"string": NEW_MIG},
                            "parentUUID": {"string": GPU1}, "profile": {"string": "1g.10gb"}}),
                 ),
                 (
@@ -143,10 +162,20 @@ fn row(
     l
 }
 
-/// The rows, with GPU 1's MIG device as `mig` (the slices give its
-/// instance; the fallback only its parent GPU).
-fn expected(mig: &[(&str, &str)]) -> Vec<Labels> {
+/// The rows, with GPU 1's MIG devices as `mig` and `new_mig` (the slices
+/// give the instance of the one the exporter has seen and the parent of
+/// the new one; the fallback only their parent GPU).
+fn expected(mig: &[(&str, &str)], new_mig: &[(&str, &str)]) -> Vec<Labels> {
     let mut want = vec![
+        row(
+            new_mig,
+            "team-b",
+            "infer-1",
+            "server",
+            'e',
+            "infer-mig-new",
+            NEW_MIG_DEVICE,
+        ),
         row(
             &[("gpu", "0"), ("uuid", GPU0)],
             "team-a",
@@ -212,9 +241,10 @@ fn dra_devices_resolved_through_resource_slices() {
         ("gpu_instance_id", "1"),
         ("compute_instance_id", "0"),
     ];
+    let new_mig = [("gpu", "1"), ("uuid", GPU1), ("mig_uuid", NEW_MIG)];
     let m = wait_for(Duration::from_secs(10), "the DRA rows", || {
         let m = ex.metrics();
-        (allocations(&m) == expected(&mig)).then_some(m)
+        (allocations(&m) == expected(&mig, &new_mig)).then_some(m)
     });
     assert_eq!(counter(&m, "gpumem_exporter_dra_fallbacks_total"), 0.0);
     assert_eq!(
@@ -247,7 +277,7 @@ fn dra_devices_resolved_through_resource_slices() {
             p.containers[0].dynamic_resources.clear();
         }
     }
-    let want: Vec<Labels> = expected(&mig)
+    let want: Vec<Labels> = expected(&mig, &new_mig)
         .into_iter()
         .filter(|l| l["pod"] != "nb-b")
         .collect();
@@ -283,8 +313,12 @@ fn dra_devices_by_name_when_resource_slices_are_forbidden() {
         "the fallback rows, counted",
         || {
             let m = ex.metrics();
-            (allocations(&m) == expected(&[("gpu", "1"), ("uuid", GPU1)])
-                && m.get("gpumem_exporter_dra_fallbacks_total", &[]) >= Some(8.0))
+            (allocations(&m)
+                == expected(
+                    &[("gpu", "1"), ("uuid", GPU1)],
+                    &[("gpu", "1"), ("uuid", GPU1)],
+                )
+                && m.get("gpumem_exporter_dra_fallbacks_total", &[]) >= Some(10.0))
             .then_some(m)
         },
     );
