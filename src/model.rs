@@ -636,6 +636,10 @@ pub enum AllocatedDevice {
     Gpu { uuid: String },
     /// A MIG device by its UUID (`MIG-…`, drivers R470 and later).
     Mig { mig_uuid: String },
+    /// A MIG device by its UUID and its parent GPU's (a DRA ResourceSlice's
+    /// `uuid` and `parentUUID`): the parent names the GPU even before a MIG
+    /// rescan has seen a device the DRA driver has just created.
+    MigOfParent { mig_uuid: String, gpu_uuid: String },
     /// A MIG device in the older form `MIG-GPU-<uuid>/<gi>/<ci>`.
     MigOfGpu {
         gpu_uuid: String,
@@ -649,6 +653,32 @@ pub enum AllocatedDevice {
     MigOfGpuIndex { gpu: String, gpu_instance_id: u32 },
     /// Any other id (another device plugin's resource): kept as it is.
     Other { id: String },
+}
+
+/// One device a Dynamic Resource Allocation driver allocated to one
+/// container through a ResourceClaim, from the same pod-resources `List`
+/// (`dynamic_resources`). One per (container, claim, device): a device
+/// shared by several claims is several of these. Placed on the snapshot's
+/// GPUs when encoded, like an [`Allocation`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DraAllocation {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    /// From the pod watcher's index (by namespace and name), when it is on
+    /// and knows the pod.
+    pub pod_uid: Option<String>,
+    pub claim_namespace: String,
+    pub claim_name: String,
+    /// The DRA driver, e.g. `gpu.nvidia.com`.
+    pub driver: String,
+    pub pool: String,
+    /// The device's name in its pool, e.g. `gpu-0`, `gpu-1-mig-9-4-1`.
+    pub device_name: String,
+    /// Which GPU or MIG device: from this node's ResourceSlices; else the
+    /// index in the device's name ([`AllocatedDevice::GpuIndex`]); else
+    /// unknown (`Other` with an empty id).
+    pub device: AllocatedDevice,
 }
 
 /// One device a Slurm job holds, from the job-mapping directory its
@@ -714,4 +744,12 @@ pub struct PodResourcesState {
     /// `List` calls that failed (no socket, no answer in time, an error
     /// status, an answer that could not be decoded).
     pub errors_total: u64,
+    /// The DRA devices of the same answer (sorted, without duplicates).
+    pub dra: Arc<[DraAllocation]>,
+    /// DRA devices not found in this node's ResourceSlices and placed by
+    /// the index in their name (or not at all), once per device per answer.
+    pub dra_fallbacks_total: u64,
+    /// The ResourceSlice watcher's failed requests (403 included), when it
+    /// runs (the pod watcher is on).
+    pub resource_slice_errors_total: Option<u64>,
 }

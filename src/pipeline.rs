@@ -2,7 +2,8 @@
 //! start the same [`Pipeline`] — the sampler thread with attribution (the
 //! pod index when the pod watcher is on, the container-engine lookup
 //! thread when `containers.engine_socket` is set), the pod watcher, the
-//! pod-resources client, the Slurm job-mapping reader (its own thread,
+//! ResourceSlice watcher (with both the pod watcher and the pod-resources
+//! client), the pod-resources client, the Slurm job-mapping reader (its own thread,
 //! started with the sampler), and the config reload on SIGHUP — and differ only
 //! in where snapshots go (the HTTP server, or a file through the sink).
 //!
@@ -21,7 +22,7 @@ use crate::attribute::containers::{self, ContainerCache};
 use crate::config::{self, Config, Overrides};
 use crate::gpu::GpuSource;
 use crate::jobmap::{self, JobMap};
-use crate::kube::{self, PodIndex};
+use crate::kube::{self, PodIndex, SliceIndex};
 use crate::model::Snapshot;
 use crate::podres::{self, PodResources};
 use crate::publish::Shared;
@@ -48,6 +49,9 @@ pub struct Pipeline {
     sampler: Option<JoinHandle<()>>,
     pods: Option<Arc<PodIndex>>,
     pod_resources: Option<Arc<PodResources>>,
+    /// This node's ResourceSlices, when both the pod watcher and the
+    /// pod-resources client are on (DRA devices → GPUs).
+    slices: Option<Arc<SliceIndex>>,
 }
 
 impl Pipeline {
@@ -93,6 +97,8 @@ impl Pipeline {
             .kubernetes
             .as_ref()
             .map(|_| Arc::new(PodIndex::new()));
+        let slices =
+            (pods.is_some() && pod_resources.is_some()).then(|| Arc::new(SliceIndex::new()));
         let mut lookup = ProcCache::from_config(&config.attribution, pods.clone());
         if let Some(engine) = &config.container_engine {
             // Its own thread from the start (also for `record`); it ends
@@ -122,6 +128,7 @@ impl Pipeline {
             sampler: Some(sampler),
             pods,
             pod_resources,
+            slices,
         })
     }
 
@@ -149,8 +156,12 @@ impl Pipeline {
         if let (Some(k), Some(index)) = (&self.config.kubernetes, &self.pods) {
             tokio::spawn(kube::run_watcher(k.clone(), Arc::clone(index)));
         }
+        if let (Some(k), Some(slices)) = (&self.config.kubernetes, &self.slices) {
+            tokio::spawn(kube::run_slice_watcher(k.clone(), Arc::clone(slices)));
+        }
         if let (Some(p), Some(store)) = (&self.config.pod_resources, &self.pod_resources) {
-            tokio::spawn(podres::run(p.clone(), Arc::clone(store)));
+            let resolver = podres::Resolver::new(self.slices.clone(), self.pods.clone());
+            tokio::spawn(podres::run(p.clone(), Arc::clone(store), resolver));
         }
         tokio::spawn(reload_on_sighup(
             self.reload.clone(),

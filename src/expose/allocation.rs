@@ -2,8 +2,12 @@
 //! to (pod-resources API), and which Slurm job holds it (the job-mapping
 //! directory a prolog writes, `jobmap`). One family for both schedulers:
 //! Kubernetes rows carry `namespace`, `pod`, `container` and `resource`,
-//! Slurm rows `slurm_job` (and `slurm_uid` where the file has it); the
-//! device labels are the same. The device ids are matched to this
+//! Slurm rows `slurm_job` (and `slurm_uid` where the file has it), DRA rows
+//! (ResourceClaims, from the same pod-resources answer) `namespace`, `pod`,
+//! `container`, `pod_uid` and the claim's `dra_claim_namespace`,
+//! `dra_claim_name`, `dra_driver_name`, `dra_pool_name`, `dra_device_name`
+//! (dcgm-exporter's names, so dashboards carry over); the device labels are
+//! the same. The device ids are matched to this
 //! snapshot's GPUs and MIG instances here, at encode time, so the `gpu`
 //! index and the MIG ids are those of the same snapshot as the memory
 //! series they are joined with.
@@ -35,7 +39,8 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         .job_mapping
         .as_ref()
         .map_or(&[][..], |j| &j.allocations[..]);
-    if k8s.is_empty() && slurm.is_empty() {
+    let dra = s.pod_resources.as_ref().map_or(&[][..], |p| &p.dra[..]);
+    if k8s.is_empty() && slurm.is_empty() && dra.is_empty() {
         return Ok(());
     }
     let devices = Devices::of(s);
@@ -49,6 +54,21 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
             ("resource", a.resource.as_str()),
         ];
         row(&mut m, &place, replica.as_deref(), &owner)?;
+    }
+    for a in dra {
+        let place = devices.place(&a.device);
+        let owner = [
+            ("namespace", a.namespace.as_str()),
+            ("pod", a.pod.as_str()),
+            ("container", a.container.as_str()),
+            ("pod_uid", a.pod_uid.as_deref().unwrap_or("")),
+            ("dra_claim_namespace", a.claim_namespace.as_str()),
+            ("dra_claim_name", a.claim_name.as_str()),
+            ("dra_driver_name", a.driver.as_str()),
+            ("dra_pool_name", a.pool.as_str()),
+            ("dra_device_name", a.device_name.as_str()),
+        ];
+        row(&mut m, &place, None, &owner)?;
     }
     for a in slurm {
         let place = devices.place(&a.device);
@@ -201,6 +221,23 @@ impl<'a> Devices<'a> {
                     instance: None,
                 },
             },
+            AllocatedDevice::MigOfParent { mig_uuid, gpu_uuid } => {
+                match self.migs.get(mig_uuid.as_str()) {
+                    Some((gpu, m)) => Place {
+                        gpu: &gpu.gpu,
+                        uuid: &gpu.uuid,
+                        mig_uuid: Some(mig_uuid),
+                        instance: Some((m.gpu_instance_id, m.compute_instance_id)),
+                    },
+                    // Not (yet) seen by a MIG rescan: its parent GPU.
+                    None => Place {
+                        gpu: gpu_of(gpu_uuid),
+                        uuid: gpu_uuid,
+                        mig_uuid: Some(mig_uuid),
+                        instance: None,
+                    },
+                }
+            }
             AllocatedDevice::MigOfGpu {
                 gpu_uuid,
                 gpu_instance_id,
@@ -383,6 +420,7 @@ mod tests {
             allocations: allocations.into(),
             lists_total: 4,
             errors_total: 1,
+            ..Default::default()
         });
         let want = [
             "# HELP gpu_allocation_info A device the kubelet allocated to a container (pod-resources API), or that a Slurm job holds (slurm_job, from the job-mapping directory); value is always 1. gpu and uuid name the GPU (the parent GPU of a MIG device; absent when this exporter does not see it), resource the extended resource; MIG devices add mig_uuid, gpu_instance_id and compute_instance_id, time-sliced ones replica.".to_string(),
@@ -470,6 +508,114 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    /// DRA rows: a whole GPU and a MIG device from the slices, a device
+    /// shared by two claims (two rows), the fallback by index, an unknown
+    /// device (the owner only), a MIG device no rescan has seen yet (its
+    /// parent from the slice), and the two counters.
+    #[test]
+    fn dra_rows_are_joined_with_the_snapshot() {
+        let mut s = Snapshot::empty(UNIX_EPOCH);
+        s.devices = vec![
+            device("0", GPU0, &[]),
+            device("1", GPU1, &[(MIG_A, 3, 0), (MIG_B, 5, 0)]),
+        ];
+        use AllocatedDevice::*;
+        let dra = |pod: &str, claim: &str, name: &str, device| DraAllocation {
+            namespace: "team-a".into(),
+            pod: pod.into(),
+            container: "main".into(),
+            pod_uid: (pod != "c").then(|| format!("uid-{pod}")),
+            claim_namespace: "team-a".into(),
+            claim_name: claim.into(),
+            driver: "gpu.nvidia.com".into(),
+            pool: "node-1".into(),
+            device_name: name.into(),
+            device,
+        };
+        s.pod_resources = Some(PodResourcesState {
+            dra: vec![
+                dra("a", "one", "gpu-0", Gpu { uuid: GPU0.into() }),
+                dra(
+                    "b",
+                    "mig",
+                    "gpu-1-mig-9-3-1",
+                    Mig {
+                        mig_uuid: MIG_A.into(),
+                    },
+                ),
+                dra("c", "shared-1", "gpu-0", Gpu { uuid: GPU0.into() }),
+                dra("c", "shared-2", "gpu-0", Gpu { uuid: GPU0.into() }),
+                dra("d", "by-name", "gpu-1", GpuIndex { gpu: "1".into() }),
+                dra("e", "odd", "gpu-vfio-0", Other { id: String::new() }),
+                dra(
+                    "f",
+                    "new-mig",
+                    "gpu-1-mig-9-6-1",
+                    MigOfParent {
+                        mig_uuid: "MIG-new".into(),
+                        gpu_uuid: GPU1.into(),
+                    },
+                ),
+            ]
+            .into(),
+            dra_fallbacks_total: 2,
+            resource_slice_errors_total: Some(3),
+            ..Default::default()
+        });
+        let owner = |pod: &str, claim: &str, name: &str| {
+            let uid = if pod == "c" {
+                String::new()
+            } else {
+                format!(r#"pod_uid="uid-{pod}","#)
+            };
+            format!(
+                r#"namespace="team-a",pod="{pod}",container="main",{uid}dra_claim_namespace="team-a",dra_claim_name="{claim}",dra_driver_name="gpu.nvidia.com",dra_pool_name="node-1",dra_device_name="{name}""#
+            )
+        };
+        let want = [
+            format!(
+                r#"gpu_allocation_info{{gpu="0",uuid="{GPU0}",{}}} 1"#,
+                owner("a", "one", "gpu-0")
+            ),
+            format!(
+                r#"gpu_allocation_info{{gpu="1",uuid="{GPU1}",mig_uuid="{MIG_A}",gpu_instance_id="3",compute_instance_id="0",{}}} 1"#,
+                owner("b", "mig", "gpu-1-mig-9-3-1")
+            ),
+            format!(
+                r#"gpu_allocation_info{{gpu="0",uuid="{GPU0}",{}}} 1"#,
+                owner("c", "shared-1", "gpu-0")
+            ),
+            format!(
+                r#"gpu_allocation_info{{gpu="0",uuid="{GPU0}",{}}} 1"#,
+                owner("c", "shared-2", "gpu-0")
+            ),
+            format!(
+                r#"gpu_allocation_info{{gpu="1",uuid="{GPU1}",{}}} 1"#,
+                owner("d", "by-name", "gpu-1")
+            ),
+            format!(
+                r#"gpu_allocation_info{{{}}} 1"#,
+                owner("e", "odd", "gpu-vfio-0")
+            ),
+            format!(
+                r#"gpu_allocation_info{{gpu="1",uuid="{GPU1}",mig_uuid="MIG-new",{}}} 1"#,
+                owner("f", "new-mig", "gpu-1-mig-9-6-1")
+            ),
+        ];
+        let got: Vec<String> = lines(s.clone())
+            .into_iter()
+            .filter(|l| !l.starts_with('#'))
+            .collect();
+        assert_eq!(got, want);
+        let text = encode(&Arc::new(s), Format::Text).unwrap();
+        for line in [
+            "\ngpumem_exporter_dra_fallbacks_total 2\n",
+            "\ngpumem_exporter_resource_slice_errors_total 3\n",
+        ] {
+            assert!(text.contains(line), "{line} not in {text}");
+        }
     }
 
     /// Off: no family at all; on with nothing allocated: the family

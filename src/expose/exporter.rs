@@ -186,6 +186,25 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
             enc.encode_descriptor(name, help, None, MetricType::Counter)?
                 .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
         }
+        // DRA (after the two above, so their order is unchanged).
+        let slices = p.resource_slice_errors_total.map(|v| {
+            (
+                "gpumem_exporter_resource_slice_errors",
+                "Failed requests of the ResourceSlice watcher (resource.k8s.io/v1, this node's slices; a 403 without RBAC for resourceslices included).",
+                v,
+            )
+        });
+        for (name, help, v) in [(
+            "gpumem_exporter_dra_fallbacks",
+            "DRA devices not found in this node's ResourceSlices, placed by the index in their name (gpu-<n>) or not at all; once per device per pod-resources answer.",
+            p.dra_fallbacks_total,
+        )]
+        .into_iter()
+        .chain(slices)
+        {
+            enc.encode_descriptor(name, help, None, MetricType::Counter)?
+                .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+        }
     }
 
     if let Some(j) = &s.job_mapping {

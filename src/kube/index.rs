@@ -57,6 +57,19 @@ impl PodIndex {
         Some(pod.to_ref(""))
     }
 
+    /// The UID of pod `namespace/name`, when it is indexed (the kubelet's
+    /// pod-resources answer names pods, not UIDs). A scan: a node's pods
+    /// are a few hundred at most, and this runs once per DRA allocation
+    /// per pod-resources answer, never in a scrape.
+    pub fn uid_of(&self, namespace: &str, name: &str) -> Option<String> {
+        self.data
+            .load()
+            .pods
+            .values()
+            .find(|p| p.namespace == namespace && p.name == name)
+            .map(|p| p.uid.clone())
+    }
+
     /// Pods currently indexed.
     pub fn pods(&self) -> usize {
         self.data.load().pods.len()

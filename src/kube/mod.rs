@@ -38,6 +38,10 @@
 //!
 //! TLS is rustls with the ring provider (kube's `rustls-tls`), no OpenSSL.
 //!
+//! Beside it, [`slices`] watches this node's ResourceSlices
+//! (`resource.k8s.io/v1`) the same way, so the pod-resources client can
+//! tell which GPU a Dynamic Resource Allocation device is.
+//!
 //! Its settings are its own ([`KubeConfig`], which `crate::config` builds
 //! and re-exports); it imports neither `config` nor `attribute`, which sees
 //! only [`index`]. (`kube::` in these files is kube-rs; this is
@@ -49,9 +53,11 @@ mod config;
 pub(crate) mod discovery;
 pub(crate) mod index;
 mod limits;
+pub(crate) mod slices;
 mod watch;
 
 pub use config::KubeConfig;
 pub use index::{PodIndex, PodRef, normalize_container_id};
 pub use limits::{MAX_EVENT_LINE_BYTES, MAX_LIST_PAGE_BYTES};
+pub use slices::{SliceIndex, run_slice_watcher};
 pub use watch::run_watcher;

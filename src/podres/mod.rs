@@ -21,6 +21,10 @@
 //!   hint), and the connection is made afresh next time; the last answer is
 //!   served for up to [`STALE_AFTER_INTERVALS`] intervals, then dropped, so
 //!   allocations of a kubelet that went away do not linger.
+//! - **DRA from the same answer.** Each container's `dynamic_resources`
+//!   (ResourceClaims) become DRA allocations in [`dra`], resolved to GPUs
+//!   through this node's ResourceSlices (`kube::slices`) or by the index in
+//!   the device's name: no call of their own, no timer of their own.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,7 +35,7 @@ use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::config::PodResourcesConfig;
-use crate::model::{AllocatedDevice, Allocation, PodResourcesState};
+use crate::model::{AllocatedDevice, Allocation, DraAllocation, PodResourcesState};
 use crate::ratelimit::LogLimiter;
 
 /// The generated client (build.rs).
@@ -48,6 +52,9 @@ pub(crate) mod proto {
 }
 
 use proto::pod_resources_lister_client::PodResourcesListerClient;
+
+pub(crate) mod dra;
+pub(crate) use dra::Resolver;
 
 /// The last good answer is served this many intervals after it, at most.
 pub(crate) const STALE_AFTER_INTERVALS: u32 = 3;
@@ -130,8 +137,9 @@ impl ListError {
 }
 
 /// Runs forever on the current tokio runtime: `List` every
-/// `cfg.interval`, publishing into `store`.
-pub(crate) async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>) {
+/// `cfg.interval`, publishing into `store`; DRA devices are resolved with
+/// `resolver`.
+pub(crate) async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>, mut resolver: Resolver) {
     tracing::info!(
         socket = %cfg.socket.display(),
         interval = ?cfg.interval,
@@ -144,12 +152,21 @@ pub(crate) async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        match list(&cfg, &mut client).await {
-            Ok(allocations) => {
+        let answer = list(&cfg, &mut client, &mut resolver).await;
+        let slice_errors = resolver.slice_errors_total();
+        match answer {
+            Ok(Answer {
+                allocations,
+                dra,
+                fallbacks,
+            }) => {
                 last_ok = Some(Instant::now());
                 warnings.reset(&());
                 store.update(|s| {
                     s.allocations = allocations.into();
+                    s.dra = dra.into();
+                    s.dra_fallbacks_total += fallbacks;
+                    s.resource_slice_errors_total = slice_errors;
                     s.lists_total += 1;
                 });
             }
@@ -159,8 +176,10 @@ pub(crate) async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>) {
                     last_ok.is_none_or(|t| t.elapsed() > cfg.interval * STALE_AFTER_INTERVALS);
                 store.update(|s| {
                     s.errors_total += 1;
+                    s.resource_slice_errors_total = slice_errors;
                     if stale {
                         s.allocations = Arc::from(Vec::new());
+                        s.dra = Arc::from(Vec::new());
                     }
                 });
                 if let Some(suppressed) = warnings.check(()) {
@@ -176,11 +195,20 @@ pub(crate) async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>) {
     }
 }
 
+/// What one answer gives.
+struct Answer {
+    allocations: Vec<Allocation>,
+    dra: Vec<DraAllocation>,
+    /// DRA devices placed by their name (counted).
+    fallbacks: u64,
+}
+
 /// One `List`, on the open connection or a new one.
 async fn list(
     cfg: &PodResourcesConfig,
     client: &mut Option<PodResourcesListerClient<Channel>>,
-) -> Result<Vec<Allocation>, ListError> {
+    resolver: &mut Resolver,
+) -> Result<Answer, ListError> {
     let c = match client {
         Some(c) => c,
         None => client.insert(
@@ -191,8 +219,14 @@ async fn list(
     let answer = c
         .list(proto::ListPodResourcesRequest {})
         .await
-        .map_err(|s| ListError::Status(Box::new(s)))?;
-    Ok(allocations(answer.into_inner(), cfg))
+        .map_err(|s| ListError::Status(Box::new(s)))?
+        .into_inner();
+    let (dra, fallbacks) = dra::allocations(&answer, resolver);
+    Ok(Answer {
+        allocations: allocations(answer, cfg),
+        dra,
+        fallbacks,
+    })
 }
 
 /// A gRPC channel over the Unix socket (the URI is a placeholder that

@@ -11,6 +11,9 @@ use std::time::Duration;
 use crate::harness::kubelet::{FakeKubelet, pod, proto};
 use crate::harness::*;
 
+/// Dynamic Resource Allocation: ResourceClaims in the same answer.
+mod dra;
+
 const GPU0: &str = "GPU-0a0a0a0a-0000-0000-0000-000000000000";
 const GPU1: &str = "GPU-1b1b1b1b-0000-0000-0000-000000000000";
 const GPU2: &str = "GPU-2c2c2c2c-0000-0000-0000-000000000000";

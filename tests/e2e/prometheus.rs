@@ -57,6 +57,11 @@ use crate::harness::*;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+// ------------------------------------------------------------------ DRA
+// Dynamic Resource Allocation rows (issue 27): a test of their own with
+// its own exporter and Prometheus, beside the World below.
+mod dra;
+
 const GPU0: &str = "GPU-0a0a0a0a-0000-0000-0000-000000000000";
 const GPU1: &str = "GPU-1b1b1b1b-0000-0000-0000-000000000000";
 const GPU2: &str = "GPU-2c2c2c2c-0000-0000-0000-000000000000";

@@ -259,6 +259,16 @@ pub struct ApiState {
     pub next_watch_status: Option<StatusCode>,
     /// `None`: any request is served (no authentication).
     pub require: Option<Accept>,
+    /// ResourceSlices (`resource.k8s.io/v1`) served at
+    /// `/apis/resource.k8s.io/v1/resourceslices`, filtered by the
+    /// `spec.nodeName` field selector as the API server does.
+    pub slices: Vec<Value>,
+    /// Refuse every ResourceSlice request with 403 Forbidden (no RBAC).
+    pub slices_forbidden: bool,
+    /// ResourceSlice requests (lists and watches), refused ones included.
+    pub slice_requests: Vec<Request>,
+    /// Open ResourceSlice watch streams (silent; kept so they stay open).
+    pub slice_watches: Vec<WatchStream>,
 }
 
 /// The body of one watch response: what the test sends is what the
@@ -360,6 +370,81 @@ async fn pods_handler(
         "kind": "PodList",
         "apiVersion": "v1",
         "metadata": {"resourceVersion": state.rv, "continue": token},
+        "items": items
+    }))
+    .into_response()
+}
+
+/// A ResourceSlice of `driver` on `node` (pool named after the node, as
+/// NVIDIA's DRA driver does), with `devices`: (name, attributes as the
+/// API serialises them, e.g. `{"uuid": {"string": "GPU-…"}}`).
+pub fn resource_slice(node: &str, driver: &str, devices: &[(&str, Value)]) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {
+            "name": format!("{node}-{driver}-x7k2p"),
+            "resourceVersion": "10",
+            "uid": "5f0c1d2e-0000-4000-8000-000000000001",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": "0000", "controller": true}]
+        },
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices.iter().map(|(name, attributes)| json!({
+                "name": name,
+                "attributes": attributes,
+                "capacity": {"memory": {"value": "80Gi"}}
+            })).collect::<Vec<_>>()
+        }
+    })
+}
+
+async fn slices_handler(
+    State(api): State<Shared>,
+    RawQuery(raw): RawQuery,
+    Query(query): Query<BTreeMap<String, String>>,
+) -> Response {
+    let seen = Request {
+        query: query.clone(),
+        raw_query: raw.unwrap_or_default(),
+        auth: None,
+        client_cert: None,
+    };
+    let mut state = api.state.lock().unwrap();
+    state.slice_requests.push(seen);
+    if state.slices_forbidden {
+        return (
+            StatusCode::FORBIDDEN,
+            axum::Json(json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "resourceslices.resource.k8s.io is forbidden: User \"system:serviceaccount:monitoring:gpumem-exporter\" cannot list resource \"resourceslices\" in API group \"resource.k8s.io\" at the cluster scope",
+                "reason": "Forbidden", "details": {"group": "resource.k8s.io", "kind": "resourceslices"}, "code": 403
+            })),
+        )
+            .into_response();
+    }
+    if matches!(query.get("watch").map(String::as_str), Some("1" | "true")) {
+        let (tx, body) = Channel::<Bytes, std::io::Error>::new(64);
+        state.slice_watches.push(tx);
+        return Response::builder()
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::new(body))
+            .unwrap();
+    }
+    let node = query
+        .get("fieldSelector")
+        .and_then(|f| f.strip_prefix("spec.nodeName="));
+    let items: Vec<&Value> = state
+        .slices
+        .iter()
+        .filter(|s| node.is_none_or(|n| s["spec"]["nodeName"] == n))
+        .collect();
+    axum::Json(json!({
+        "kind": "ResourceSliceList",
+        "apiVersion": "resource.k8s.io/v1",
+        "metadata": {"resourceVersion": state.rv},
         "items": items
     }))
     .into_response()
@@ -475,6 +560,10 @@ impl FakeApi {
         let (tx, new_watches) = mpsc::unbounded_channel();
         let app = Router::new()
             .route("/api/v1/pods", get(pods_handler))
+            .route(
+                "/apis/resource.k8s.io/v1/resourceslices",
+                get(slices_handler),
+            )
             .with_state(Shared {
                 state: Arc::clone(&state),
                 new_watches: tx,

@@ -84,6 +84,47 @@ pub fn pod(ns: &str, name: &str, containers: &[(&str, Devices)]) -> proto::PodRe
     }
 }
 
+/// One claim of a container: (claim namespace, claim name, its devices as
+/// (driver, pool, device name)).
+pub type Claim<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str, &'a str)]);
+
+/// A pod whose containers hold ResourceClaims (Dynamic Resource
+/// Allocation), as the kubelet reports them in `dynamic_resources`: each
+/// device with the CDI device NVIDIA's DRA driver hands the runtime.
+pub fn dra_pod(ns: &str, name: &str, containers: &[(&str, &[Claim])]) -> proto::PodResources {
+    proto::PodResources {
+        name: name.into(),
+        namespace: ns.into(),
+        containers: containers
+            .iter()
+            .map(|(c, claims)| proto::ContainerResources {
+                name: (*c).into(),
+                devices: vec![],
+                cpu_ids: vec![],
+                memory: vec![],
+                dynamic_resources: claims
+                    .iter()
+                    .map(|(claim_ns, claim, devices)| proto::DynamicResource {
+                        claim_name: (*claim).into(),
+                        claim_namespace: (*claim_ns).into(),
+                        claim_resources: devices
+                            .iter()
+                            .map(|(driver, pool, device)| proto::ClaimResource {
+                                cdi_devices: vec![proto::CdiDevice {
+                                    name: format!("k8s.{driver}/claim={claim}-{device}"),
+                                }],
+                                driver_name: (*driver).into(),
+                                pool_name: (*pool).into(),
+                                device_name: (*device).into(),
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
 /// The kubelet's socket in a folder of its own, served on a runtime of
 /// its own until [`FakeKubelet::stop`] or drop.
 pub struct FakeKubelet {

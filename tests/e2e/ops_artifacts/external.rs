@@ -453,15 +453,21 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
     assert_eq!(account["metadata"]["name"].as_str(), Some(sa));
     assert_eq!(account["metadata"]["namespace"].as_str(), Some(NAMESPACE));
 
-    // RBAC: get/list/watch on pods, nothing else.
+    // RBAC: get/list/watch on pods and on ResourceSlices (DRA), nothing
+    // else.
     assert!(!kinds(objects).contains("Role") && !kinds(objects).contains("RoleBinding"));
     let role = only(objects, "ClusterRole");
     let rules = list(&role["rules"]);
-    assert_eq!(rules.len(), 1, "one RBAC rule");
-    assert_eq!(strings(rules[0].get("apiGroups")), [""]);
-    assert_eq!(strings(rules[0].get("resources")), ["pods"]);
-    assert_eq!(strings(rules[0].get("verbs")), ["get", "list", "watch"]);
-    assert!(rules[0].get("resourceNames").is_none() && rules[0].get("nonResourceURLs").is_none());
+    assert_eq!(rules.len(), 2, "two RBAC rules");
+    for (rule, (group, resource)) in rules
+        .iter()
+        .zip([("", "pods"), ("resource.k8s.io", "resourceslices")])
+    {
+        assert_eq!(strings(rule.get("apiGroups")), [group]);
+        assert_eq!(strings(rule.get("resources")), [resource]);
+        assert_eq!(strings(rule.get("verbs")), ["get", "list", "watch"]);
+        assert!(rule.get("resourceNames").is_none() && rule.get("nonResourceURLs").is_none());
+    }
     let binding = only(objects, "ClusterRoleBinding");
     assert_eq!(binding["roleRef"]["kind"].as_str(), Some("ClusterRole"));
     let role_name = role["metadata"]["name"].as_str().expect("ClusterRole name");
