@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use crate::harness::empty_label_lines;
 use crate::harness::prom::{
-    Prometheus, QueryResult, grafana_regex, grafana_substitute, prometheus_binary,
+    Prometheus, QueryResult, config_with_rules, grafana_regex, grafana_substitute,
+    prometheus_binary,
 };
 use crate::harness::*;
 use crate::prometheus::{RATE_INTERVAL, STALE_AHEAD_S, World, dashboard_queries, rules};
@@ -247,25 +248,13 @@ fn comparisons(main: &str) -> Vec<(String, String, Option<f64>)> {
 }
 
 fn prometheus_config(targets: &[(String, String)]) -> String {
-    let groups: String = targets
+    let addrs: Vec<[String; 1]> = targets.iter().map(|(addr, _)| [addr.clone()]).collect();
+    let groups: Vec<(&[String], Option<&str>)> = addrs
         .iter()
-        .map(|(addr, instance)| {
-            format!("      - targets: ['{addr}']\n        labels: {{instance: '{instance}'}}\n")
-        })
+        .zip(targets)
+        .map(|(a, (_, instance))| (&a[..], Some(instance.as_str())))
         .collect();
-    format!(
-        "global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-  evaluation_interval: 1s
-rule_files:
-  - {}
-scrape_configs:
-  - job_name: gpumem-exporter
-    static_configs:
-{groups}",
-        repo_file("deploy/prometheus/rules.yml").display()
-    )
+    config_with_rules(&groups)
 }
 
 fn query(prom: &Prometheus, expr: &str, at: Option<f64>) -> QueryResult {

@@ -50,7 +50,8 @@ use crate::harness::cluster::{
 };
 use crate::harness::kubelet::{self, FakeKubelet};
 use crate::harness::prom::{
-    Prometheus, QueryResult, grafana_regex, grafana_substitute, metric_names, prometheus_binary,
+    Prometheus, QueryResult, config_with_rules, grafana_regex, grafana_substitute, metric_names,
+    prometheus_binary,
 };
 use crate::harness::python::{Py, StubState};
 use crate::harness::*;
@@ -1172,23 +1173,14 @@ fn every_dashboard_query_and_rule_works_in_a_real_prometheus() {
         down: down_socket.local_addr().unwrap().to_string(),
         trainer: trainer.py.pid.to_string(),
     };
-    let config = format!(
-        "global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-  evaluation_interval: 1s
-rule_files:
-  - {}
-scrape_configs:
-  - job_name: gpumem-exporter
-    static_configs:
-      - targets: ['{}', '{}', '{}']
-",
-        repo_file("deploy/prometheus/rules.yml").display(),
-        targets.main,
-        targets.stale,
-        targets.down
-    );
+    let config = config_with_rules(&[(
+        &[
+            targets.main.clone(),
+            targets.stale.clone(),
+            targets.down.clone(),
+        ],
+        None,
+    )]);
     let prom = Prometheus::start(&config);
     let ready_at = Instant::now();
     world.start_rewriting();

@@ -21,6 +21,37 @@ pub fn prometheus_binary() -> &'static str {
 }
 
 /// A port that was free a moment ago (the caller retries if it is taken).
+/// A Prometheus config that scrapes and evaluates every second, loads the
+/// shipped rules (deploy/prometheus/rules.yml), and scrapes `groups` (each
+/// a static_configs entry: target addresses and, optionally, an
+/// `instance` label) as job `gpumem-exporter`.
+pub fn config_with_rules(groups: &[(&[String], Option<&str>)]) -> String {
+    let groups: String = groups
+        .iter()
+        .map(|(targets, instance)| {
+            let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+            let mut g = format!("      - targets: [{}]\n", targets.join(", "));
+            if let Some(instance) = instance {
+                g.push_str(&format!("        labels: {{instance: '{instance}'}}\n"));
+            }
+            g
+        })
+        .collect();
+    format!(
+        "global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files:
+  - {}
+scrape_configs:
+  - job_name: gpumem-exporter
+    static_configs:
+{groups}",
+        super::repo_file("deploy/prometheus/rules.yml").display()
+    )
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

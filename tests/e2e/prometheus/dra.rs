@@ -21,7 +21,7 @@ use crate::harness::cluster::{
     FakeNode, NODE, cgroup_containerd, pods_resolved, resource_slice, seeded_pod, write_proc,
 };
 use crate::harness::kubelet::{FakeKubelet, dra_pod};
-use crate::harness::prom::{Prometheus, grafana_substitute, prometheus_binary};
+use crate::harness::prom::{Prometheus, config_with_rules, grafana_substitute, prometheus_binary};
 use crate::harness::*;
 
 const GPU0: &str = "GPU-0d0d0d0d-0000-0000-0000-000000000000";
@@ -213,21 +213,7 @@ fn the_allocation_panel_and_idle_alert_cover_dra_rows() {
         },
     );
 
-    let prom = Prometheus::start(&format!(
-        "global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-  evaluation_interval: 1s
-rule_files:
-  - {}
-scrape_configs:
-  - job_name: gpumem-exporter
-    static_configs:
-      - targets: ['{}']
-",
-        repo_file("deploy/prometheus/rules.yml").display(),
-        ex.addr
-    ));
+    let prom = Prometheus::start(&config_with_rules(&[(&[ex.addr.to_string()], None)]));
     let started = Instant::now();
     loop {
         match check(&prom) {
