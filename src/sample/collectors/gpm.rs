@@ -23,10 +23,10 @@ use crate::model::Reading;
 struct Gpu {
     /// `None` until asked, then whether the GPU has GPM.
     supported: Option<bool>,
-    /// The GPU's own sample, and its MIG instances' samples, answered
-    /// NOT_SUPPORTED (logged once): not asked again.
+    /// The GPU's own sample, and the MIG GPU instances' samples (by id),
+    /// that answered NOT_SUPPORTED (logged once): not asked again.
     gpu_unsupported: bool,
-    instances_unsupported: bool,
+    instances_unsupported: Vec<u32>,
     read: Option<Arc<GpmReading>>,
 }
 
@@ -76,15 +76,18 @@ impl Collector for GpmCollector {
                 }
             }
         }
-        if !state.instances_unsupported {
-            for gi in cx.gpu.mig_gpu_instances(gpu) {
-                match cx.gpu.gpm(gpu, Some(gi)) {
-                    Ok(Some(g)) => reading.instances.push((gi, g)),
-                    Ok(None) => {}
-                    Err(e) => {
-                        state.instances_unsupported |= e.kind.is_unsupported();
-                        cx.failed(gpu, e);
+        for gi in cx.gpu.mig_gpu_instances(gpu) {
+            if state.instances_unsupported.contains(&gi) {
+                continue;
+            }
+            match cx.gpu.gpm(gpu, Some(gi)) {
+                Ok(Some(g)) => reading.instances.push((gi, g)),
+                Ok(None) => {}
+                Err(e) => {
+                    if e.kind.is_unsupported() {
+                        state.instances_unsupported.push(gi);
                     }
+                    cx.failed(gpu, e);
                 }
             }
         }
