@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::harness::*;
 
-mod unified_memory;
+pub(crate) mod unified_memory;
 
 const UUIDS: [&str; 4] = [
     "GPU-d1500000-0000-0000-0000-000000000000",
