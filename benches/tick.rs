@@ -87,6 +87,7 @@ fn main() {
         timing: TIMING,
         selection: Default::default(),
         collectors: Default::default(),
+        procfs: "/proc".into(),
     };
     let mut sampler = Sampler::new(gpu, ProcCache::new(ProcRoot::default()), config);
     let t = Instant::now();

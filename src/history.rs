@@ -185,7 +185,7 @@ mod tests {
                 }),
                 memory: u.map(|used| MemoryInfo {
                     total: 1 << 40,
-                    reserved: 0,
+                    reserved: Some(0),
                     used,
                     free: (1 << 40) - used,
                 }),

@@ -20,6 +20,31 @@ pub struct DeviceInfo {
     pub uuid: String,
     pub name: String,
     pub pci_bus_id: String,
+    /// Where its memory figures come from (found at discovery).
+    pub memory: MemoryKind,
+}
+
+/// What kind of memory a GPU has: its own, or the host's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// Device memory, from NVML's memory info.
+    #[default]
+    Device,
+    /// Unified memory shared with the host (DGX Spark / GB10): NVML
+    /// answers NOT_SUPPORTED for memory info, and the figures are the
+    /// host's, from `<path.procfs>/meminfo`.
+    Unified,
+}
+
+impl MemoryKind {
+    /// The `memory` label of `gpu_info` and the JSON API's `memory` field:
+    /// `None` for device memory (the label is absent).
+    pub fn label(self) -> Option<&'static str> {
+        match self {
+            MemoryKind::Device => None,
+            MemoryKind::Unified => Some("unified"),
+        }
+    }
 }
 
 impl DeviceInfo {
@@ -30,6 +55,7 @@ impl DeviceInfo {
             uuid: String::new(),
             name: String::new(),
             pci_bus_id: String::new(),
+            memory: MemoryKind::Device,
         }
     }
 
@@ -140,11 +166,14 @@ pub struct DriverInfo {
     pub cuda_driver_version: String,
 }
 
-/// Device memory as NVML's `nvmlDeviceGetMemoryInfo_v2` reports it, in bytes.
+/// Device memory as NVML's `nvmlDeviceGetMemoryInfo_v2` reports it, in bytes
+/// (or, for a unified-memory GPU, the host's: see [`MemoryKind::Unified`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemoryInfo {
     pub total: u64,
-    pub reserved: u64,
+    /// `None` on a unified-memory GPU: there is no driver reservation to
+    /// report, and a 0 would be a fake figure.
+    pub reserved: Option<u64>,
     pub used: u64,
     pub free: u64,
 }

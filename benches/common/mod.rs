@@ -128,10 +128,11 @@ pub fn snapshot(pods: bool) -> Snapshot {
                     uuid: uuid(g),
                     name: "NVIDIA H200".into(),
                     pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + g * 0x10),
+                    memory: Default::default(),
                 }),
                 memory: Some(MemoryInfo {
                     total: TOTAL,
-                    reserved: RESERVED,
+                    reserved: Some(RESERVED),
                     used,
                     free: TOTAL - RESERVED - used,
                 }),

@@ -142,4 +142,6 @@ pub struct SamplerConfig {
     pub timing: Timing,
     pub selection: Selection,
     pub collectors: Collectors,
+    /// `path.procfs`: a unified-memory GPU's figures are its `meminfo`.
+    pub procfs: PathBuf,
 }

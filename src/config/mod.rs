@@ -135,6 +135,7 @@ impl Config {
             timing: self.timing,
             selection: self.selection,
             collectors: self.collectors.clone(),
+            procfs: PathBuf::from(&self.attribution.procfs),
         }
     }
 }

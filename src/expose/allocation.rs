@@ -313,6 +313,7 @@ mod tests {
                 uuid: uuid.into(),
                 name: "NVIDIA H200".into(),
                 pci_bus_id: String::new(),
+                memory: Default::default(),
             }),
             memory: None,
             used_peak_bytes: None,

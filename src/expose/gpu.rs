@@ -13,6 +13,8 @@ pub(super) fn devices(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), f
     let mut m = gauge(
         enc,
         "gpu_info",
+        // The HELP text is the golden files' (memory="unified" is in
+        // docs/metrics.md).
         "GPU identity; value is always 1. gpu is the NVML index.",
     )?;
     // A GPU whose identity could not be read yet has only gpu_up 0.
@@ -23,6 +25,8 @@ pub(super) fn devices(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), f
             ("uuid", i.uuid.as_str()),
             ("name", i.name.as_str()),
             ("pci_bus_id", i.pci_bus_id.as_str()),
+            // Absent (empty, left out) for device memory.
+            ("memory", i.memory.label().unwrap_or_default()),
         ]);
         m.encode_family(&labels)?.encode_gauge(&1u32)?;
     }
@@ -57,7 +61,7 @@ pub(super) fn devices(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), f
         (
             "gpu_memory_reserved_bytes",
             "Device memory reserved by the driver and firmware, in bytes.",
-            |d| d.memory.map(|m| m.reserved),
+            |d| d.memory.and_then(|m| m.reserved),
         ),
         (
             "gpu_memory_used_peak_bytes",

@@ -74,7 +74,8 @@ struct Driver<'a> {
 #[derive(Serialize)]
 struct Memory {
     total_bytes: u64,
-    reserved_bytes: u64,
+    /// `null` on a unified-memory GPU (no driver reservation).
+    reserved_bytes: Option<u64>,
     used_bytes: u64,
     free_bytes: u64,
 }
@@ -97,6 +98,12 @@ struct Gpu<'a> {
     name: &'a str,
     pci_bus_id: &'a str,
     up: bool,
+    /// `"unified"` on a GPU whose memory is the host's, else absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_kind: Option<&'static str>,
+    /// What the page says of such memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_note: Option<&'static str>,
     memory: Option<Memory>,
     memory_used_peak_bytes: Option<u64>,
     utilization: Option<GpuUtilization>,
@@ -318,6 +325,11 @@ fn gpu(d: &DeviceSample, forecast: Option<Forecast>) -> Gpu<'_> {
         name: &i.name,
         pci_bus_id: &i.pci_bus_id,
         up: d.up(),
+        memory_kind: i.memory.label(),
+        memory_note: i
+            .memory
+            .label()
+            .map(|_| "unified memory, shared with the host"),
         memory: d.memory.map(Memory::from),
         memory_used_peak_bytes: d.used_peak_bytes,
         // The collector on, but no figure supported: as if off.

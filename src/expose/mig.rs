@@ -29,22 +29,22 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
             m.encode_family(&labels)?.encode_gauge(&1u32)?;
         }
     }
-    type MigPick = fn(&MemoryInfo) -> u64;
+    type MigPick = fn(&MemoryInfo) -> Option<u64>;
     let mig_memory: [(&str, &str, MigPick); 4] = [
         (
             "gpu_mig_memory_total_bytes",
             "Memory of one MIG instance (its own memory_info), in bytes.",
-            |m| m.total,
+            |m| Some(m.total),
         ),
         (
             "gpu_mig_memory_used_bytes",
             "Memory used in one MIG instance, in bytes.",
-            |m| m.used,
+            |m| Some(m.used),
         ),
         (
             "gpu_mig_memory_free_bytes",
             "Free memory of one MIG instance, in bytes.",
-            |m| m.free,
+            |m| Some(m.free),
         ),
         (
             "gpu_mig_memory_reserved_bytes",
@@ -56,7 +56,7 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         let mut m = gauge(enc, name, help)?;
         for d in &s.devices {
             for g in d.mig.iter() {
-                if let Some(mem) = &g.memory {
+                if let Some(v) = g.memory.as_ref().and_then(pick) {
                     let gi = g.info.gpu_instance_id.to_string();
                     let ci = g.info.compute_instance_id.to_string();
                     let labels = Labels([
@@ -65,7 +65,7 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
                         ("gpu_instance_id", gi.as_str()),
                         ("compute_instance_id", ci.as_str()),
                     ]);
-                    m.encode_family(&labels)?.encode_gauge(&pick(mem))?;
+                    m.encode_family(&labels)?.encode_gauge(&v)?;
                 }
             }
         }

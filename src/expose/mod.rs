@@ -3,7 +3,7 @@
 //! file per family group, in the order a scrape shows them: `gpu`,
 //! `process`, `torch`, `mig`, `allocation` (the kubelet's device
 //! allocations), the collectors `utilization`, `power`
-//! (power_thermal) and `health`, then the exporter's own families
+//! (power_thermal), `health` and `gpm`, then the exporter's own families
 //! (`exporter`) last. The collectors' families are left out entirely when
 //! no GPU has their figures (collector off, or not supported). Encoding
 //! reads only the [`Snapshot`]: no NVML, no /proc, no HTTP state. No series
@@ -17,6 +17,7 @@
 mod allocation;
 mod encoder;
 mod exporter;
+mod gpm;
 mod gpu;
 mod health;
 pub(crate) mod json;
@@ -130,6 +131,7 @@ fn gpu_families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Er
     utilization::processes(enc, s)?;
     power::families(enc, s)?;
     health::families(enc, s)?;
+    gpm::families(enc, s)?;
     gpu::driver(enc, s)
 }
 

@@ -275,6 +275,11 @@ operations! {
     RegisterEvents => "register_events",
     EventSetCreate => "event_set_create",
     EventSetWait => "event_set_wait",
+    VirtualizationMode => "virtualization_mode",
+    GpmQueryDeviceSupport => "gpm_query_device_support",
+    GpmSampleGet => "gpm_sample_get",
+    GpmMigSampleGet => "gpm_mig_sample_get",
+    GpmMetricsGet => "gpm_metrics_get",
 }
 
 /// Orders by label (see the module doc).

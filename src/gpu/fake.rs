@@ -6,7 +6,7 @@
 //! The end-to-end tests use the cdylib in `tests/fake-nvml` instead, which
 //! stands in for the real library under the production NVML code.
 
-use super::readings::{Health, PowerThermal, Utilization};
+use super::readings::{Gpm, Health, PowerThermal, Utilization, Virtualization};
 use super::{
     ErrorKind, GpuError, GpuSource, Operation, ProcessUtilizationSample, RawProcess, merge_process,
 };
@@ -39,6 +39,8 @@ pub struct FakeDevice {
     pub xid: Option<Vec<u64>>,
     /// When set, the power_thermal collector's call fails with it.
     pub collector_error: Option<GpuError>,
+    /// nvmlDeviceGetVirtualizationMode's answer.
+    pub virtualization: Virtualization,
 }
 
 impl FakeDevice {
@@ -51,6 +53,7 @@ impl FakeDevice {
                 uuid: format!("GPU-fake-{index:04}"),
                 name: "Fake GPU".into(),
                 pci_bus_id: format!("00000000:{index:02X}:00.0"),
+                memory: Default::default(),
             },
             identity_error: None,
             memory: Ok(memory(total, used)),
@@ -62,6 +65,7 @@ impl FakeDevice {
             process_utilization: None,
             xid: None,
             collector_error: None,
+            virtualization: Virtualization::None,
         }
     }
 }
@@ -70,7 +74,7 @@ impl FakeDevice {
 pub fn memory(total: u64, used: u64) -> MemoryInfo {
     MemoryInfo {
         total,
-        reserved: 0,
+        reserved: Some(0),
         used,
         free: total.saturating_sub(used),
     }
@@ -325,6 +329,33 @@ impl GpuSource for FakeGpu {
             }
         }
         Ok(())
+    }
+
+    fn virtualization(&mut self, device: usize) -> Result<Virtualization, GpuError> {
+        Ok(self
+            .device(device, Operation::VirtualizationMode)?
+            .virtualization)
+    }
+
+    /// No GPM here: its end-to-end tests run on the fake NVML library.
+    fn gpm_supported(&mut self, device: usize) -> Result<bool, GpuError> {
+        self.device(device, Operation::GpmQueryDeviceSupport)?;
+        Ok(false)
+    }
+
+    fn gpm(&mut self, _device: usize, _gpu_instance: Option<u32>) -> Result<Option<Gpm>, GpuError> {
+        Err(unsupported(Operation::GpmSampleGet))
+    }
+
+    fn mig_gpu_instances(&self, device: usize) -> Vec<u32> {
+        let mut ids: Vec<u32> = self
+            .devices
+            .get(device)
+            .map(|d| d.mig.iter().map(|(m, _)| m.gpu_instance_id).collect())
+            .unwrap_or_default();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     }
 
     fn close(&mut self) {

@@ -10,7 +10,7 @@ pub mod nvml;
 pub mod readings;
 
 use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
-use readings::{Health, PowerThermal, ProcessUtilization, Utilization};
+use readings::{Gpm, Health, PowerThermal, ProcessUtilization, Utilization, Virtualization};
 
 pub use error::{ErrorKind, GpuError, Operation};
 
@@ -81,6 +81,18 @@ pub trait GpuSource {
     /// Critical Xid events that arrived since the last call, as (device,
     /// Xid), without waiting.
     fn xid_events(&mut self, out: &mut Vec<(usize, u64)>) -> Result<(), GpuError>;
+    /// Whether GPU `device` runs in a vGPU guest (read once, at discovery).
+    fn virtualization(&mut self, device: usize) -> Result<Virtualization, GpuError>;
+    /// Whether GPU `device` has GPM (`nvmlGpmQueryDeviceSupport`).
+    fn gpm_supported(&mut self, device: usize) -> Result<bool, GpuError>;
+    /// Take a GPM sample of GPU `device`, or of its MIG GPU instance
+    /// `gpu_instance`, and answer the metrics between the previous sample
+    /// of the same and this one: `Ok(None)` for the first. The source
+    /// keeps the previous sample (an NVML allocation that must be freed
+    /// before NVML is shut down, so it cannot outlive the source).
+    fn gpm(&mut self, device: usize, gpu_instance: Option<u32>) -> Result<Option<Gpm>, GpuError>;
+    /// The GPU instance ids of the MIG layout last read (each once).
+    fn mig_gpu_instances(&self, device: usize) -> Vec<u32>;
     /// Let go of the driver (handles, and the library itself), so that the
     /// next open loads it afresh, e.g. after a driver upgrade. Every call
     /// after this fails with [`ErrorKind::Uninitialized`].

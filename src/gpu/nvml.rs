@@ -3,16 +3,18 @@
 //! driver and fails with a clear message instead).
 
 mod collect;
+mod gpm;
 
 use std::ffi::OsStr;
 
 use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::GpuVirtualizationMode;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::{Device, EventSet, Nvml};
 
-use super::readings::{Health, PowerThermal, ProcessUtilization, Utilization};
+use super::readings::{Gpm, Health, PowerThermal, ProcessUtilization, Utilization, Virtualization};
 use super::{
     ErrorKind, GpuError, GpuSource, Operation, ProcessUtilizationSample, RawProcess, merge_process,
 };
@@ -86,6 +88,13 @@ struct Opened {
     mig_handles: Vec<Vec<Device<'static>>>,
     /// Critical Xid events of the GPUs registered by `watch_xid`.
     events: Option<EventSet<'static>>,
+    /// Per GPU: the GPU instance ids of its MIG layout (each once).
+    mig_gis: Vec<Vec<u32>>,
+    /// The last GPM sample of each GPU (`None`) and MIG GPU instance: a
+    /// GPM metric is the difference of two samples. Kept here, not in the
+    /// collector, because a sample is an NVML allocation freed through the
+    /// library: it must go before `nvml` does.
+    gpm: gpm::Previous,
     nvml: Box<Nvml>,
 }
 
@@ -164,6 +173,8 @@ impl NvmlSource {
                 handles: (0..count).map(|_| None).collect(),
                 mig_handles: (0..count).map(|_| Vec::new()).collect(),
                 events: None,
+                mig_gis: (0..count).map(|_| Vec::new()).collect(),
+                gpm: gpm::Previous::default(),
                 nvml: Box::new(nvml),
             }),
             driver,
@@ -265,7 +276,7 @@ fn memory_of(dev: &Device<'static>) -> Result<MemoryInfo, GpuError> {
     let m = dev.memory_info().map_err(gpu_err(Operation::MemoryInfo))?;
     Ok(MemoryInfo {
         total: m.total,
-        reserved: m.reserved,
+        reserved: Some(m.reserved),
         used: m.used,
         free: m.free,
     })
@@ -306,17 +317,22 @@ impl GpuSource for NvmlSource {
                 .pci_info()
                 .map_err(gpu_err(Operation::DevicePciInfo))?
                 .bus_id,
+            memory: Default::default(),
         })
     }
 
     fn mig_layout(&mut self, device: usize) -> Result<Vec<MigInfo>, GpuError> {
         let (handles, infos) = mig_instances(self.handle(device, Operation::MigMode)?)?;
-        if let Some(slot) = self
-            .opened
-            .as_mut()
-            .and_then(|o| o.mig_handles.get_mut(device))
-        {
-            *slot = handles;
+        if let Some(o) = self.opened.as_mut() {
+            if let Some(slot) = o.mig_handles.get_mut(device) {
+                *slot = handles;
+            }
+            if let Some(slot) = o.mig_gis.get_mut(device) {
+                let mut gis: Vec<u32> = infos.iter().map(|m| m.gpu_instance_id).collect();
+                gis.sort_unstable();
+                gis.dedup();
+                *slot = gis;
+            }
         }
         Ok(infos)
     }
@@ -493,6 +509,42 @@ impl GpuSource for NvmlSource {
             }
         }
         Ok(())
+    }
+
+    fn virtualization(&mut self, device: usize) -> Result<Virtualization, GpuError> {
+        const OP: Operation = Operation::VirtualizationMode;
+        match self.handle(device, OP)?.virtualization_mode() {
+            Ok(GpuVirtualizationMode::Vgpu) => Ok(Virtualization::VgpuGuest),
+            Ok(_) => Ok(Virtualization::None),
+            Err(e) => Err(gpu_err(OP)(e)),
+        }
+    }
+
+    fn gpm_supported(&mut self, device: usize) -> Result<bool, GpuError> {
+        const OP: Operation = Operation::GpmQueryDeviceSupport;
+        self.handle(device, OP)?.gpm_support().map_err(gpu_err(OP))
+    }
+
+    fn gpm(&mut self, device: usize, gpu_instance: Option<u32>) -> Result<Option<Gpm>, GpuError> {
+        let op = match gpu_instance {
+            None => Operation::GpmSampleGet,
+            Some(_) => Operation::GpmMigSampleGet,
+        };
+        let opened = self.opened(op)?;
+        let nvml = opened.nvml();
+        let dev = opened
+            .handles
+            .get(device)
+            .and_then(Option::as_ref)
+            .ok_or(GpuError::new(op, ErrorKind::InvalidDeviceIndex))?;
+        opened.gpm.next(nvml, dev, device, gpu_instance)
+    }
+
+    fn mig_gpu_instances(&self, device: usize) -> Vec<u32> {
+        self.opened
+            .as_ref()
+            .and_then(|o| o.mig_gis.get(device).cloned())
+            .unwrap_or_default()
     }
 
     fn close(&mut self) {

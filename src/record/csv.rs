@@ -147,7 +147,7 @@ fn memory_row(
         .set(Col::Gpu, gpu)
         .set(Col::Uuid, uuid)
         .num(Col::Used, m.map(|m| m.used))
-        .num(Col::Reserved, m.map(|m| m.reserved))
+        .num(Col::Reserved, m.and_then(|m| m.reserved))
         .num(Col::Free, m.map(|m| m.free))
         .num(Col::Total, m.map(|m| m.total))
         .write(w)

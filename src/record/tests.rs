@@ -57,6 +57,7 @@ fn sampler() -> Sampler<FakeGpu, Names> {
         timing: t,
         selection: Default::default(),
         collectors: Default::default(),
+        procfs: "/proc".into(),
     };
     Sampler::new(FakeGpu::new(vec![d]), Names, config)
 }

@@ -54,7 +54,9 @@ struct Event<'a, A: Serialize> {
 #[derive(Serialize)]
 struct Memory {
     used_bytes: u64,
-    reserved_bytes: u64,
+    /// Absent on a unified-memory GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reserved_bytes: Option<u64>,
     free_bytes: u64,
 }
 

@@ -10,15 +10,26 @@
 //!   MIG layout when `mig_rescan_interval` has passed or a MIG call says it
 //!   changed (a process on an instance the layout does not have, a stale
 //!   instance handle), and each instance's memory.
+//!
+//! A GPU that answers NOT_SUPPORTED to memory info when it is discovered
+//! has unified memory (DGX Spark / GB10): said once in the log, marked
+//! [`MemoryKind::Unified`], and its memory is the host's from then on
+//! (`host_memory.rs`), read at the same interval, with no NVML error
+//! counted.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::errors::Errors;
+use super::host_memory;
 use super::peaks::WindowMax;
-use crate::gpu::{GpuSource, RawProcess};
-use crate::model::{DeviceInfo, MemoryInfo, MigInfo, MigSample, OtherProcesses, ProcessSample};
+use crate::gpu::readings::Virtualization;
+use crate::gpu::{ErrorKind, GpuSource, RawProcess};
+use crate::model::{
+    DeviceInfo, MemoryInfo, MemoryKind, MigInfo, MigSample, OtherProcesses, ProcessSample,
+};
 
 pub(super) struct DeviceState {
     pub(super) index: usize,
@@ -33,6 +44,12 @@ pub(super) struct DeviceState {
     mig_read_at: Option<Instant>,
     /// Failed identity reads in a row (the first one is logged).
     identify_failures: u32,
+    /// NVML says this GPU is a vGPU guest's (read at discovery): the
+    /// collectors whose calls misbehave there are skipped on it.
+    pub(super) vgpu_guest: bool,
+    /// A unified-memory GPU's host meminfo failed in the last read (the
+    /// first failure of a run is logged).
+    meminfo_failed: bool,
 }
 
 impl DeviceState {
@@ -48,6 +65,8 @@ impl DeviceState {
             mig: Arc::from(Vec::new()),
             mig_read_at: None,
             identify_failures: 0,
+            meminfo_failed: false,
+            vgpu_guest: false,
         }
     }
 
@@ -70,18 +89,24 @@ impl DeviceState {
     }
 
     /// Read the memory and feed the peak window; while the identity is
-    /// unknown or the driver is gone, the GPU is down. Returns the time
-    /// spent in NVML.
+    /// unknown or the driver is gone, the GPU is down. A unified-memory
+    /// GPU's memory is the host's, from `procfs`'s meminfo. Returns the
+    /// time spent in NVML.
     pub(super) fn read_memory(
         &mut self,
         gpu: &mut dyn GpuSource,
         errors: &mut Errors,
         now: Instant,
         window: Duration,
+        procfs: &Path,
     ) -> Duration {
         if errors.driver_gone.is_some() || !self.info.is_known() {
             self.mark_down();
             self.used_peak.expire(now, window);
+            return Duration::ZERO;
+        }
+        if self.info.memory == MemoryKind::Unified {
+            self.read_host_memory(now, window, procfs);
             return Duration::ZERO;
         }
         let t = Instant::now();
@@ -101,15 +126,63 @@ impl DeviceState {
         spent
     }
 
+    /// The host's memory as a unified-memory GPU's: not an NVML call, so a
+    /// failure is logged (first of a run) and the GPU is down, uncounted.
+    fn read_host_memory(&mut self, now: Instant, window: Duration, procfs: &Path) {
+        match host_memory::read(procfs) {
+            Ok(m) => {
+                if self.meminfo_failed {
+                    tracing::info!(gpu = self.index, "host memory readable again");
+                }
+                self.meminfo_failed = false;
+                self.used_peak.push(now, m.used, window);
+                self.memory = Some(m);
+            }
+            Err(e) => {
+                if !self.meminfo_failed {
+                    tracing::warn!(
+                        gpu = self.index,
+                        error = %e,
+                        "unified-memory GPU: host memory cannot be read; the GPU is exported as gpu_up 0 until it can"
+                    );
+                }
+                self.meminfo_failed = true;
+                self.memory = None;
+                self.used_peak.expire(now, window);
+            }
+        }
+    }
+
     /// Read the identity and MIG layout; on success the GPU is known from
     /// now on. Failures are counted, and the first of a run is logged.
-    pub(super) fn discover(&mut self, gpu: &mut dyn GpuSource, errors: &mut Errors, now: Instant) {
+    /// A GPU whose memory info is NOT_SUPPORTED has unified memory: said
+    /// once here, and not asked again.
+    pub(super) fn discover(
+        &mut self,
+        gpu: &mut dyn GpuSource,
+        errors: &mut Errors,
+        now: Instant,
+        procfs: &Path,
+    ) {
         let i = self.index;
         let found = gpu
             .identify(i)
             .and_then(|info| Ok((info, gpu.mig_layout(i)?)));
         match found {
-            Ok((info, layout)) => {
+            Ok((mut info, layout)) => {
+                if gpu
+                    .memory(i)
+                    .is_err_and(|e| e.kind == ErrorKind::NotSupported)
+                {
+                    info.memory = MemoryKind::Unified;
+                    tracing::info!(
+                        gpu = i,
+                        uuid = %info.uuid,
+                        name = %info.name,
+                        meminfo = %procfs.join("meminfo").display(),
+                        "GPU answers NOT_SUPPORTED for memory info: unified memory, shared with the host; its memory figures are the host's (MemTotal, MemAvailable) and gpu_info has memory=\"unified\""
+                    );
+                }
                 if self.identify_failures > 0 {
                     tracing::info!(
                         gpu = i,
@@ -118,6 +191,15 @@ impl DeviceState {
                         "GPU answered; its series start now"
                     );
                 }
+                self.vgpu_guest = match gpu.virtualization(i) {
+                    Ok(v) => v == Virtualization::VgpuGuest,
+                    Err(e) => {
+                        if !e.kind.is_unsupported() {
+                            errors.count(e);
+                        }
+                        false
+                    }
+                };
                 self.info = Arc::new(info);
                 self.mig = layout_samples(layout);
                 self.mig_read_at = Some(now);

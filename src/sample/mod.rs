@@ -13,6 +13,7 @@
 pub mod collectors;
 mod device;
 mod errors;
+mod host_memory;
 mod peaks;
 mod processes;
 mod select;

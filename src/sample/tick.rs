@@ -139,7 +139,13 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         let now = Instant::now();
         let window = self.config.timing.peak_window;
         for dev in &mut self.devices {
-            dev.read_memory(&mut self.gpu, &mut self.errors, now, window);
+            dev.read_memory(
+                &mut self.gpu,
+                &mut self.errors,
+                now,
+                window,
+                &self.config.procfs,
+            );
         }
         self.memory_samples += 1;
         self.snapshot()
@@ -158,9 +164,16 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         }
         if self.errors.driver_gone.is_none() {
             let t = Instant::now();
+            // A vGPU guest's GPUs do not answer to the collectors skipped
+            // there.
+            let hosted: Vec<bool> = answering
+                .iter()
+                .zip(&self.devices)
+                .map(|(&up, d)| up && !d.vgpu_guest)
+                .collect();
             let mut cx = Context::new(&mut self.gpu, started, &mut self.errors);
-            for c in self.collectors.each() {
-                c.finish(&mut cx, &answering);
+            for (def, c) in self.collectors.each_with_def() {
+                c.finish(&mut cx, if def.vgpu_guest { &answering } else { &hosted });
             }
             in_nvml += t.elapsed();
         }
@@ -188,9 +201,22 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         let timing = self.config.timing;
         let dev = &mut self.devices[i];
         if self.errors.driver_gone.is_none() && !dev.info.is_known() {
-            dev.discover(&mut self.gpu, &mut self.errors, now);
+            dev.discover(&mut self.gpu, &mut self.errors, now, &self.config.procfs);
+            if dev.vgpu_guest {
+                tracing::info!(
+                    gpu = i,
+                    skipped = self.collectors.skipped_in_vgpu_guests().join(","),
+                    "GPU of a vGPU guest (NVML virtualization mode VGPU): the collectors whose calls misbehave there are skipped on it"
+                );
+            }
         }
-        dev.read_memory(&mut self.gpu, &mut self.errors, now, timing.peak_window);
+        dev.read_memory(
+            &mut self.gpu,
+            &mut self.errors,
+            now,
+            timing.peak_window,
+            &self.config.procfs,
+        );
         if dev.memory.is_none() {
             self.down(i);
             return t.elapsed();
@@ -198,9 +224,12 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         if dev.mig_rescan_due(now, timing.mig_rescan_interval) {
             dev.rescan_mig(&mut self.gpu, &mut self.errors, now);
         }
+        let guest = dev.vgpu_guest;
         let mut cx = Context::new(&mut self.gpu, now, &mut self.errors);
-        for c in self.collectors.each() {
-            c.collect(&mut cx, i);
+        for (def, c) in self.collectors.each_with_def() {
+            if def.vgpu_guest || !guest {
+                c.collect(&mut cx, i);
+            }
         }
         self.listed.clear();
         let listed = if self.config.collectors.processes() {
@@ -223,9 +252,12 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         }
         self.listed.sort_unstable_by_key(|p| p.pid);
         if self.config.collectors.processes() {
+            let guest = self.devices[i].vgpu_guest;
             let mut cx = Context::new(&mut self.gpu, now, &mut self.errors);
-            for c in self.collectors.each() {
-                c.processes(&mut cx, i, &self.listed);
+            for (def, c) in self.collectors.each_with_def() {
+                if def.vgpu_guest || !guest {
+                    c.processes(&mut cx, i, &self.listed);
+                }
             }
         }
         let in_nvml = t.elapsed();

@@ -11,6 +11,8 @@ use crate::harness::*;
 
 #[cfg(feature = "external-tools")]
 mod external;
+mod gpm;
+mod vgpu;
 
 const H200: &str = "GPU-c0110000-0000-0000-0000-000000000000";
 const V100: &str = "GPU-c0110000-0000-0000-0000-000000000001";

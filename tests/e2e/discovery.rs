@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::harness::*;
 
+pub(crate) mod unified_memory;
+
 const UUIDS: [&str; 4] = [
     "GPU-d1500000-0000-0000-0000-000000000000",
     "GPU-d1500000-0000-0000-0000-000000000001",

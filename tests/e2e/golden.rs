@@ -82,13 +82,14 @@ fn fixed_snapshot() -> Snapshot {
             uuid: uuid.into(),
             name: "NVIDIA H200".into(),
             pci_bus_id: bus.into(),
+            memory: Default::default(),
         })
     };
     let total = 150_754_820_096;
     let reserved = 644_939_776;
     let memory = |used: u64| MemoryInfo {
         total,
-        reserved,
+        reserved: Some(reserved),
         used,
         free: total - reserved - used,
     };
@@ -239,7 +240,7 @@ fn fixed_snapshot() -> Snapshot {
         }),
         memory: used.map(|u| MemoryInfo {
             total: 71 * GIB,
-            reserved: 0,
+            reserved: Some(0),
             used: u,
             free: 71 * GIB - u,
         }),

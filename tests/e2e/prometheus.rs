@@ -192,6 +192,7 @@ pub(super) fn main_scenario(trainer_pid: u32, xids: usize, gpu1_used: u64) -> St
     ecc: {{enabled: true, corrected_volatile: 12, corrected_aggregate: 40, uncorrected_volatile: 1, uncorrected_aggregate: 1}}
     remapped_rows: {{correctable: 2, uncorrectable: 1, pending: true, failed: true}}
     xid_events: [{xid_list}]
+    gpm: {{sm_util: 91, sm_occupancy: 48, any_tensor_util: 72, dram_bw_util: 35, fp16_util: 20, fp32_util: 4, fp64_util: 0, pcie_tx_per_sec: 120, pcie_rx_per_sec: 900, nvlink_total_tx_per_sec: 30000, nvlink_total_rx_per_sec: 29500}}
   - uuid: {GPU1}
     memory: {{total: 85899345920, reserved: 536870912, used: {gpu1_used}}}
     utilization: {{gpu: 2, memory: 1, encoder: 0, decoder: 0}}
@@ -1050,7 +1051,7 @@ impl World {
                 kubelet.socket.display()
             ),
         ) + &format!(
-            "collectors:\n  process_utilization: true\nslurm:\n  job_mapping_dir: {}\n  job_mapping_interval: 1s\n",
+            "collectors:\n  process_utilization: true\n  gpm: true\nslurm:\n  job_mapping_dir: {}\n  job_mapping_interval: 1s\n",
             scenario.dir.path().join("slurm-jobs").display()
         );
         job_mapping(&scenario.dir.path().join("slurm-jobs"));
@@ -1279,5 +1280,64 @@ fn grafana_variables_are_substituted_like_grafana() {
             ]
         ),
         "rate(x{instance=~\"127\\\\.0\\\\.0\\\\.1:9877\", pod=~\"(a|b)\"}[10s])"
+    );
+}
+
+// ------------------------------------------- unified memory (issue 26)
+//
+// Apart from the world above: one exporter with a GB10-like GPU (memory
+// NOT_SUPPORTED, figures from the fake meminfo) beside an H200, scraped by
+// a real Prometheus with the shipped rules.
+
+#[test]
+fn a_unified_memory_gpu_raises_no_alert_in_a_real_prometheus() {
+    use crate::discovery::unified_memory::{GB10, meminfo, scenario, write_meminfo};
+    prometheus_binary();
+    let sc = Scenario::new(&scenario());
+    let root = write_meminfo(&sc, &meminfo(128_452_000, 112_233_444));
+    let ex = Exporter::start(&sc, &["--sample-interval", "200ms", "--path.procfs", &root]);
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n\
+         scrape_configs:\n  - job_name: gpumem-exporter\n    static_configs:\n      - targets: ['{}']\n",
+        repo_file("deploy/prometheus/rules.yml").display(),
+        ex.addr
+    );
+    let prom = Prometheus::start(&config);
+    let used = (128_452_000u64 - 112_233_444) * 1024;
+    let stored = format!("gpu_memory_used_bytes{{uuid=\"{GB10}\"}}");
+    wait_for(
+        Duration::from_secs(30),
+        "the GB10's memory in Prometheus",
+        || (prom.query(&stored).values() == vec![used as f64]).then_some(()),
+    );
+    // Several evaluations of every rule over that data, then: nothing
+    // firing or pending for the GPU, and no NVML errors to alert on.
+    std::thread::sleep(Duration::from_secs(4));
+    let rules = prom.api("/api/v1/rules");
+    for g in rules["data"]["groups"].as_array().unwrap() {
+        for r in g["rules"].as_array().unwrap() {
+            assert_eq!(r["health"], "ok", "{r}");
+        }
+    }
+    let alerts = prom.api("/api/v1/alerts");
+    let alerts = alerts["data"]["alerts"].as_array().unwrap();
+    let about: Vec<&Value> = alerts
+        .iter()
+        .filter(|a| a["labels"]["uuid"] == GB10 || a["labels"]["alertname"] == "NvmlErrorsRising")
+        .collect();
+    assert!(
+        about.is_empty(),
+        "alerts for the unified-memory GPU: {about:?}"
+    );
+    assert!(
+        prom.query("gpumem_exporter_nvml_errors_total")
+            .values()
+            .is_empty(),
+        "NVML errors stored"
+    );
+    assert_eq!(
+        prom.query(&format!("gpu_info{{uuid=\"{GB10}\", memory=\"unified\"}}"))
+            .values(),
+        vec![1.0]
     );
 }

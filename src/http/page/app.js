@@ -130,6 +130,7 @@
     const badge = el('span', g.up ? 'badge up' : 'badge down', g.up ? 'up' : 'not answering');
     card.append(el('h2', null, 'GPU ' + g.gpu + ' ', el('span', 'name', g.name || 'unknown'), ' ', badge));
     card.append(el('p', 'dim ident', [g.uuid, g.pci_bus_id].filter(Boolean).join(' · ') || 'identity not read yet'));
+    if (g.memory_note) card.append(el('p', 'unified', g.memory_note + ': used is the host\'s MemTotal − MemAvailable.'));
     const m = g.memory;
     if (!m) {
       card.append(el('p', 'problem', 'No memory figures: the last sample of this GPU failed.'));
@@ -138,7 +139,7 @@
     card.append(bar(m, g.memory_used_peak_bytes));
     const legend = el('p', 'legend',
       el('span', 'key used', 'used ' + mib(m.used_bytes)), ' ',
-      el('span', 'key reserved', 'reserved ' + mib(m.reserved_bytes)), ' ',
+      m.reserved_bytes === null ? null : el('span', 'key reserved', 'reserved ' + mib(m.reserved_bytes)), ' ',
       el('span', 'key free', 'free ' + mib(m.free_bytes)), ' ',
       el('span', 'total', 'of ' + mib(m.total_bytes)));
     if (g.memory_used_peak_bytes !== null) {
@@ -187,10 +188,11 @@
     const x = (b) => (m.total_bytes > 0 ? clamp((b / m.total_bytes) * w, 0, w) : 0);
     const s = svg('svg', { class: 'bar', viewBox: '0 0 1000 24', preserveAspectRatio: 'none', role: 'img' });
     s.append(svg('title', {}));
-    s.firstChild.textContent = 'used ' + mib(m.used_bytes) + ', reserved ' + mib(m.reserved_bytes) + ', free ' + mib(m.free_bytes);
+    const reserved = m.reserved_bytes === null ? 0 : m.reserved_bytes;
+    s.firstChild.textContent = 'used ' + mib(m.used_bytes) + (m.reserved_bytes === null ? '' : ', reserved ' + mib(reserved)) + ', free ' + mib(m.free_bytes);
     s.append(svg('rect', { class: 'free', x: 0, y: 0, width: w, height: 24 }));
     s.append(svg('rect', { class: 'used', x: 0, y: 0, width: x(m.used_bytes), height: 24 }));
-    s.append(svg('rect', { class: 'reserved', x: x(m.used_bytes), y: 0, width: x(m.reserved_bytes), height: 24 }));
+    s.append(svg('rect', { class: 'reserved', x: x(m.used_bytes), y: 0, width: x(reserved), height: 24 }));
     if (peak !== null && peak !== undefined) {
       const px = clamp(x(peak), 2, w - 2);
       s.append(svg('line', { class: 'peak', x1: px, x2: px, y1: 0, y2: 24 }));

@@ -17,6 +17,7 @@
 //! is for, and the process list is the tick's own step that attribution
 //! and the per-process collectors build on.
 
+mod gpm;
 mod health;
 mod power_thermal;
 mod process_utilization;
@@ -45,6 +46,9 @@ pub struct Def {
     pub calls: &'static str,
     /// What it costs, measured on the H200 (docs/metrics.md).
     pub cost: &'static str,
+    /// Whether it runs on a GPU of a vGPU guest (`false`: its calls
+    /// misbehave there; skipped on such a GPU, said once at discovery).
+    pub vgpu_guest: bool,
     /// A fresh instance (no state); `None` for the sampler's own steps
     /// (`memory`, `processes`).
     pub make: Option<fn() -> Box<dyn Collector>>,
@@ -59,6 +63,7 @@ pub const REGISTRY: &[Def] = &[
         help: "device memory and peaks",
         calls: "`nvmlDeviceGetMemoryInfo_v2` (also in every memory sample)",
         cost: "8.8 µs",
+        vgpu_guest: true,
         make: None,
     },
     Def {
@@ -68,6 +73,7 @@ pub const REGISTRY: &[Def] = &[
         help: "per-process memory and attribution",
         calls: "compute, graphics and MPS process lists (`_v3`)",
         cost: "12.3 µs per list",
+        vgpu_guest: true,
         make: None,
     },
     Def {
@@ -77,6 +83,7 @@ pub const REGISTRY: &[Def] = &[
         help: "GPU, memory-controller, encoder and decoder utilisation",
         calls: "`nvmlDeviceGetUtilizationRates`, `…GetEncoderUtilization`, `…GetDecoderUtilization`",
         cost: "6.2 µs",
+        vgpu_guest: true,
         make: Some(utilization::Utilization::boxed),
     },
     Def {
@@ -86,6 +93,7 @@ pub const REGISTRY: &[Def] = &[
         help: "per-process SM, memory, encoder and decoder utilisation, like nvidia-smi pmon",
         calls: "`nvmlDeviceGetProcessUtilization` (needs `processes`)",
         cost: "+2.8 ms per sample in the exporter (0.41 % of a core instead of 0.14 %): off by default",
+        vgpu_guest: true,
         make: Some(process_utilization::ProcessUtilization::boxed),
     },
     Def {
@@ -95,6 +103,7 @@ pub const REGISTRY: &[Def] = &[
         help: "temperature, power, energy, clocks, P-state, clock event reasons",
         calls: "`nvmlDeviceGetTemperature`, `…GetPowerUsage`, `…GetEnforcedPowerLimit`, `…GetClockInfo` ×4, `…GetPerformanceState`, `…GetCurrentClocksEventReasons`; every 30 s `…GetTotalEnergyConsumption`",
         cost: "12 µs; the energy read 3.8 ms, hence every 30 s (≈ 0.13 ms/s)",
+        vgpu_guest: true,
         make: Some(power_thermal::PowerThermal::boxed),
     },
     Def {
@@ -102,9 +111,20 @@ pub const REGISTRY: &[Def] = &[
         default: true,
         switchable: true,
         help: "ECC errors, row remapping, retired pages, critical Xid events",
-        calls: "`nvmlDeviceGetTotalEccErrors` ×4 (with ECC on), `…GetRemappedRows`, else `…GetRetiredPages` ×2 and `…GetRetiredPagesPendingStatus`; one `nvmlEventSetWait_v2(timeout 0)` for all GPUs; every 30 s `…GetEccMode`",
+        calls: "`nvmlDeviceGetTotalEccErrors` ×4 (with ECC on), `…GetRemappedRows`, else `…GetRetiredPages` ×2 and `…GetRetiredPagesPendingStatus`; one `nvmlEventSetWait_v2(timeout 0)` for all GPUs; every 30 s `…GetEccMode`; skipped on a vGPU guest's GPUs (row remapping queries spam the guest's kernel log there)",
         cost: "9 µs; the ECC mode read 130 µs, hence every 30 s",
+        vgpu_guest: false,
         make: Some(health::Health::boxed),
+    },
+    Def {
+        name: "gpm",
+        default: false,
+        switchable: true,
+        help: "GPU Performance Monitoring (Hopper and later): SM activity and occupancy, tensor, DRAM bandwidth, FP16/32/64 activity, PCIe and NVLink bytes/s, per GPU and MIG instance",
+        calls: "once `nvmlGpmQueryDeviceSupport`; `nvmlGpmSampleGet` (and `nvmlGpmMigSampleGet` per MIG GPU instance), `nvmlGpmMetricsGet` (11 metrics) against the previous full sample's",
+        cost: "51 µs + 1.73 ms (p99 89 µs + 3.7 ms) per GPU per full sample, like `process_utilization`: off by default",
+        vgpu_guest: true,
+        make: Some(gpm::GpmCollector::boxed),
     },
 ];
 
@@ -278,6 +298,27 @@ impl Running {
 
     pub(super) fn each(&mut self) -> impl Iterator<Item = &mut Box<dyn Collector>> {
         self.instances.iter_mut().flatten()
+    }
+
+    /// The instances that are on, beside their rows.
+    pub(super) fn each_with_def(
+        &mut self,
+    ) -> impl Iterator<Item = (&'static Def, &mut Box<dyn Collector>)> {
+        self.registry
+            .iter()
+            .zip(self.instances.iter_mut())
+            .filter_map(|(d, i)| Some((d, i.as_mut()?)))
+    }
+
+    /// The names of the collectors that are on but skipped on a vGPU
+    /// guest's GPUs.
+    pub(super) fn skipped_in_vgpu_guests(&self) -> Vec<&'static str> {
+        self.registry
+            .iter()
+            .zip(self.instances.iter())
+            .filter(|(d, i)| i.is_some() && !d.vgpu_guest)
+            .map(|(d, _)| d.name)
+            .collect()
     }
 
     /// The readings of GPU `gpu`, in registry order.

@@ -73,6 +73,7 @@ fn toy_registry() -> &'static [Def] {
         help: "a toy",
         calls: "`nvmlDeviceGetMemoryInfo_v2` every hour",
         cost: "none",
+        vgpu_guest: true,
         make: Some(Toy::boxed),
     });
     Box::leak(rows.into_boxed_slice())
@@ -92,6 +93,7 @@ fn config(collectors: Collectors) -> SamplerConfig {
         timing: Timing::every(Duration::from_secs(1)),
         selection: Selection::default(),
         collectors,
+        procfs: "/proc".into(),
     }
 }
 

@@ -3,7 +3,7 @@ use crate::config::Collectors;
 use crate::gpu::fake::{FakeDevice, FakeGpu, memory, process};
 use crate::gpu::readings::{Health, PowerThermal, ProcessUtilization, Utilization};
 use crate::gpu::{ErrorKind, Operation, ProcessUtilizationSample};
-use crate::model::{MigInfo, OtherProcesses, ProcIdentity};
+use crate::model::{MemoryInfo, MigInfo, OtherProcesses, ProcIdentity};
 use crate::sample::collectors;
 
 const GIB: u64 = 1 << 30;
@@ -53,6 +53,7 @@ fn with(timing: Timing) -> SamplerConfig {
         timing,
         selection: Selection::default(),
         collectors: Collectors::default(),
+        procfs: "/proc".into(),
     }
 }
 
@@ -515,7 +516,8 @@ fn collectors_read_what_the_gpu_supports_and_skip_the_rest() {
     );
     assert!(d.processes.is_empty());
     assert!(snap.nvml_errors.is_empty(), "{:?}", snap.nvml_errors);
-    assert_eq!(s.errors.unsupported_logged(), 12);
+    // 12, and gpm's support query on each GPU (the in-process fake has none).
+    assert_eq!(s.errors.unsupported_logged(), 14);
     // The next sample asks only for newer process samples: pid 7 idle.
     let snap = s.tick();
     assert_eq!(
@@ -596,4 +598,70 @@ fn a_collector_call_that_fails_otherwise_is_counted_and_unsupported_is_not() {
             .and_then(|p| p.temperature_c),
         None
     );
+}
+
+#[test]
+fn a_vgpu_guest_skips_the_collectors_that_misbehave_there() {
+    let mut guest = FakeDevice::new(0, 80 * GIB, GIB);
+    guest.virtualization = crate::gpu::readings::Virtualization::VgpuGuest;
+    guest.xid = Some(Vec::new());
+    let mut host = FakeDevice::new(1, 80 * GIB, GIB);
+    host.xid = Some(Vec::new());
+    let mut s = Sampler::new(
+        FakeGpu::new(vec![guest, host]),
+        Recorder::default(),
+        switched(Collectors::default()),
+    );
+    let snap = s.tick();
+    assert!(snap.devices.iter().all(|d| d.up()));
+    // utilization, power_thermal on both GPUs; health only on the host's;
+    // one Xid poll for all.
+    assert_eq!(s.gpu_mut().collector_calls, [2, 2, 1, 0, 1]);
+    assert!(snap.devices[0].readings.get::<Health>().is_none());
+    assert!(snap.devices[1].readings.get::<Health>().is_some());
+    assert!(snap.devices[0].readings.get::<PowerThermal>().is_some());
+}
+
+#[test]
+fn a_unified_memory_gpu_reports_the_hosts_memory_without_nvml_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let meminfo = |available_kb: u64| {
+        std::fs::write(
+            dir.path().join("meminfo"),
+            format!("MemTotal: 1000 kB\nMemFree: 10 kB\nMemAvailable: {available_kb} kB\n"),
+        )
+        .unwrap();
+    };
+    meminfo(600);
+    let mut spark = FakeDevice::new(0, 0, 0);
+    spark.memory = Err(crate::gpu::GpuError::new(
+        Operation::MemoryInfo,
+        ErrorKind::NotSupported,
+    ));
+    spark.processes = Ok(vec![process(7, GIB)]);
+    let config = SamplerConfig {
+        procfs: dir.path().to_path_buf(),
+        ..switched(Collectors::default())
+    };
+    let mut s = Sampler::new(FakeGpu::new(vec![spark]), Recorder::default(), config);
+    let snap = s.tick();
+    let d = &snap.devices[0];
+    assert!(d.up());
+    assert_eq!(d.info.memory, crate::model::MemoryKind::Unified);
+    let want = MemoryInfo {
+        total: 1000 * 1024,
+        reserved: None,
+        used: 400 * 1024,
+        free: 600 * 1024,
+    };
+    assert_eq!(d.memory, Some(want));
+    assert_eq!(d.processes.len(), 1);
+    meminfo(100);
+    for _ in 0..50 {
+        s.tick_memory();
+    }
+    let snap = s.tick();
+    assert_eq!(snap.devices[0].memory.map(|m| m.used), Some(900 * 1024));
+    assert_eq!(snap.devices[0].used_peak_bytes, Some(900 * 1024));
+    assert!(snap.nvml_errors.is_empty(), "{:?}", snap.nvml_errors);
 }

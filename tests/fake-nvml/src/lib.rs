@@ -89,6 +89,19 @@
 //!                                    # nvmlDeviceGetRetiredPagesPendingStatus (an H200 has
 //!                                    # none of it: leave it out)
 //!     xid_events: [79, 48]           # critical Xids, each delivered once per event set
+//!     # Grace-era hardware (issue 26).
+//!     unified_memory: false          # true: nvmlDeviceGetMemoryInfo and _v2 answer
+//!                                    # NOT_SUPPORTED, as on a DGX Spark (GB10); `memory`
+//!                                    # is then ignored
+//!     virtualization_mode: none      # none | passthrough | vgpu | host_vgpu | host_vsga:
+//!                                    # nvmlDeviceGetVirtualizationMode (vgpu = a vGPU guest)
+//!     gpm:                           # GPM metrics (see "GPM" below); absent: GPM NOT_SUPPORTED
+//!       sm_util: 85.5                # percent, 0..=100: graphics_util, sm_util, sm_occupancy,
+//!       any_tensor_util: 60          # any_tensor_util, dram_bw_util, fp64_util, fp32_util,
+//!       dram_bw_util: 40             # fp16_util
+//!       pcie_tx_per_sec: 1024        # MiB/s: pcie_tx_per_sec, pcie_rx_per_sec,
+//!       nvlink_total_rx_per_sec: 0   # nvlink_total_rx_per_sec, nvlink_total_tx_per_sec
+//!     # and under a mig device: `gpm:` with the same keys (nvmlGpmMigSampleGet)
 //! ```
 //!
 //! ## Behaviour worth knowing
@@ -150,6 +163,15 @@
 //!   answers `NVML_ERROR_TIMEOUT`. The wait first sleeps the largest
 //!   `delay_ms` of its GPUs. Sets die at nvmlEventSetFree and the last
 //!   nvmlShutdown.
+//! - GPM: `nvmlGpmQueryDeviceSupport` says supported where the GPU has `gpm`;
+//!   `nvmlGpmSampleAlloc` / `nvmlGpmSampleFree` manage real allocations (any
+//!   other pointer: INVALID_ARGUMENT); `nvmlGpmSampleGet` (on the GPU) and
+//!   `nvmlGpmMigSampleGet` (on the parent GPU, by GPU instance id) fill a
+//!   sample with the scenario's values of that moment, NOT_SUPPORTED without
+//!   `gpm`; `nvmlGpmMetricsGet` needs both samples filled, of the same GPU or
+//!   instance, the second taken later (else INVALID_ARGUMENT), and answers each
+//!   metric with the later sample's value, per-metric NOT_SUPPORTED where the
+//!   scenario lacks it; metricInfo strings are NULL.
 //! - Call counting: every export counts its calls (failed ones too). With
 //!   `FAKE_NVML_CALLS=<file>` the counts are written there as sorted lines
 //!   `nvmlDeviceGetTemperature 42` (temp file renamed over it), on the first
@@ -166,6 +188,7 @@
 
 mod calls;
 mod events;
+mod gpm;
 mod health;
 mod scenario;
 mod state;
@@ -522,6 +545,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     memory: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
     with_device("nvmlDeviceGetMemoryInfo", device, |_, t| {
+        if matches!(t, Target::Gpu { gpu, .. } if gpu.unified_memory) {
+            return NOT_SUPPORTED;
+        }
         let m = t.memory();
         let used = m.used.saturating_add(m.reserved).min(m.total);
         let info = nvmlMemory_t {
@@ -546,6 +572,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         let version = unsafe { std::ptr::addr_of!((*memory).version).read() };
         if version != MEMORY_V2_VERSION {
             return nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        }
+        if matches!(t, Target::Gpu { gpu, .. } if gpu.unified_memory) {
+            return NOT_SUPPORTED;
         }
         let m = t.memory();
         let info = nvmlMemory_v2_t {

@@ -8,8 +8,25 @@ use std::time::Duration;
 use nvml_wrapper_sys::bindings::{
     NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE,
     NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE, NVML_DEVICE_UUID_BUFFER_SIZE,
-    NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE, NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE, nvmlPciInfo_t,
-    nvmlProcessInfo_t, nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED,
+    NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE, NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_ANY_TENSOR_UTIL as NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_DRAM_BW_UTIL as NVML_GPM_METRIC_DRAM_BW_UTIL,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_FP16_UTIL as NVML_GPM_METRIC_FP16_UTIL,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_FP32_UTIL as NVML_GPM_METRIC_FP32_UTIL,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_FP64_UTIL as NVML_GPM_METRIC_FP64_UTIL,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL as NVML_GPM_METRIC_GRAPHICS_UTIL,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC as NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC as NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_PCIE_RX_PER_SEC as NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_PCIE_TX_PER_SEC as NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY as NVML_GPM_METRIC_SM_OCCUPANCY,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL as NVML_GPM_METRIC_SM_UTIL,
+    nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU,
+    nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_HOST_VSGA,
+    nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_NONE,
+    nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH,
+    nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_VGPU, nvmlGpuVirtualizationMode_t,
+    nvmlPciInfo_t, nvmlProcessInfo_t, nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED,
     nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST, nvmlReturn_enum_NVML_ERROR_LIB_RM_VERSION_MISMATCH,
     nvmlReturn_enum_NVML_ERROR_NO_PERMISSION, nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
     nvmlReturn_enum_NVML_ERROR_TIMEOUT, nvmlReturn_enum_NVML_ERROR_UNINITIALIZED,
@@ -145,6 +162,125 @@ struct DeviceFile {
     retired_pages: Option<RetiredPagesFile>,
     #[serde(default)]
     xid_events: Option<Vec<u64>>,
+    /// nvmlDeviceGetMemoryInfo(_v2) answer NOT_SUPPORTED (DGX Spark / GB10).
+    #[serde(default)]
+    unified_memory: bool,
+    #[serde(default)]
+    virtualization_mode: VirtualizationModeFile,
+    #[serde(default)]
+    gpm: Option<GpmFile>,
+}
+
+/// nvmlDeviceGetVirtualizationMode's answer.
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum VirtualizationModeFile {
+    #[default]
+    None,
+    Passthrough,
+    Vgpu,
+    HostVgpu,
+    HostVsga,
+}
+
+/// GPM metric values as NVML computes them (percent 0..=100 for the
+/// utilisations, MiB/s for the throughputs); each absent one answers
+/// NOT_SUPPORTED in nvmlGpmMetricsGet.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct GpmFile {
+    #[serde(default)]
+    graphics_util: Option<f64>,
+    #[serde(default)]
+    sm_util: Option<f64>,
+    #[serde(default)]
+    sm_occupancy: Option<f64>,
+    #[serde(default)]
+    any_tensor_util: Option<f64>,
+    #[serde(default)]
+    dram_bw_util: Option<f64>,
+    #[serde(default)]
+    fp64_util: Option<f64>,
+    #[serde(default)]
+    fp32_util: Option<f64>,
+    #[serde(default)]
+    fp16_util: Option<f64>,
+    #[serde(default)]
+    pcie_tx_per_sec: Option<f64>,
+    #[serde(default)]
+    pcie_rx_per_sec: Option<f64>,
+    #[serde(default)]
+    nvlink_total_rx_per_sec: Option<f64>,
+    #[serde(default)]
+    nvlink_total_tx_per_sec: Option<f64>,
+}
+
+/// (NVML metric id, value) pairs; percentages checked to 0..=100.
+fn gpm(at: &str, g: Option<GpmFile>) -> Result<Option<Vec<(u32, f64)>>, String> {
+    let Some(g) = g else { return Ok(None) };
+    let list = [
+        (
+            NVML_GPM_METRIC_GRAPHICS_UTIL,
+            "graphics_util",
+            g.graphics_util,
+            true,
+        ),
+        (NVML_GPM_METRIC_SM_UTIL, "sm_util", g.sm_util, true),
+        (
+            NVML_GPM_METRIC_SM_OCCUPANCY,
+            "sm_occupancy",
+            g.sm_occupancy,
+            true,
+        ),
+        (
+            NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+            "any_tensor_util",
+            g.any_tensor_util,
+            true,
+        ),
+        (
+            NVML_GPM_METRIC_DRAM_BW_UTIL,
+            "dram_bw_util",
+            g.dram_bw_util,
+            true,
+        ),
+        (NVML_GPM_METRIC_FP64_UTIL, "fp64_util", g.fp64_util, true),
+        (NVML_GPM_METRIC_FP32_UTIL, "fp32_util", g.fp32_util, true),
+        (NVML_GPM_METRIC_FP16_UTIL, "fp16_util", g.fp16_util, true),
+        (
+            NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+            "pcie_tx_per_sec",
+            g.pcie_tx_per_sec,
+            false,
+        ),
+        (
+            NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+            "pcie_rx_per_sec",
+            g.pcie_rx_per_sec,
+            false,
+        ),
+        (
+            NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
+            "nvlink_total_rx_per_sec",
+            g.nvlink_total_rx_per_sec,
+            false,
+        ),
+        (
+            NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
+            "nvlink_total_tx_per_sec",
+            g.nvlink_total_tx_per_sec,
+            false,
+        ),
+    ];
+    let mut out = Vec::new();
+    for (id, key, v, pct) in list {
+        let Some(v) = v else { continue };
+        if !v.is_finite() || v < 0.0 || (pct && v > 100.0) {
+            return Err(format!("{at}.gpm.{key}: {v} is out of range"));
+        }
+        out.push((id, v));
+    }
+    Ok(Some(out))
 }
 
 /// Percentages; each missing one makes its call NOT_SUPPORTED.
@@ -264,6 +400,8 @@ struct MigFile {
     memory: MemoryFile,
     #[serde(default)]
     processes: Vec<ProcessFile>,
+    #[serde(default)]
+    gpm: Option<GpmFile>,
 }
 
 /// Which process queries list a process.
@@ -328,6 +466,11 @@ pub struct Gpu {
     pub health: Health,
     /// `xid_events`: None = events NOT_SUPPORTED.
     pub xid_events: Option<Vec<u64>>,
+    /// Memory info answers NOT_SUPPORTED.
+    pub unified_memory: bool,
+    pub virtualization_mode: nvmlGpuVirtualizationMode_t,
+    /// GPM metric values by NVML id; None = GPM NOT_SUPPORTED.
+    pub gpm: Option<Vec<(u32, f64)>>,
 }
 
 /// Utilisation, power, thermal and clocks; `None` = NOT_SUPPORTED.
@@ -399,6 +542,7 @@ pub struct Mig {
     pub compute_instance_id: u32,
     pub memory: Memory,
     pub processes: Vec<Process>,
+    pub gpm: Option<Vec<(u32, f64)>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -651,9 +795,30 @@ fn validate(file: ScenarioFile) -> Result<Scenario, String> {
                 compute_instance_id: md.compute_instance_id,
                 memory: memory(md.memory),
                 processes: processes(md.processes),
+                gpm: gpm(&at, md.gpm)?,
             });
         }
+        let gpm = gpm(&at, d.gpm)?;
         gpus.push(Gpu {
+            unified_memory: d.unified_memory,
+            virtualization_mode: match d.virtualization_mode {
+                VirtualizationModeFile::None => {
+                    nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_NONE
+                }
+                VirtualizationModeFile::Passthrough => {
+                    nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH
+                }
+                VirtualizationModeFile::Vgpu => {
+                    nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_VGPU
+                }
+                VirtualizationModeFile::HostVgpu => {
+                    nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU
+                }
+                VirtualizationModeFile::HostVsga => {
+                    nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_HOST_VSGA
+                }
+            },
+            gpm,
             telemetry,
             health,
             xid_events: d.xid_events,

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use nvml_wrapper_sys::bindings::*;
 
 use crate::events::*;
+use crate::gpm::*;
 use crate::health::*;
 use crate::telemetry::*;
 use crate::*;
@@ -214,6 +215,13 @@ fn signatures_match_nvml_wrapper_sys() {
             nvmlDeviceGetSupportedEventTypes,
             nvmlDeviceRegisterEvents,
             nvmlEventSetWait_v2,
+            nvmlDeviceGetVirtualizationMode,
+            nvmlGpmSampleAlloc,
+            nvmlGpmSampleFree,
+            nvmlGpmSampleGet,
+            nvmlGpmMigSampleGet,
+            nvmlGpmQueryDeviceSupport,
+            nvmlGpmMetricsGet,
         );
         // v1 is loaded only with nvml-wrapper-sys's `legacy-functions`
         // feature; its C type is v2's.
@@ -1605,4 +1613,166 @@ fn every_export_counts_under_its_name() {
         assert_eq!(counted.get(name), Some(&1), "{name}");
     }
     assert_eq!(counted.len(), names.len(), "{counted:?}");
+}
+
+// ------------------------------------------------- Grace-era (issue 26)
+
+const GRACE: &str = "devices:
+  - uuid: GPU-6b100000-0000-0000-0000-000000000000
+    name: NVIDIA GB10
+    unified_memory: true
+    virtualization_mode: vgpu
+    gpm: {sm_util: 85.5, pcie_tx_per_sec: 1024}
+    mig_devices:
+      - uuid: MIG-6b100000-0000-0000-0000-000000000001
+        gpu_instance_id: 3
+        compute_instance_id: 0
+        memory: {total: 1000, used: 1}
+        gpm: {dram_bw_util: 25}
+  - uuid: GPU-6b100000-0000-0000-0000-000000000001
+";
+
+#[test]
+fn unified_memory_answers_not_supported_and_virtualization_the_mode() {
+    let f = Fixture::new(GRACE);
+    f.init();
+    let mut m1 = nvmlMemory_t {
+        total: 0,
+        free: 0,
+        used: 0,
+    };
+    assert_eq!(
+        unsafe { nvmlDeviceGetMemoryInfo(dev(0), &mut m1) },
+        NOT_SUPPORTED
+    );
+    assert_eq!(memory_v2(dev(0)).err(), Some(NOT_SUPPORTED));
+    assert!(memory_v2(dev(1)).is_ok());
+    let mut mode = 99;
+    assert_eq!(
+        unsafe { nvmlDeviceGetVirtualizationMode(dev(0), &mut mode) },
+        SUCCESS
+    );
+    assert_eq!(
+        mode,
+        nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_VGPU
+    );
+    assert_eq!(
+        unsafe { nvmlDeviceGetVirtualizationMode(dev(1), &mut mode) },
+        SUCCESS
+    );
+    assert_eq!(
+        mode,
+        nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_NONE
+    );
+    assert_eq!(
+        unsafe { nvmlDeviceGetVirtualizationMode(dev(1), ptr::null_mut()) },
+        INVALID_ARGUMENT
+    );
+    assert_eq!(nvmlShutdown(), SUCCESS);
+}
+
+fn alloc() -> nvmlGpmSample_t {
+    let mut s: nvmlGpmSample_t = ptr::null_mut();
+    assert_eq!(unsafe { nvmlGpmSampleAlloc(&mut s) }, SUCCESS);
+    assert!(!s.is_null());
+    s
+}
+
+fn metrics(
+    a: nvmlGpmSample_t,
+    b: nvmlGpmSample_t,
+    ids: &[u32],
+) -> Result<Vec<(nvmlReturn_t, f64)>, nvmlReturn_t> {
+    // SAFETY: all-zero is a valid nvmlGpmMetricsGet_t (integers, NULL pointers).
+    let mut req: nvmlGpmMetricsGet_t = unsafe { std::mem::zeroed() };
+    req.version = NVML_GPM_METRICS_GET_VERSION;
+    req.numMetrics = ids.len() as u32;
+    req.sample1 = a;
+    req.sample2 = b;
+    for (m, id) in req.metrics.iter_mut().zip(ids) {
+        m.metricId = *id;
+    }
+    match unsafe { nvmlGpmMetricsGet(&mut req) } {
+        SUCCESS => Ok(req.metrics[..ids.len()]
+            .iter()
+            .map(|m| (m.nvmlReturn, m.value))
+            .collect()),
+        e => Err(e),
+    }
+}
+
+#[test]
+fn gpm_samples_and_metrics_follow_the_scenario() {
+    let f = Fixture::new(GRACE);
+    f.init();
+    let mut support = nvmlGpmSupport_t {
+        version: NVML_GPM_SUPPORT_VERSION,
+        isSupportedDevice: 9,
+    };
+    assert_eq!(
+        unsafe { nvmlGpmQueryDeviceSupport(dev(0), &mut support) },
+        SUCCESS
+    );
+    assert_eq!(support.isSupportedDevice, 1);
+    assert_eq!(
+        unsafe { nvmlGpmQueryDeviceSupport(dev(1), &mut support) },
+        SUCCESS
+    );
+    assert_eq!(support.isSupportedDevice, 0);
+    support.version = 7;
+    assert_eq!(
+        unsafe { nvmlGpmQueryDeviceSupport(dev(0), &mut support) },
+        nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    );
+
+    let (a, b) = (alloc(), alloc());
+    // Unfilled samples: INVALID_ARGUMENT.
+    assert_eq!(metrics(a, b, &[2]), Err(INVALID_ARGUMENT));
+    assert_eq!(unsafe { nvmlGpmSampleGet(dev(0), a) }, SUCCESS);
+    assert_eq!(unsafe { nvmlGpmSampleGet(dev(0), b) }, SUCCESS);
+    // SM util (2) and PCIe TX (20) from the scenario, FP32 (12) not in it.
+    assert_eq!(
+        metrics(a, b, &[2, 20, 12]),
+        Ok(vec![
+            (SUCCESS, 85.5),
+            (SUCCESS, 1024.0),
+            (NOT_SUPPORTED, 0.0)
+        ])
+    );
+    // The second sample must be the later one.
+    assert_eq!(metrics(b, a, &[2]), Err(INVALID_ARGUMENT));
+    // A rewrite shows from the next sample on.
+    f.write(&GRACE.replace("sm_util: 85.5", "sm_util: 10"));
+    assert_eq!(unsafe { nvmlGpmSampleGet(dev(0), a) }, SUCCESS);
+    assert_eq!(metrics(b, a, &[2]), Ok(vec![(SUCCESS, 10.0)]));
+    // GPU 1 has no GPM.
+    assert_eq!(unsafe { nvmlGpmSampleGet(dev(1), a) }, NOT_SUPPORTED);
+
+    // MIG: by GPU instance id on the parent; unknown id INVALID_ARGUMENT;
+    // a MIG sample and a GPU sample do not pair.
+    let c = alloc();
+    assert_eq!(unsafe { nvmlGpmMigSampleGet(dev(0), 3, b) }, SUCCESS);
+    assert_eq!(unsafe { nvmlGpmMigSampleGet(dev(0), 3, c) }, SUCCESS);
+    assert_eq!(metrics(b, c, &[10]), Ok(vec![(SUCCESS, 25.0)]));
+    assert_eq!(
+        unsafe { nvmlGpmMigSampleGet(dev(0), 4, c) },
+        INVALID_ARGUMENT
+    );
+    assert_eq!(unsafe { nvmlGpmMigSampleGet(dev(1), 3, c) }, NOT_SUPPORTED);
+    assert_eq!(unsafe { nvmlGpmSampleGet(dev(0), a) }, SUCCESS);
+    assert_eq!(metrics(c, a, &[2]), Err(INVALID_ARGUMENT));
+
+    for s in [a, b, c] {
+        assert_eq!(unsafe { nvmlGpmSampleFree(s) }, SUCCESS);
+    }
+    // Freed twice: INVALID_ARGUMENT, not a double free.
+    assert_eq!(unsafe { nvmlGpmSampleFree(a) }, INVALID_ARGUMENT);
+    assert_eq!(nvmlShutdown(), SUCCESS);
+}
+
+#[test]
+fn gpm_values_are_checked() {
+    let bad = GRACE.replace("sm_util: 85.5", "sm_util: 101");
+    let err = crate::scenario::parse(&bad).err().unwrap();
+    assert!(err.contains("devices[0].gpm.sm_util: 101"), "{err}");
 }
