@@ -8,9 +8,9 @@
 //!
 //! Support is asked once per GPU (`nvmlGpmQueryDeviceSupport`); a GPU
 //! without it is logged once and never sampled. Cost on the H200 (driver
-//! 580): `nvmlGpmSampleGet` 51 µs (p99 89), `nvmlGpmMetricsGet` for these
-//! 11 metrics 1.73 ms (p99 3.7 ms): ≈ 1.8 ms per GPU per full sample, as
-//! much as `process_utilization`, hence off by default.
+//! 580), measured in the exporter by scripts/gpu/gpm.py: +254 µs per GPU
+//! per full sample (196 → 450 µs); off by default until it has run on
+//! more than one GPU model.
 
 use std::sync::Arc;
 

@@ -122,7 +122,7 @@ pub const REGISTRY: &[Def] = &[
         switchable: true,
         help: "GPU Performance Monitoring (Hopper and later): SM activity and occupancy, tensor, DRAM bandwidth, FP16/32/64 activity, PCIe and NVLink bytes/s, per GPU and MIG instance",
         calls: "once `nvmlGpmQueryDeviceSupport`; `nvmlGpmSampleGet` (and `nvmlGpmMigSampleGet` per MIG GPU instance), `nvmlGpmMetricsGet` (11 metrics) against the previous full sample's",
-        cost: "51 µs + 1.73 ms (p99 89 µs + 3.7 ms) per GPU per full sample, like `process_utilization`: off by default",
+        cost: "+254 µs per GPU per full sample in the exporter on the H200 (tick 196 → 450 µs, `scripts/gpu/gpm.py`; 0.025 % of a core at 1 s): off by default until it has run on more than one GPU model",
         vgpu_guest: true,
         make: Some(gpm::GpmCollector::boxed),
     },
