@@ -10,7 +10,6 @@ use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
 use nvml_wrapper::{Device, Nvml};
 
-use super::gpu_err;
 use crate::gpu::readings::{Gpm, GpmMetric};
 use crate::gpu::{GpuError, Operation};
 
@@ -48,10 +47,12 @@ impl Previous {
     ) -> Result<Option<Gpm>, GpuError> {
         let key = (device, gpu_instance);
         let sample = match gpu_instance {
-            None => dev.gpm_sample().map_err(gpu_err(Operation::GpmSampleGet)),
+            None => dev
+                .gpm_sample()
+                .map_err(|e| GpuError::nvml(Operation::GpmSampleGet, &e)),
             Some(gi) => dev
                 .gpm_mig_sample(gi)
-                .map_err(gpu_err(Operation::GpmMigSampleGet)),
+                .map_err(|e| GpuError::nvml(Operation::GpmMigSampleGet, &e)),
         };
         let sample = match sample {
             Ok(s) => s,
@@ -69,7 +70,7 @@ impl Previous {
         };
         let ids = GpmMetric::ALL.map(id);
         let results = gpm_metrics_get(nvml, &before, after, &ids)
-            .map_err(gpu_err(Operation::GpmMetricsGet))?;
+            .map_err(|e| GpuError::nvml(Operation::GpmMetricsGet, &e))?;
         let mut gpm = Gpm::default();
         // A metric this GPU lacks (per-metric NOT_SUPPORTED) leaves only
         // its family out.
