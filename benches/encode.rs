@@ -1,6 +1,8 @@
 //! What one scrape costs at 8 GPUs × 256 processes: encoding a snapshot in
 //! each format, a cached hit (what every scrape after the first of a
-//! snapshot pays), and gzip. Two shapes: `k8s` (every process in a pod of
+//! snapshot pays), the first encode of a snapshot from a memory-only
+//! sample (`text_after_memory_sample`: only what that sample changes), and
+//! gzip. Two shapes: `k8s` (every process in a pod of
 //! its own, all labels filled: the largest body) and `bare` (a host without
 //! Kubernetes: namespace, pod and container empty).
 //!
@@ -45,6 +47,19 @@ fn main() {
         g.bench_function("openmetrics", |b| {
             b.iter(|| expose::encode(black_box(&snapshot), Format::OpenMetrics))
         });
+        // The scrape right after a memory-only sample: the snapshot shares
+        // the last full sample's Arcs, so only the memory, allocation and
+        // exporter families are encoded (expose::Reuse).
+        let reuse = expose::Reuse::new();
+        expose::encode_reusing(&snapshot, Format::Text, &reuse).expect("encode");
+        g.bench_function("text_after_memory_sample", |b| {
+            b.iter_batched(
+                || Arc::new((*snapshot).clone()),
+                |s| expose::encode_reusing(&s, Format::Text, &reuse),
+                BatchSize::SmallInput,
+            )
+        });
+        assert!(reuse.reused() > 0, "the full-sample segments were reused");
         g.finish();
 
         let mut g = c.benchmark_group(format!("{shape}/published"));
@@ -61,6 +76,26 @@ fn main() {
             b.iter_batched(
                 || (BodyCache::new(), Arc::new((*snapshot).clone())),
                 |(cache, s)| cache.body(&s, Format::Text, true),
+                BatchSize::SmallInput,
+            )
+        });
+        // /api/v1/snapshot: the first request of a snapshot from a full
+        // sample (everything serialized), and of one from a memory-only
+        // sample (the process lists copied from the last one).
+        let interval = std::time::Duration::from_secs(1);
+        g.bench_function("snapshot_json_first", |b| {
+            b.iter_batched(
+                || (BodyCache::new(), Arc::new((*snapshot).clone())),
+                |(cache, s)| cache.snapshot_json(&s, interval, false),
+                BatchSize::SmallInput,
+            )
+        });
+        let json_cache = BodyCache::new();
+        json_cache.snapshot_json(&snapshot, interval, false);
+        g.bench_function("snapshot_json_after_memory_sample", |b| {
+            b.iter_batched(
+                || Arc::new((*snapshot).clone()),
+                |s| json_cache.snapshot_json(&s, interval, false),
                 BatchSize::SmallInput,
             )
         });

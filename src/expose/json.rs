@@ -13,9 +13,12 @@
 //! bounded where they are read (comm 16 bytes, Kubernetes names 253,
 //! the command line by `processes.cmdline_max_length`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 
 use super::exporter::{REVISION, VERSION};
 use crate::gpu::readings::{self, Utilization};
@@ -107,7 +110,8 @@ struct Gpu<'a> {
     memory: Option<Memory>,
     memory_used_peak_bytes: Option<u64>,
     utilization: Option<GpuUtilization>,
-    processes: Vec<Process<'a>>,
+    /// `[Process]`, serialized once per full sample ([`Reuse`]).
+    processes: &'a RawValue,
     processes_other: Option<Rollup>,
     processes_omitted: Option<Rollup>,
     mig: Vec<Mig<'a>>,
@@ -129,7 +133,7 @@ struct GpuUtilization {
     decoder_ratio: Option<f64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Clone, Copy, Debug)]
 struct Rollup {
     count: u64,
     memory_used_bytes: u64,
@@ -316,9 +320,46 @@ fn processes(d: &DeviceSample) -> (Vec<Process<'_>>, Option<Rollup>) {
     (kept.into_iter().map(process).collect(), Some(omitted))
 }
 
-fn gpu(d: &DeviceSample, forecast: Option<Forecast>) -> Gpu<'_> {
+/// One GPU's process list as JSON, kept while the snapshots hold the
+/// same list (the same `Arc`: memory-only samples share it).
+#[derive(Debug)]
+struct KeptProcesses {
+    of: Arc<[ProcessSample]>,
+    json: Box<RawValue>,
+    omitted: Option<Rollup>,
+}
+
+/// The process lists of the last snapshot encoded, per GPU: at 8 GPUs ×
+/// 256 processes they are nearly all of `/api/v1/snapshot`, and only a
+/// full sample changes them, so a snapshot from a memory-only sample
+/// copies them instead of serializing 2,048 processes again.
+#[derive(Debug, Default)]
+pub(crate) struct Reuse {
+    kept: Mutex<Vec<KeptProcesses>>,
+    reused: AtomicU64,
+}
+
+impl Reuse {
+    /// Process lists copied instead of serialized (tests look).
+    #[cfg(test)]
+    fn reused(&self) -> u64 {
+        self.reused.load(Ordering::Relaxed)
+    }
+}
+
+fn processes_of(d: &DeviceSample) -> Result<KeptProcesses, serde_json::Error> {
+    let (list, omitted) = processes(d);
+    Ok(KeptProcesses {
+        of: Arc::clone(&d.processes),
+        json: serde_json::value::to_raw_value(&list)?,
+        omitted,
+    })
+}
+
+fn gpu<'a>(d: &'a DeviceSample, forecast: Option<Forecast>, procs: &'a KeptProcesses) -> Gpu<'a> {
     let i = &d.info;
-    let (processes, processes_omitted) = processes(d);
+    let processes = &*procs.json;
+    let processes_omitted = procs.omitted;
     Gpu {
         gpu: &i.gpu,
         uuid: &i.uuid,
@@ -370,9 +411,47 @@ fn gpu(d: &DeviceSample, forecast: Option<Forecast>) -> Gpu<'_> {
 
 /// `/api/v1/snapshot`: `s` as JSON; `sample_interval` is the full sample
 /// interval it was taken at (the page refreshes at that pace).
+#[cfg(test)]
 pub(crate) fn snapshot(
     s: &Snapshot,
     sample_interval: Duration,
+) -> Result<Vec<u8>, serde_json::Error> {
+    snapshot_reusing(s, sample_interval, &Reuse::default())
+}
+
+/// [`snapshot`], copying each GPU's process list from `reuse` when the
+/// last snapshot encoded there had the same one, and keeping this one's.
+pub(crate) fn snapshot_reusing(
+    s: &Snapshot,
+    sample_interval: Duration,
+    reuse: &Reuse,
+) -> Result<Vec<u8>, serde_json::Error> {
+    // Held across the encode; a poisoned lock only loses what was kept.
+    let mut kept = reuse.kept.lock().unwrap_or_else(|e| {
+        let mut g = e.into_inner();
+        g.clear();
+        g
+    });
+    let mut old = std::mem::take(&mut *kept).into_iter();
+    let mut parts = Vec::with_capacity(s.devices.len());
+    for d in &s.devices {
+        match old.next() {
+            Some(k) if Arc::ptr_eq(&k.of, &d.processes) => {
+                reuse.reused.fetch_add(1, Ordering::Relaxed);
+                parts.push(k);
+            }
+            _ => parts.push(processes_of(d)?),
+        }
+    }
+    let body = encode_snapshot(s, sample_interval, &parts);
+    *kept = parts;
+    body
+}
+
+fn encode_snapshot(
+    s: &Snapshot,
+    sample_interval: Duration,
+    parts: &[KeptProcesses],
 ) -> Result<Vec<u8>, serde_json::Error> {
     let doc = SnapshotDoc {
         schema_version: SCHEMA_VERSION,
@@ -390,8 +469,9 @@ pub(crate) fn snapshot(
         gpus: s
             .devices
             .iter()
+            .zip(parts)
             .enumerate()
-            .map(|(i, d)| gpu(d, s.forecasts.get(i).copied().flatten()))
+            .map(|(i, (d, p))| gpu(d, s.forecasts.get(i).copied().flatten(), p))
             .collect(),
         nvml_errors: s
             .nvml_errors
@@ -505,6 +585,35 @@ mod tests {
     fn doc(s: &Snapshot) -> serde_json::Value {
         let bytes = snapshot(s, Duration::from_millis(250)).unwrap_or_default();
         serde_json::from_slice(&bytes).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_memory_only_snapshot_copies_the_process_lists_and_equals_a_fresh_encode() {
+        let ps: Vec<ProcessSample> = (1..=600).map(|p| proc(p, Some(u64::from(p)))).collect();
+        let full = one_gpu(ps);
+        let reuse = Reuse::default();
+        let at = Duration::from_secs(1);
+        let first = snapshot_reusing(&full, at, &reuse).unwrap_or_default();
+        assert_eq!(first, snapshot(&full, at).unwrap_or_default());
+        assert_eq!(reuse.reused(), 0);
+        // Same process list (same Arc), other memory: copied.
+        let mut memory_only = full.clone();
+        memory_only.devices[0].memory = Some(MemoryInfo {
+            total: 10,
+            reserved: Some(1),
+            used: 4,
+            free: 5,
+        });
+        let second = snapshot_reusing(&memory_only, at, &reuse).unwrap_or_default();
+        assert_eq!(reuse.reused(), 1);
+        assert_eq!(second, snapshot(&memory_only, at).unwrap_or_default());
+        assert_ne!(first, second);
+        // A new list with the same content (a full sample): encoded again.
+        let mut full_again = memory_only.clone();
+        full_again.devices[0].processes = full_again.devices[0].processes.iter().cloned().collect();
+        let third = snapshot_reusing(&full_again, at, &reuse).unwrap_or_default();
+        assert_eq!(reuse.reused(), 1);
+        assert_eq!(third, second);
     }
 
     #[test]

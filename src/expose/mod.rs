@@ -24,6 +24,7 @@ pub(crate) mod json;
 mod mig;
 mod power;
 mod process;
+mod segments;
 mod torch;
 mod utilization;
 
@@ -38,6 +39,7 @@ use crate::model::Snapshot;
 
 pub use allocation::{Placed, placed};
 pub use exporter::{REVISION, VERSION};
+pub use segments::{Reuse, encode_reusing};
 
 /// Content types of the two formats served.
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -61,16 +63,10 @@ impl Format {
     }
 }
 
-/// Encode one snapshot in the given format.
+/// Encode one snapshot in the given format (segment by segment, as
+/// [`encode_reusing`] does, with nothing to reuse).
 pub fn encode(snapshot: &Arc<Snapshot>, format: Format) -> Result<String, fmt::Error> {
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(SnapshotCollector(Arc::clone(snapshot))));
-    let mut out = String::with_capacity(4096);
-    match format {
-        Format::Text => prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?,
-        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &registry)?,
-    }
-    Ok(out)
+    encode_reusing(snapshot, format, &Reuse::new())
 }
 
 /// Which families [`encode_families`] writes.
@@ -119,20 +115,12 @@ impl Collector for FamiliesCollector {
 
 /// Every family but the exporter's own, in scrape order.
 fn gpu_families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
-    gpu::devices(enc, s)?;
-    process::memory(enc, s)?;
-    if s.torch.is_some() {
-        torch::families(enc, s)?;
+    for g in segments::Group::ALL {
+        if g != segments::Group::Exporter {
+            segments::encode_group(enc, s, g)?;
+        }
     }
-    process::rollup_and_identity(enc, s)?;
-    mig::families(enc, s)?;
-    allocation::families(enc, s)?;
-    utilization::devices(enc, s)?;
-    utilization::processes(enc, s)?;
-    power::families(enc, s)?;
-    health::families(enc, s)?;
-    gpm::families(enc, s)?;
-    gpu::driver(enc, s)
+    Ok(())
 }
 
 #[derive(Debug)]
@@ -140,8 +128,9 @@ struct SnapshotCollector(Arc<Snapshot>);
 
 impl Collector for SnapshotCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
-        let s = &*self.0;
-        gpu_families(&mut enc, s)?;
-        exporter::families(&mut enc, s)
+        for g in segments::Group::ALL {
+            segments::encode_group(&mut enc, &self.0, g)?;
+        }
+        Ok(())
     }
 }

@@ -4,7 +4,11 @@
 //! sampler publishes the snapshot itself; the encoded bodies live here, on
 //! the HTTP side, keyed by the snapshot they were made from. Every encode
 //! is counted (`gpumem_exporter_http_body_encodes_total{body}`), so "once
-//! per snapshot" can be checked from outside.
+//! per snapshot" can be checked from outside. What the last full sample
+//! encoded is kept across snapshots too: a snapshot from a memory-only
+//! sample re-encodes only what that sample changed (`expose::Reuse`,
+//! `expose::json::Reuse`), so a scrape after one costs little more than a
+//! cache hit.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -109,6 +113,11 @@ pub struct BodyCache {
     current: ArcSwapOption<Bodies>,
     /// Where encodes are counted; `None` in benches and unit tests.
     counts: Option<Arc<Telemetry>>,
+    /// The last full sample's segments of the exposition, and its
+    /// processes in JSON: a body after a memory-only sample encodes only
+    /// what that sample changed (`expose::segments`, `expose::json`).
+    reuse: expose::Reuse,
+    json_reuse: expose::json::Reuse,
 }
 
 impl BodyCache {
@@ -119,8 +128,8 @@ impl BodyCache {
     /// A cache that counts its encodes in `telemetry`.
     pub fn counting(telemetry: Arc<Telemetry>) -> Self {
         BodyCache {
-            current: ArcSwapOption::empty(),
             counts: Some(telemetry),
+            ..Self::default()
         }
     }
 
@@ -133,7 +142,9 @@ impl BodyCache {
             Format::OpenMetrics => (&entry.openmetrics, HttpBody::OpenMetrics),
         };
         fill(pair, gzip, kind, self.counts.as_deref(), &|| {
-            expose::encode(snapshot, format).ok().map(Bytes::from)
+            expose::encode_reusing(snapshot, format, &self.reuse)
+                .ok()
+                .map(Bytes::from)
         })
     }
 
@@ -152,7 +163,7 @@ impl BodyCache {
             kind,
             self.counts.as_deref(),
             &|| {
-                expose::json::snapshot(snapshot, sample_interval)
+                expose::json::snapshot_reusing(snapshot, sample_interval, &self.json_reuse)
                     .ok()
                     .map(Bytes::from)
             },

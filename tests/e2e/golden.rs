@@ -447,6 +447,54 @@ fn openmetrics_exposition_matches_the_fixture() {
     check(Format::OpenMetrics, "exposition.om");
 }
 
+/// A body that reuses the last full sample's segments (the scrape after a
+/// memory-only sample) is the fixture too: the snapshot before it shares
+/// every `Arc` and differs in memory and counters, as a memory-only sample
+/// does.
+#[test]
+fn a_body_after_a_memory_only_sample_reuses_the_full_sample_and_matches_the_fixture() {
+    for (format, name) in [
+        (Format::Text, "exposition.prom"),
+        (Format::OpenMetrics, "exposition.om"),
+    ] {
+        let reuse = expose::Reuse::new();
+        let fixed = Arc::new(fixed_snapshot());
+        let mut before = (*fixed).clone();
+        for d in &mut before.devices {
+            if let Some(m) = d.memory.as_mut() {
+                m.used /= 2;
+                m.free += m.used;
+            }
+        }
+        before.memory_samples = before.memory_samples.saturating_sub(1);
+        let before = expose::encode_reusing(&Arc::new(before), format, &reuse).expect("encode");
+        assert_eq!(reuse.reused(), 0);
+        let body = expose::encode_reusing(&fixed, format, &reuse).expect("encode");
+        assert_eq!(
+            reuse.reused(),
+            1,
+            "{name}: the full-sample segments were reused"
+        );
+        assert_ne!(before, body);
+        assert_eq!(
+            body,
+            expose::encode(&fixed, format).expect("encode"),
+            "{name}"
+        );
+        let build = format!(
+            "version=\"{}\",revision=\"{}\"",
+            expose::VERSION,
+            expose::REVISION
+        );
+        let body = body.replace(&build, "version=\"VERSION\",revision=\"REVISION\"");
+        let want = std::fs::read_to_string(fixture(name)).expect("fixture");
+        assert!(
+            body == want,
+            "{name}: the reused body differs from the fixture"
+        );
+    }
+}
+
 /// Every family the exporter can serve has at least one sample in the
 /// fixture, so the contract leaves nothing out.
 #[test]
