@@ -22,6 +22,8 @@ pub mod attribute;
 pub(crate) mod backoff;
 pub mod config;
 pub mod expose;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gpu;
 pub(crate) mod history;
 pub mod http;

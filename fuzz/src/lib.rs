@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use gpumem_exporter::attribute::{cgroup, passwd, procfs, redact, torch};
+use gpumem_exporter::attribute::{cgroup, containers, passwd, procfs, redact, slurm, torch};
 use gpumem_exporter::config;
 use gpumem_exporter::http::{negotiate, web_config};
 
@@ -98,5 +98,53 @@ pub fn torch(data: &[u8]) {
     if let Ok(doc) = torch::parse(data) {
         assert!(data.len() as u64 <= torch::MAX_DOCUMENT_BYTES);
         let _ = doc;
+    }
+}
+
+/// The kubelet's pod-resources answer (protobuf): device-plugin and DRA
+/// allocations, and each device id the device plugin could send (the
+/// input's lines).
+pub fn pod_resources(data: &[u8]) {
+    gpumem_exporter::fuzzing::pod_resources(data);
+    if let Some(text) = text(data) {
+        for id in text.lines() {
+            gpumem_exporter::fuzzing::device_id(id);
+        }
+    }
+}
+
+/// A ResourceSlice from the API server (JSON).
+pub fn resource_slice(data: &[u8]) {
+    gpumem_exporter::fuzzing::resource_slice(data);
+}
+
+/// Slurm: a `/proc/<pid>/cgroup` (the job, step and uid of its paths) and
+/// job-mapping file names (each line).
+pub fn slurm(data: &[u8]) {
+    let Some(text) = text(data) else { return };
+    if let Some(job) = slurm::parse_slurm_cgroup(text) {
+        assert!(!job.job.is_empty(), "{job:?}");
+    }
+    for line in text.lines() {
+        let _ = slurm::parse_slurm_path(line);
+        gpumem_exporter::fuzzing::job_mapping_name(line);
+    }
+}
+
+/// A container engine's inspect answer (Docker or Podman, JSON): values
+/// are cut to their bound.
+pub fn container(data: &[u8]) {
+    if let Ok(info) = containers::client::parse(data) {
+        for v in [
+            &info.name,
+            &info.image,
+            &info.compose_project,
+            &info.compose_service,
+        ] {
+            assert!(
+                v.chars().count() <= containers::client::MAX_VALUE_CHARS,
+                "{v:?}"
+            );
+        }
     }
 }

@@ -17,6 +17,7 @@
 mod allocation;
 mod encoder;
 mod exporter;
+mod format;
 mod gpm;
 mod gpu;
 mod health;
@@ -41,27 +42,7 @@ pub use allocation::{Placed, placed};
 pub use exporter::{REVISION, VERSION};
 pub use segments::{Reuse, encode_reusing};
 
-/// Content types of the two formats served.
-pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-pub const OPENMETRICS_CONTENT_TYPE: &str =
-    "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// Exposition format (the HTTP side picks one from the `Accept` header).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// Prometheus text format 0.0.4, the default.
-    Text,
-    OpenMetrics,
-}
-
-impl Format {
-    pub fn content_type(self) -> &'static str {
-        match self {
-            Format::Text => TEXT_CONTENT_TYPE,
-            Format::OpenMetrics => OPENMETRICS_CONTENT_TYPE,
-        }
-    }
-}
+pub use format::{Format, OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE};
 
 /// Encode one snapshot in the given format (segment by segment, as
 /// [`encode_reusing`] does, with nothing to reuse).

@@ -26,9 +26,8 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
-use super::{
-    Format, allocation, exporter, gpm, gpu, health, mig, power, process, torch, utilization,
-};
+use super::format::Format;
+use super::{allocation, exporter, gpm, gpu, health, mig, power, process, torch, utilization};
 use crate::model::{DeviceInfo, MigSample, OtherProcesses, ProcessSample, Readings, Snapshot};
 
 /// Family groups, in scrape order.
@@ -255,7 +254,7 @@ mod tests {
 
     fn whole(s: &Arc<Snapshot>, format: Format) -> String {
         let mut registry = Registry::default();
-        registry.register_collector(Box::new(super::super::SnapshotCollector(Arc::clone(s))));
+        registry.register_collector(Box::new(GroupCollector(Arc::clone(s), &Group::ALL)));
         let mut out = String::new();
         let r = match format {
             Format::Text => {

@@ -93,7 +93,7 @@ impl SliceIndex {
 }
 
 /// The GPU or MIG devices of one slice, by key.
-fn devices_of(slice: &ResourceSlice) -> Vec<(DeviceKey, AllocatedDevice)> {
+pub(crate) fn devices_of(slice: &ResourceSlice) -> Vec<(DeviceKey, AllocatedDevice)> {
     let spec = &slice.spec;
     let driver = spec.driver.as_str();
     let qualified = format!("{driver}/uuid");

@@ -14,7 +14,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
-use gpumem_exporter::attribute::{cgroup, passwd, procfs, redact, torch};
+use gpumem_exporter::attribute::{cgroup, containers, passwd, procfs, redact, slurm, torch};
 use gpumem_exporter::config;
 use gpumem_exporter::http::{negotiate, web_config};
 use proptest::prelude::*;
@@ -210,5 +210,55 @@ fn fuzz_torch_bridge_document() {
         if torch::parse(text.as_bytes()).is_ok() {
             assert!(text.len() as u64 <= torch::MAX_DOCUMENT_BYTES);
         }
+    });
+}
+
+const SLURM_INPUTS: &[&str] = &[
+    "11:memory:/slurm/uid_1000/job_4242/step_0/task_0\n4:freezer:/slurm/uid_1000/job_4242/step_0\n1:name=systemd:/system.slice/slurmd.service\n",
+    "0::/system.slice/node1_slurmstepd.scope/job_77/step_batch/user/task_0\n",
+    "0\n3\n1.2\nGPU-8f6b4c1e-0000-1111-2222-333344445555\nMIG-4f2c0000-1111-2222-3333-444455556666\n12345\n",
+];
+
+/// Slurm: `/proc/<pid>/cgroup` paths and job-mapping file names (the same
+/// checks as the AFL++ target `slurm`).
+#[test]
+fn fuzz_slurm_parsers() {
+    fuzz("slurm", SLURM_INPUTS, |text| {
+        if let Some(job) = slurm::parse_slurm_cgroup(text) {
+            assert!(!job.job.is_empty(), "{job:?}");
+        }
+        for line in text.lines() {
+            let _ = slurm::parse_slurm_path(line);
+            gpumem_exporter::fuzzing::job_mapping_name(line);
+            gpumem_exporter::fuzzing::device_id(line);
+        }
+    });
+}
+
+const JSON_ANSWERS: &[&str] = &[
+    r#"{"Id":"f07636cd","Name":"/shop-web-1","State":{"Pid":4242},"Config":{"Hostname":"f07636cd","Image":"nginx:1.25","Labels":{"com.docker.compose.project":"shop","com.docker.compose.service":"web"}}}"#,
+    r#"{"Id":"aa","Name":"/trainer-a","Config":{"Image":"localhost/busybox:e2e","Labels":null}}"#,
+    r#"{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice","metadata":{"name":"n"},"spec":{"driver":"gpu.nvidia.com","nodeName":"node-a","pool":{"name":"node-a","generation":1,"resourceSliceCount":1},"devices":[{"name":"gpu-0","attributes":{"uuid":{"string":"GPU-8f6b"}}},{"name":"gpu-1-mig-9-4-1","attributes":{"uuid":{"string":"MIG-4f2c"},"parentUUID":{"string":"GPU-8f6b"}}}]}}"#,
+];
+
+/// JSON from outside: a container engine's inspect answer and a
+/// ResourceSlice (the checks of the AFL++ targets `container` and
+/// `resource_slice`).
+#[test]
+fn fuzz_container_and_resource_slice_answers() {
+    fuzz("container+resource_slice", JSON_ANSWERS, |text| {
+        if let Ok(info) = containers::client::parse(text.as_bytes()) {
+            for v in [
+                &info.name,
+                &info.image,
+                &info.compose_project,
+                &info.compose_service,
+            ] {
+                assert!(v.chars().count() <= containers::client::MAX_VALUE_CHARS);
+            }
+        }
+        gpumem_exporter::fuzzing::resource_slice(text.as_bytes());
+        // And the same bytes as a pod-resources answer (protobuf).
+        gpumem_exporter::fuzzing::pod_resources(text.as_bytes());
     });
 }
