@@ -23,9 +23,11 @@
 //! each sorted (stably, so time order holds within a series) and written
 //! to a spool file (unlinked at once, so nothing is left behind); then a
 //! k-way merge of the runs, [`READ_BUFFER`] bytes buffered per run, writes
-//! the result. Memory is one run plus one buffer per run plus one key per
-//! series; disk needs room for two more copies of the file while it runs
-//! (the spool and the result).
+//! the result. Memory is one run (32 MiB of lines and 24 bytes of index
+//! per line) plus 64 KiB per run (one per 32 MiB of recording) plus one
+//! key per series (its label set), whatever the length of the recording
+//! otherwise; disk needs room for two more copies of the file while it
+//! runs (the spool and the result).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -325,19 +327,25 @@ fn write_run(
     arena: &mut Vec<u8>,
 ) -> std::io::Result<(u64, u64)> {
     entries.sort_by_key(|e| (e.family, e.series));
-    let mut buf = Vec::with_capacity(arena.len() + entries.len() * 12);
+    let start = *spooled;
+    // Written a chunk at a time, so the run is not held twice.
+    let mut buf = Vec::with_capacity(READ_BUFFER * 2);
     for e in entries.iter() {
         buf.extend_from_slice(&e.family.to_le_bytes());
         buf.extend_from_slice(&e.series.to_le_bytes());
         buf.extend_from_slice(&((e.end - e.start) as u32).to_le_bytes());
         buf.extend_from_slice(&arena[e.start..e.end]);
+        if buf.len() >= READ_BUFFER {
+            spool.write_all_at(&buf, *spooled)?;
+            *spooled += buf.len() as u64;
+            buf.clear();
+        }
     }
     spool.write_all_at(&buf, *spooled)?;
-    let run = (*spooled, buf.len() as u64);
     *spooled += buf.len() as u64;
     entries.clear();
     arena.clear();
-    Ok(run)
+    Ok((start, *spooled - start))
 }
 
 /// One run of the spool, read ahead by position.
