@@ -18,7 +18,8 @@
 //!
 //! The rooms: `format.rs` (which format, a sample's time and kind, the
 //! [`Encoder`] trait), the formats `csv.rs`, `trace.rs`, `openmetrics.rs`,
-//! `output.rs` (the file), `session.rs` (one recording's steps over the
+//! `output.rs` (the file), `regroup.rs` (an OpenMetrics file rewritten
+//! family by family after a clean stop), `session.rs` (one recording's steps over the
 //! shared [`Pipeline`](crate::pipeline::Pipeline)) and `child.rs` (the
 //! command).
 
@@ -27,6 +28,7 @@ pub(crate) mod csv;
 mod format;
 pub(crate) mod openmetrics;
 pub(crate) mod output;
+mod regroup;
 mod session;
 pub(crate) mod trace;
 

@@ -17,11 +17,12 @@
 //! a backfill never collides with the series a live exporter on the same
 //! host was scraped into (their `job` differs).
 //!
-//! So a family appears once per sample rather than once per file: strict
-//! OpenMetrics wants each family (and each series) in one piece, which a
-//! file written as it goes cannot do without holding the whole recording.
-//! Prometheus' parser, and so promtool's backfill, reads the blocks one
-//! after the other (the e2e test backfills a recording and queries it). A
+//! So a family appears once per sample rather than once per file, which
+//! Prometheus' parser, and so promtool's backfill, reads block after block
+//! (the e2e test backfills a recording and queries it). Strict OpenMetrics
+//! wants each family (and each series) in one piece, which a file written
+//! as it goes cannot do without holding the whole recording: after a clean
+//! stop [`super::regroup`] rewrites the file in that order. A
 //! sample whose millisecond timestamp is not after the previous one (the
 //! wall clock stepped back) is left out, since a series' timestamps must
 //! increase.

@@ -166,6 +166,12 @@ impl Output {
         &self.name
     }
 
+    /// Whether this is a regular file written by position (which can be
+    /// rewritten after the recording), rather than a stream.
+    pub fn is_regular_file(&self) -> bool {
+        matches!(self.mode, Mode::Positioned)
+    }
+
     /// Append one sample's rows (a no-op for an empty one).
     pub fn write(&mut self, record: &[u8]) -> Result<(), OutputError> {
         match self.mode {

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use super::child::{self, EXIT_CANNOT_START};
 use super::format::{Classifier, EncodeError, Encoder, Format, Stamp};
 use super::output::{self, OutputError, Target};
-use super::{csv, openmetrics, trace};
+use super::{csv, openmetrics, regroup, trace};
 use crate::config::{Config, HumanDuration};
 use crate::gpu::GpuSource;
 use crate::model::Snapshot;
@@ -224,11 +224,28 @@ impl Writer {
         let header = enc.header()?;
         let out = output::Output::create(&opts.target, opts.force, &header, enc.trailer())?;
         let name = out.name().to_string();
+        // An OpenMetrics file the recorder wrote by position is regrouped
+        // after a clean end (`regroup.rs`); a stream cannot be.
+        let regroup = match &opts.target {
+            Target::Path(p) if opts.format == Format::OpenMetrics && out.is_regular_file() => {
+                Some(p.clone())
+            }
+            _ => None,
+        };
         let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("recorder".into())
             .spawn(move || {
-                let r = write_all(out, enc, rx);
+                let mut r = write_all(out, enc, rx);
+                if let (Ok(summary), Some(path)) = (&mut r, regroup) {
+                    match regroup::regroup(&path) {
+                        Ok(done) => summary.bytes = done.bytes,
+                        Err(e) => tracing::warn!(
+                            error = %e,
+                            "the recording is left as written (promtool reads it; a strict OpenMetrics parser does not)"
+                        ),
+                    }
+                }
                 let _ = done_tx.send(());
                 r
             })

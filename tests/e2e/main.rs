@@ -27,6 +27,9 @@
 //! - `empty_labels`: the same queries answer the same series whether the
 //!   exposition leaves empty labels out (it does) or writes them.
 //! - `kube_watch`: the pod watcher against the list/watch wire format.
+//! - `in_cluster`: kube-rs's own in-cluster path, in a private mount
+//!   namespace with the service account's files bind-mounted at their
+//!   fixed path; token rotation.
 //! - `config_corpus`: every malformed config in tests/config-corpus.
 //! - `fuzz`: the parsers under generated input, for a time budget.
 //! - `soak`: process churn; RSS, fds and series stay flat.
@@ -43,7 +46,8 @@
 //!   checked with the tools that consume them.
 //! - `golden`: golden exposition files (tests/fixtures).
 //! - `record`: `gpumem-exporter record` — CSV, Chrome trace, OpenMetrics
-//!   backfilled into a real Prometheus, signals, commands, bad output.
+//!   backfilled into a real Prometheus and read by the strict OpenMetrics
+//!   parser, signals, commands, bad output.
 //!
 //! `cargo test --test e2e` runs the fast areas (no program from outside
 //! the Rust toolchain); `cargo test --test e2e --features external-tools`
@@ -91,6 +95,8 @@ mod attack; // slowhttptest, sslscan, openssl; 3,000 connections
 mod empty_labels; // a real Prometheus
 #[cfg(feature = "external-tools")]
 mod image; // buildah, podman, runc, kubectl: the image built and run as the DaemonSet runs it
+#[cfg(feature = "external-tools")]
+mod in_cluster; // unshare and mount (util-linux), as root: a private mount namespace
 #[cfg(feature = "external-tools")]
 mod podman; // a real Podman (runc, vfs) and its Docker-compatible API
 #[cfg(feature = "external-tools")]

@@ -16,6 +16,8 @@ use crate::harness::*;
 
 #[cfg(feature = "external-tools")]
 mod external;
+#[cfg(feature = "external-tools")]
+mod strict;
 
 const UUID: &str = "GPU-13131313-0000-0000-0000-000000000000";
 const TOTAL: u64 = 150_754_820_096;
