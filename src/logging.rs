@@ -9,11 +9,10 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::config::{Log, LogFormat};
+use crate::config::{Log, LogFormat, LogLevel};
 
 pub fn init(cfg: &Log) {
-    let filter =
-        tracing_subscriber::EnvFilter::new(format!("warn,gpumem_exporter={}", cfg.level.as_str()));
+    let filter = tracing_subscriber::EnvFilter::new(directives(cfg.level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -21,6 +20,24 @@ pub fn init(cfg: &Log) {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Logfmt => builder.event_format(Logfmt).try_init(),
     };
+}
+
+/// The filter: the exporter's own events at `level`, other crates' from
+/// warn up, except kube-rs's (`kube_client`, `kube_runtime`), which only
+/// show at debug and trace. kube-client logs every failed request at error
+/// ("failed with error client error (Connect)") and every dropped watch
+/// body at warn, without saying which request, and without a limit: during
+/// an API server restart that is a line per retry. The exporter reports
+/// those failures itself, once per kind with a suppressed count
+/// ("kubernetes pod watcher"), and counts every one in
+/// `gpumem_exporter_kubernetes_errors_total`.
+fn directives(level: LogLevel) -> String {
+    let own = level.as_str();
+    let kube = match level {
+        LogLevel::Debug | LogLevel::Trace => own,
+        LogLevel::Error | LogLevel::Warn | LogLevel::Info => "off",
+    };
+    format!("warn,kube_client={kube},kube_runtime={kube},gpumem_exporter={own}")
 }
 
 /// `ts=… level=… msg="…" key=value …`, one event per line.
@@ -134,6 +151,39 @@ mod tests {
         assert_eq!(rfc3339(t), "2026-11-29T15:49:18.123Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn kube_rs_lines_only_at_debug_and_trace() {
+        for (level, want) in [
+            (
+                LogLevel::Error,
+                "warn,kube_client=off,kube_runtime=off,gpumem_exporter=error",
+            ),
+            (
+                LogLevel::Warn,
+                "warn,kube_client=off,kube_runtime=off,gpumem_exporter=warn",
+            ),
+            (
+                LogLevel::Info,
+                "warn,kube_client=off,kube_runtime=off,gpumem_exporter=info",
+            ),
+            (
+                LogLevel::Debug,
+                "warn,kube_client=debug,kube_runtime=debug,gpumem_exporter=debug",
+            ),
+            (
+                LogLevel::Trace,
+                "warn,kube_client=trace,kube_runtime=trace,gpumem_exporter=trace",
+            ),
+        ] {
+            assert_eq!(directives(level), want);
+            // Each is a filter tracing-subscriber accepts.
+            assert!(
+                tracing_subscriber::EnvFilter::try_new(want).is_ok(),
+                "{want}"
+            );
+        }
     }
 
     #[test]

@@ -33,6 +33,10 @@
 //! - `config_corpus`: every malformed config in tests/config-corpus.
 //! - `fuzz`: the parsers under generated input, for a time budget.
 //! - `soak`: process churn; RSS, fds and series stay flat.
+//! - `ceiling`: the release binary at 8 GPUs × 1,024 processes, 500 pods,
+//!   64 torch bridges and 50 scrapers inside a cgroup v1 memory limit.
+//! - `chaos`: every fault of the fakes at once, on a seeded schedule, under
+//!   50 scrapers and a slowloris flood; an oracle after every step.
 //! - `podman`: container names from a real Podman's Docker-compatible
 //!   API: two containers named, the service stopped and back, no API
 //!   call in 1,000 scrapes.
@@ -60,6 +64,7 @@
 //! The long runs:
 //!
 //!     SOAK_SECONDS=3600 cargo test --release --features external-tools --test e2e soak:: -- --nocapture
+//!     CHAOS_SECONDS=3600 cargo test --release --features external-tools --test e2e chaos:: -- --nocapture
 //!     FUZZ_SECONDS=600 cargo test --release --test e2e fuzz:: -- --nocapture --test-threads=5
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -91,6 +96,10 @@ mod web;
 mod arm64; // the aarch64 cross build under qemu-user
 #[cfg(feature = "external-tools")]
 mod attack; // slowhttptest, sslscan, openssl; 3,000 connections
+#[cfg(feature = "external-tools")]
+mod ceiling; // root, cgroup v1, python3 children: the release exporter under its documented memory limit
+#[cfg(feature = "external-tools")]
+mod chaos; // the long run: every fault at once for CHAOS_SECONDS
 #[cfg(feature = "external-tools")]
 mod empty_labels; // a real Prometheus
 #[cfg(feature = "external-tools")]

@@ -257,6 +257,8 @@ pub struct ApiState {
     pub refused: Vec<Request>,
     /// Answer the next watch request with this status instead of a stream.
     pub next_watch_status: Option<StatusCode>,
+    /// Watch requests answered with [`ApiState::next_watch_status`].
+    pub watches_refused: u64,
     /// `None`: any request is served (no authentication).
     pub require: Option<Accept>,
     /// ResourceSlices (`resource.k8s.io/v1`) served at
@@ -337,6 +339,7 @@ async fn pods_handler(
     if matches!(query.get("watch").map(String::as_str), Some("1" | "true")) {
         state.watches.push(seen.clone());
         if let Some(status) = state.next_watch_status.take() {
+            state.watches_refused += 1;
             return (status, axum::Json(gone())).into_response();
         }
         let (tx, body) = Channel::<Bytes, std::io::Error>::new(64);
@@ -545,6 +548,54 @@ pub struct FakeApi {
     new_watches: mpsc::UnboundedReceiver<(Request, WatchStream)>,
     /// Watch streams taken by `delete`, still open.
     open: Vec<WatchStream>,
+    server: Server,
+}
+
+/// The listening side of [`FakeApi`]: its accept loop and the tasks of
+/// its open connections, so a restart can drop them all.
+struct Server {
+    acceptor: tokio_rustls::TlsAcceptor,
+    app: Router,
+    accept: tokio::task::JoinHandle<()>,
+    conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+/// Accept TLS connections on `listener` and serve `app` on each, every
+/// connection's task kept in `conns`.
+fn serve(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    app: Router,
+    conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            let conn = tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let cert = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| c.to_vec());
+                let svc = hyper_util::service::TowerToHyperService::new(
+                    app.layer(axum::Extension(Peer(cert))),
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                    .await;
+            });
+            let mut open = conns.lock().unwrap();
+            open.retain(|c| !c.is_finished());
+            open.push(conn.abort_handle());
+        }
+    })
 }
 
 impl FakeApi {
@@ -572,31 +623,8 @@ impl FakeApi {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(&pki)));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let (acceptor, app) = (acceptor.clone(), app.clone());
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let cert = tls
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|c| c.first())
-                        .map(|c| c.to_vec());
-                    let svc = hyper_util::service::TowerToHyperService::new(
-                        app.layer(axum::Extension(Peer(cert))),
-                    );
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
-                        .await;
-                });
-            }
-        });
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let accept = serve(listener, acceptor.clone(), app.clone(), Arc::clone(&conns));
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("ca.pem"), &pki.ca_pem).unwrap();
         FakeApi {
@@ -606,7 +634,37 @@ impl FakeApi {
             dir,
             new_watches,
             open: Vec::new(),
+            server: Server {
+                acceptor,
+                app,
+                accept,
+                conns,
+            },
         }
+    }
+
+    /// The API server restarts: every connection (watch streams included)
+    /// is dropped and the port refuses connections for `down`; then it
+    /// serves the same objects on the same address, and answers the first
+    /// watch after the restart with 410 Gone (its watch cache is new, the
+    /// client's resourceVersion too old), so the client must list again.
+    pub async fn restart(&mut self, down: Duration) {
+        self.server.accept.abort();
+        for conn in self.server.conns.lock().unwrap().drain(..) {
+            conn.abort();
+        }
+        self.open.clear();
+        while self.new_watches.try_recv().is_ok() {}
+        self.state.lock().unwrap().slice_watches.clear();
+        tokio::time::sleep(down).await;
+        self.state.lock().unwrap().next_watch_status = Some(StatusCode::GONE);
+        let listener = tokio::net::TcpListener::bind(self.addr).await.unwrap();
+        self.server.accept = serve(
+            listener,
+            self.server.acceptor.clone(),
+            self.server.app.clone(),
+            Arc::clone(&self.server.conns),
+        );
     }
 
     pub fn url(&self) -> String {

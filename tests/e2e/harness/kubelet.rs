@@ -132,7 +132,7 @@ pub struct FakeKubelet {
     pub socket: PathBuf,
     _dir: tempfile::TempDir,
     /// Serves the socket on its own threads.
-    _rt: tokio::runtime::Runtime,
+    rt: tokio::runtime::Runtime,
     stop: Option<oneshot::Sender<()>>,
 }
 
@@ -142,13 +142,26 @@ impl FakeKubelet {
         let socket = dir.path().join("kubelet.sock");
         let state = Arc::new(Mutex::new(KubeletState { pods, lists: 0 }));
         let rt = tokio::runtime::Runtime::new().unwrap();
+        let mut k = FakeKubelet {
+            state,
+            socket,
+            _dir: dir,
+            rt,
+            stop: None,
+        };
+        k.serve();
+        k
+    }
+
+    /// Bind the socket and serve it until [`FakeKubelet::stop`].
+    fn serve(&mut self) {
         let (stop, stopped) = oneshot::channel::<()>();
         let listener = {
-            let _guard = rt.enter();
-            tokio::net::UnixListener::bind(&socket).unwrap()
+            let _guard = self.rt.enter();
+            tokio::net::UnixListener::bind(&self.socket).unwrap()
         };
-        let service = PodResourcesListerServer::new(Service(Arc::clone(&state)));
-        rt.spawn(async move {
+        let service = PodResourcesListerServer::new(Service(Arc::clone(&self.state)));
+        self.rt.spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(service)
                 .serve_with_incoming_shutdown(
@@ -160,13 +173,16 @@ impl FakeKubelet {
                 .await
                 .unwrap();
         });
-        FakeKubelet {
-            state,
-            socket,
-            _dir: dir,
-            _rt: rt,
-            stop: Some(stop),
-        }
+        self.stop = Some(stop);
+    }
+
+    /// The kubelet restarts: it goes away as [`FakeKubelet::stop`] does,
+    /// stays away for `down`, then serves the same pods on the same socket
+    /// path again (a new socket file, as a restarted kubelet makes).
+    pub fn restart(&mut self, down: std::time::Duration) {
+        self.stop();
+        std::thread::sleep(down);
+        self.serve();
     }
 
     pub fn lists(&self) -> u64 {
