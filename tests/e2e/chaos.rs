@@ -34,7 +34,7 @@
 //! from the clock, printed first) replay a run: a failure prints the seed
 //! and the step. The documented long run (RELIABILITY.md):
 //!
-//!     CHAOS_SECONDS=3600 cargo test --release --features external-tools --test e2e chaos:: -- --nocapture
+//!     CHAOS_SECONDS=3600 cargo test --features external-tools --test e2e chaos:: -- --nocapture
 //!
 //! The schedule comes from SplitMix64, written here in six lines rather
 //! than taken from a crate: a printed seed must replay the same schedule
@@ -565,6 +565,8 @@ fn explained_by(line: &str) -> Option<&'static [Kind]> {
         // kube-client's own line when a watch stream's connection drops.
         ("eof in poll", &[Kind::ApiRestart]),
         ("config reload failed", &[Kind::HupInvalid]),
+        // A process exited between NVML's list and the /proc read.
+        ("not visible in /proc", &[Kind::Churn]),
         ("NVML", &[Kind::DriverReload, Kind::GpuLost]),
         (
             "GPU",

@@ -64,7 +64,7 @@
 //! The long runs:
 //!
 //!     SOAK_SECONDS=3600 cargo test --release --features external-tools --test e2e soak:: -- --nocapture
-//!     CHAOS_SECONDS=3600 cargo test --release --features external-tools --test e2e chaos:: -- --nocapture
+//!     CHAOS_SECONDS=3600 cargo test --features external-tools --test e2e chaos:: -- --nocapture
 //!     FUZZ_SECONDS=600 cargo test --release --test e2e fuzz:: -- --nocapture --test-threads=5
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

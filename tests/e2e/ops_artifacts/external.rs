@@ -361,7 +361,7 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
         ("/resources/requests/cpu", "10m"),
         ("/resources/requests/memory", "32Mi"),
         ("/resources/limits/cpu", "100m"),
-        ("/resources/limits/memory", "96Mi"),
+        ("/resources/limits/memory", "160Mi"),
     ] {
         assert_eq!(
             c.pointer(path).and_then(Value::as_str),
