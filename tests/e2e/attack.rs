@@ -22,7 +22,6 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -34,9 +33,6 @@ const SCENARIO: &str = r#"devices:
     memory: {total: 150754820096, reserved: 644939776, used: 1048576}
     processes: []
 "#;
-
-/// One flood at a time: each holds thousands of sockets and a core.
-static FLOODS: Mutex<()> = Mutex::new(());
 
 /// A scrape's deadline, connect to last byte (Prometheus' default scrape
 /// timeout is 10 s; this is ten times stricter).
@@ -203,7 +199,8 @@ fn exporter(sc: &Scenario, web_yml: Option<&str>) -> Exporter {
 /// Flood an exporter with slowhttptest `mode` for `secs` while scraping it;
 /// every scrape must succeed within the deadline.
 fn attack(name: &str, web_yml: Option<&str>, mode: &str, extra: &str, secs: u64) {
-    let _one = FLOODS.lock().unwrap_or_else(|e| e.into_inner());
+    // One flood at a time: each holds thousands of sockets and a core.
+    let _one = heavy();
     let sc = Scenario::new(SCENARIO);
     let ex = exporter(&sc, web_yml);
     let stop = Arc::new(AtomicBool::new(false));

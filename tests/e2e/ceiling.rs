@@ -226,6 +226,7 @@ fn a_large_node_stays_under_the_documented_memory_limit() {
         "the DaemonSet's memory limit is not the {MANIFEST_MIB}Mi this test holds it to"
     );
     let bin = release_binary();
+    let _one = heavy();
 
     // The node: 500 pods in the API and the kubelet, 8,192 GPU processes.
     let pods: Vec<Value> = (0..PODS)

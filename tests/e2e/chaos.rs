@@ -603,6 +603,7 @@ fn faults_together_over_time_keep_the_served_bytes_true() {
                 .map_or(1, |d| d.as_nanos() as u64)
         });
     eprintln!("chaos: CHAOS_SEED={seed} CHAOS_SECONDS={secs}");
+    let _one = heavy();
     let mut rng = Rng(seed);
 
     let mut node = FakeNode::start(api_pods());

@@ -482,6 +482,14 @@ pub fn assert_file_refused(flag: &str, path: &Path, extra: &[&str], want: &str) 
     assert!(err.contains(file), "{file}: names the file: {err}");
 }
 
+/// One heavy test at a time (the attack floods, the chaos soak, the
+/// memory ceiling): each loads both cores of a CI machine for minutes, and
+/// beside another one a scrape deadline would measure the neighbour.
+pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    static HEAVY: Mutex<()> = Mutex::new(());
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Now, in Unix seconds.
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
