@@ -211,14 +211,8 @@ struct Seen {
 
 #[test]
 fn a_large_node_stays_under_the_documented_memory_limit() {
-    let limit_mib: u64 = std::env::var("CEILING_LIMIT_MIB")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(LIMIT_MIB);
-    let secs: u64 = std::env::var("CEILING_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(120);
+    let limit_mib = env_u64("CEILING_LIMIT_MIB", LIMIT_MIB);
+    let secs = env_u64("CEILING_SECONDS", 120);
     let manifest =
         std::fs::read_to_string(repo_file("deploy/kubernetes/base/daemonset.yaml")).unwrap();
     assert!(
@@ -456,7 +450,7 @@ fn a_large_node_stays_under_the_documented_memory_limit() {
         load.elapsed().as_secs(),
         cg.number("memory.failcnt"),
         cg.number("memory.max_usage_in_bytes") >> 10,
-        status_kib(pid, "VmHWM:"),
+        status_kib(pid, "VmHWM:").unwrap_or(0),
         seen.ok,
         seen.failures.len(),
         seen.slowest,
@@ -480,14 +474,4 @@ fn a_large_node_stays_under_the_documented_memory_limit() {
     drop(ex);
     drop(cg);
     drop(bridges);
-}
-
-fn status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }

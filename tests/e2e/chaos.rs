@@ -545,15 +545,6 @@ fn slowloris(addr: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandle
     })
 }
 
-fn status_kib(pid: u32, key: &str) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 /// The fault kinds a warn or error line of the exporter may come from
 /// (its `msg`); `None`: no fault explains it.
 fn explained_by(line: &str) -> Option<&'static [Kind]> {
@@ -590,10 +581,7 @@ fn explained_by(line: &str) -> Option<&'static [Kind]> {
 
 #[test]
 fn faults_together_over_time_keep_the_served_bytes_true() {
-    let secs: u64 = std::env::var("CHAOS_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(150);
+    let secs = env_u64("CHAOS_SECONDS", 150);
     let seed: u64 = std::env::var("CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -843,7 +831,10 @@ fn faults_together_over_time_keep_the_served_bytes_true() {
         }
         if Instant::now() >= next_rss {
             next_rss += Duration::from_secs(5);
-            rss.push((start.elapsed().as_secs(), status_kib(pid, "VmRSS:")));
+            rss.push((
+                start.elapsed().as_secs(),
+                status_kib(pid, "VmRSS:").unwrap_or(0),
+            ));
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -888,7 +879,7 @@ fn faults_together_over_time_keep_the_served_bytes_true() {
         c("gpumem_exporter_pod_resources_errors_total"),
         w.hups_valid,
         w.hups_invalid,
-        status_kib(pid, "VmHWM:"),
+        status_kib(pid, "VmHWM:").unwrap_or(0),
     );
     eprintln!("{figures}");
     assert!(
@@ -932,7 +923,10 @@ fn faults_together_over_time_keep_the_served_bytes_true() {
             .max()
             .unwrap_or(0)
     };
-    assert!(rss.len() >= 8, "{figures}");
+    assert!(
+        rss.len() >= 8,
+        "RSS needs 8 samples, one every 5 s: CHAOS_SECONDS of at least 40; {figures}"
+    );
     assert!(quarter(3) <= quarter(1) + 2048, "RSS grew: {figures}");
     drop(kubelet);
 }

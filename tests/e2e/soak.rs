@@ -41,15 +41,6 @@ fn add_proc(root: &Path, pid: u32) {
     );
 }
 
-fn status_kib(pid: u32, key: &str) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    s.lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
 fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
@@ -58,14 +49,8 @@ fn fds(pid: u32) -> usize {
 
 #[test]
 fn churn_keeps_memory_fds_and_series_flat() {
-    let secs: u64 = std::env::var("SOAK_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(120);
-    let per_minute: u64 = std::env::var("SOAK_PIDS_PER_MINUTE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100);
+    let secs = env_u64("SOAK_SECONDS", 120);
+    let per_minute = env_u64("SOAK_PIDS_PER_MINUTE", 100);
     let step = Duration::from_millis(60_000 / per_minute.max(1));
     let warmup = Duration::from_secs((secs / 4).max(20));
     let proc_root = tempfile::tempdir().unwrap();
@@ -120,12 +105,12 @@ fn churn_keeps_memory_fds_and_series_flat() {
             );
             let infos = m.find("gpu_process_info", &[("uuid", UUID)]).len();
             assert_eq!(infos, live.len());
-            let rss = status_kib(pid, "VmRSS:");
+            let rss = status_kib(pid, "VmRSS:").unwrap();
             let n_fds = fds(pid);
             rows.push((
                 start.elapsed().as_secs(),
                 rss,
-                status_kib(pid, "VmHWM:"),
+                status_kib(pid, "VmHWM:").unwrap(),
                 n_fds,
                 series,
             ));

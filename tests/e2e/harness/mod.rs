@@ -490,6 +490,26 @@ pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
     HEAVY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A `kB` figure of /proc/<pid>/status (`key` with its colon, e.g.
+/// `"VmRSS:"`); None once the process is gone.
+pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+/// The environment variable `name` as a number (a long run's length, a
+/// seed), else `default`.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Now, in Unix seconds.
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
