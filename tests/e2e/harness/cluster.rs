@@ -548,11 +548,15 @@ pub struct FakeApi {
     new_watches: mpsc::UnboundedReceiver<(Request, WatchStream)>,
     /// Watch streams taken by `delete`, still open.
     open: Vec<WatchStream>,
+    /// Read by [`FakeApi::restart`], which only the chaos soak (built with
+    /// the external-tools feature) calls.
+    #[cfg_attr(not(feature = "external-tools"), allow(dead_code))]
     server: Server,
 }
 
 /// The listening side of [`FakeApi`]: its accept loop and the tasks of
 /// its open connections, so a restart can drop them all.
+#[cfg_attr(not(feature = "external-tools"), allow(dead_code))]
 struct Server {
     acceptor: tokio_rustls::TlsAcceptor,
     app: Router,
@@ -648,6 +652,7 @@ impl FakeApi {
     /// serves the same objects on the same address, and answers the first
     /// watch after the restart with 410 Gone (its watch cache is new, the
     /// client's resourceVersion too old), so the client must list again.
+    #[cfg_attr(not(feature = "external-tools"), allow(dead_code))]
     pub async fn restart(&mut self, down: Duration) {
         self.server.accept.abort();
         for conn in self.server.conns.lock().unwrap().drain(..) {

@@ -179,6 +179,7 @@ impl FakeKubelet {
     /// The kubelet restarts: it goes away as [`FakeKubelet::stop`] does,
     /// stays away for `down`, then serves the same pods on the same socket
     /// path again (a new socket file, as a restarted kubelet makes).
+    #[cfg_attr(not(feature = "external-tools"), allow(dead_code))]
     pub fn restart(&mut self, down: std::time::Duration) {
         self.stop();
         std::thread::sleep(down);

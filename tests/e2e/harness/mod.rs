@@ -485,6 +485,7 @@ pub fn assert_file_refused(flag: &str, path: &Path, extra: &[&str], want: &str) 
 /// One heavy test at a time (the attack floods, the chaos soak, the
 /// memory ceiling): each loads both cores of a CI machine for minutes, and
 /// beside another one a scrape deadline would measure the neighbour.
+#[cfg(feature = "external-tools")]
 pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
     static HEAVY: Mutex<()> = Mutex::new(());
     HEAVY.lock().unwrap_or_else(|e| e.into_inner())
@@ -492,6 +493,7 @@ pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
 
 /// A `kB` figure of /proc/<pid>/status (`key` with its colon, e.g.
 /// `"VmRSS:"`); None once the process is gone.
+#[cfg(feature = "external-tools")]
 pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()?
@@ -503,6 +505,7 @@ pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
 
 /// The environment variable `name` as a number (a long run's length, a
 /// seed), else `default`.
+#[cfg(feature = "external-tools")]
 pub fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
