@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::harness::cluster::{FakeNode, NODE, pod, write_proc};
+use crate::harness::cluster::{FakeNode, NODE, containerd_cgroup, pod, write_proc};
 use crate::harness::kubelet::{self, FakeKubelet, proto};
 use crate::harness::python::{Py, StubState};
 use crate::harness::*;
@@ -295,11 +295,7 @@ fn a_large_node_stays_under_the_documented_memory_limit() {
             next,
             "python3",
             1000,
-            &format!(
-                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n",
-                pod_uid(p).replace('-', "_"),
-                container_id(p)
-            ),
+            &containerd_cgroup(&pod_uid(p), &container_id(p)),
             &[
                 "python3",
                 "train.py",

@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::harness::cluster::{FakeNode, NODE, pod, write_proc};
+use crate::harness::cluster::{FakeNode, NODE, containerd_cgroup, pod, write_proc};
 use crate::harness::kubelet::{self, FakeKubelet, proto};
 use crate::harness::*;
 
@@ -240,11 +240,7 @@ impl World {
 /// alice's.
 fn add_proc(root: &std::path::Path, p: &Proc) {
     let cgroup = match p.pod {
-        Some(n) => format!(
-            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n",
-            pod_uid(n).replace('-', "_"),
-            container_id(n)
-        ),
+        Some(n) => containerd_cgroup(&pod_uid(n), &container_id(n)),
         None => format!("0::/system.slice/job-{}.service\n", p.pid),
     };
     write_proc(root, p.pid, "python3", 1000, &cgroup, &[]);

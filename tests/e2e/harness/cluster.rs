@@ -87,10 +87,15 @@ pub fn write_proc(root: &Path, pid: u32, comm: &str, uid: u32, cgroup: &str, cmd
 /// The cgroup file of a container of pod `pod_uid(seed)` under containerd,
 /// systemd cgroup driver, cgroup v2.
 pub fn cgroup_containerd(seed: char) -> String {
+    containerd_cgroup(&pod_uid(seed), &container_id(seed))
+}
+
+/// The cgroup file of container `container_id` of the pod with UID
+/// `pod_uid` under containerd, systemd cgroup driver, cgroup v2.
+pub fn containerd_cgroup(pod_uid: &str, container_id: &str) -> String {
     format!(
-        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n",
-        pod_uid(seed).replace('-', "_"),
-        container_id(seed)
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{container_id}.scope\n",
+        pod_uid.replace('-', "_"),
     )
 }
 
