@@ -16,8 +16,8 @@ use std::io::Write as _;
 use std::sync::Arc;
 
 use criterion::{BatchSize, Throughput};
-use gpumem_exporter::expose::{self, Format};
-use gpumem_exporter::http::cache::BodyCache;
+use gpumem_exporter::testing::expose::{self, Format};
+use gpumem_exporter::testing::http::BodyCache;
 
 fn main() {
     let mut c = common::criterion();

@@ -15,13 +15,13 @@ mod common;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use gpumem_exporter::attribute::procfs::ProcRoot;
-use gpumem_exporter::attribute::{ProcCache, ProcessLookup};
-use gpumem_exporter::config::{SamplerConfig, Timing};
-use gpumem_exporter::gpu::nvml::NvmlSource;
-use gpumem_exporter::gpu::{GpuSource, RawProcess};
-use gpumem_exporter::model::DurationHistogram;
-use gpumem_exporter::sample::Sampler;
+use gpumem_exporter::testing::attribute::procfs::ProcRoot;
+use gpumem_exporter::testing::attribute::{ProcCache, ProcessLookup};
+use gpumem_exporter::testing::config::{SamplerConfig, Timing};
+use gpumem_exporter::testing::gpu::NvmlSource;
+use gpumem_exporter::testing::gpu::{GpuSource, RawProcess};
+use gpumem_exporter::testing::model::DurationHistogram;
+use gpumem_exporter::testing::sample::Sampler;
 use nvml_wrapper::Nvml;
 
 /// The defaults of the binary.

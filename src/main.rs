@@ -1,4 +1,4 @@
-//! gpumem-exporter: flags → config → [`Pipeline::start`] (sampler thread,
+//! gpumem-exporter: flags → config → `Pipeline::start` (sampler thread,
 //! pod watcher, pod-resources client, config reload; the wiring `record`
 //! shares) → serve HTTP or record to a file. The only place for `anyhow`:
 //! every component returns its own typed error.
@@ -17,13 +17,11 @@ use std::time::Duration;
 
 use clap::{Arg, ArgAction, ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use gpumem_exporter::config::{self, Config, HumanDuration, Overrides};
-use gpumem_exporter::gpu::nvml::{InitError, NvmlSource};
-use gpumem_exporter::http::web_config::Web;
-use gpumem_exporter::pipeline::{Pipeline, Reload};
-use gpumem_exporter::record::{self, Target};
-use gpumem_exporter::sample::{OpenFailure, collectors};
-use gpumem_exporter::{expose, http, logging};
+use gpumem_exporter::{
+    COLLECTORS, Config, HumanDuration, NvmlInitError as InitError, NvmlSource, OpenFailure,
+    Overrides, Pipeline, RecordFormat, RecordOptions, RecordOutputError, RecordTarget as Target,
+    Reload, Web,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -107,7 +105,7 @@ struct RecordArgs {
     output: String,
     /// csv, trace or openmetrics [default: from the file name: .csv; .json, .trace.json; .om]
     #[arg(long = "format", value_name = "FORMAT", value_parser = parse_format)]
-    format: Option<record::Format>,
+    format: Option<RecordFormat>,
     /// Stop after this long, e.g. 90s, 10m [default: at SIGINT/SIGTERM or when COMMAND exits]
     #[arg(long = "duration", value_name = "DURATION", value_parser = parse_duration)]
     duration: Option<Duration>,
@@ -119,7 +117,7 @@ struct RecordArgs {
     command: Vec<OsString>,
 }
 
-fn parse_format(s: &str) -> Result<record::Format, String> {
+fn parse_format(s: &str) -> Result<RecordFormat, String> {
     s.parse()
 }
 
@@ -147,7 +145,7 @@ fn open_nvml(library: Option<&str>) -> Result<NvmlSource, OpenFailure<InitError>
 /// collector registry, global (they apply after `record` too); the later of
 /// the two wins.
 fn collector_flags(cmd: clap::Command) -> clap::Command {
-    collectors::REGISTRY.iter().fold(cmd, |cmd, def| {
+    COLLECTORS.iter().fold(cmd, |cmd, def| {
         let (on, off) = (
             format!("collector.{}", def.name),
             format!("no-collector.{}", def.name),
@@ -181,7 +179,7 @@ fn collector_flags(cmd: clap::Command) -> clap::Command {
 
 /// The collector flags given, as (name, on).
 fn collector_choices(m: &ArgMatches) -> Vec<(&'static str, bool)> {
-    collectors::REGISTRY
+    COLLECTORS
         .iter()
         .filter_map(|def| {
             let given = |id: String| m.get_flag(&id);
@@ -236,14 +234,14 @@ fn main() -> ExitCode {
         ..cli.overrides()
     };
     let env = |k: &str| std::env::var(k).ok();
-    let cfg = match config::load(cli.config_file.as_deref(), &overrides, &env) {
+    let cfg = match gpumem_exporter::load_config(cli.config_file.as_deref(), &overrides, &env) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("gpumem-exporter: {e}");
             return ExitCode::from(2);
         }
     };
-    logging::init(&cfg.log);
+    gpumem_exporter::init_logging(&cfg.log);
     if let Some(Sub::Record(args)) = cli.command {
         let web_flags = [
             ("--web.listen-address", cli.listen_address.is_some()),
@@ -281,7 +279,7 @@ fn main() -> ExitCode {
 }
 
 /// `gpumem-exporter record`: exit 2 when the format cannot be told, 1 when
-/// nothing could be recorded, else what [`record::run`] says.
+/// nothing could be recorded, else what `gpumem_exporter::record` says.
 fn record_main(cfg: Config, reload: Reload, args: RecordArgs) -> ExitCode {
     let target = Target::parse(&args.output);
     if let Target::Path(p) = &target
@@ -290,20 +288,20 @@ fn record_main(cfg: Config, reload: Reload, args: RecordArgs) -> ExitCode {
         // Said before the format, which a directory's name cannot tell.
         eprintln!(
             "gpumem-exporter: {}",
-            record::OutputError::Directory {
+            RecordOutputError::Directory {
                 path: p.display().to_string()
             }
         );
         return ExitCode::from(1);
     }
-    let format = match record::Format::for_target(&target, args.format) {
+    let format = match RecordFormat::for_target(&target, args.format) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("gpumem-exporter: {e}");
             return ExitCode::from(2);
         }
     };
-    let opts = record::Options {
+    let opts = RecordOptions {
         target,
         format,
         duration: args.duration,
@@ -311,7 +309,7 @@ fn record_main(cfg: Config, reload: Reload, args: RecordArgs) -> ExitCode {
         command: args.command,
     };
     let library = cfg.nvml_library.clone();
-    match record::run(cfg, reload, opts, move || open_nvml(library.as_deref())) {
+    match gpumem_exporter::record(cfg, reload, opts, move || open_nvml(library.as_deref())) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("gpumem-exporter: {e}");
@@ -323,9 +321,9 @@ fn record_main(cfg: Config, reload: Reload, args: RecordArgs) -> ExitCode {
 /// The daemon: the pipeline, then the HTTP server until SIGTERM/SIGINT.
 fn serve(cfg: Config, reload: Reload, web: Web) -> anyhow::Result<()> {
     tracing::info!(
-        version = expose::VERSION,
-        revision = expose::REVISION,
-        config = %config::describe(reload.file.as_ref()),
+        version = gpumem_exporter::VERSION,
+        revision = gpumem_exporter::REVISION,
+        config = %gpumem_exporter::describe_config(reload.file.as_ref()),
         "starting gpumem-exporter"
     );
     let library = cfg.nvml_library.clone();
@@ -358,7 +356,7 @@ fn serve(cfg: Config, reload: Reload, web: Web) -> anyhow::Result<()> {
         let signals = pipeline.run_background();
         let shared = Arc::clone(pipeline.shared());
         let telemetry = Arc::clone(pipeline.telemetry());
-        http::serve(&cfg.http, shared, web, telemetry, signals).await
+        gpumem_exporter::serve(&cfg.http, shared, web, telemetry, signals).await
     })?;
     pipeline.stop();
     tracing::info!("stopped");

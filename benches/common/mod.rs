@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use criterion::Criterion;
-use gpumem_exporter::gpu::{ErrorKind, Operation};
-use gpumem_exporter::model::{
+use gpumem_exporter::testing::gpu::{ErrorKind, Operation};
+use gpumem_exporter::testing::model::{
     DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, MemoryInfo, ProcIdentity,
     ProcessSample, Snapshot,
 };
-use gpumem_exporter::sample::SAMPLE_DURATION_BUCKETS;
+use gpumem_exporter::testing::sample::SAMPLE_DURATION_BUCKETS;
 
 pub const GPUS: usize = 8;
 pub const PROCESSES: usize = 256;
@@ -106,7 +106,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
         nvml.observe(0.003 + (i % 5) as f64 * 0.001);
     }
     let mut errors = BTreeMap::new();
-    errors.insert((Operation::MemoryInfo, ErrorKind::GpuLost), 3u64);
+    errors.insert((Operation::MEMORY_INFO, ErrorKind::GpuLost), 3u64);
     let devices = (0..GPUS)
         .map(|g| {
             let used = used_bytes();

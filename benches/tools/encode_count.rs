@@ -7,7 +7,7 @@
 //!
 //!     cargo build --release --example encode_count
 //!     valgrind --tool=callgrind --callgrind-out-file=/dev/null \
-//!         --toggle-collect='gpumem_exporter::expose::encode' \
+//!         --toggle-collect='gpumem_exporter::testing::expose::encode' \
 //!         target/release/examples/encode_count k8s text 10
 //!     valgrind --tool=callgrind --callgrind-out-file=/dev/null \
 //!         --toggle-collect='encode_count::gzip' \
@@ -21,7 +21,7 @@ use std::hint::black_box;
 use std::io::Write as _;
 use std::sync::Arc;
 
-use gpumem_exporter::expose::{self, Format};
+use gpumem_exporter::testing::expose::{self, Format};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -11,8 +11,8 @@
 
 use std::time::Instant;
 
-use gpumem_exporter::gpu::GpuSource;
-use gpumem_exporter::gpu::nvml::NvmlSource;
+use gpumem_exporter::testing::gpu::GpuSource;
+use gpumem_exporter::testing::gpu::NvmlSource;
 
 fn main() {
     let mut args = std::env::args().skip(1);

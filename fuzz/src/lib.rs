@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use gpumem_exporter::attribute::{cgroup, containers, passwd, procfs, redact, slurm, torch};
-use gpumem_exporter::config;
-use gpumem_exporter::http::{negotiate, web_config};
+use gpumem_exporter::testing::attribute::{cgroup, containers, passwd, procfs, redact, slurm, torch};
+use gpumem_exporter::testing::config;
+use gpumem_exporter::testing::http::{negotiate, web_config};
 
 /// Bytes as text the way the exporter reads files: invalid UTF-8 is an
 /// error there before any parser runs, so it is skipped here.
@@ -105,17 +105,17 @@ pub fn torch(data: &[u8]) {
 /// allocations, and each device id the device plugin could send (the
 /// input's lines).
 pub fn pod_resources(data: &[u8]) {
-    gpumem_exporter::fuzzing::pod_resources(data);
+    gpumem_exporter::testing::fuzzing::pod_resources(data);
     if let Some(text) = text(data) {
         for id in text.lines() {
-            gpumem_exporter::fuzzing::device_id(id);
+            gpumem_exporter::testing::fuzzing::device_id(id);
         }
     }
 }
 
 /// A ResourceSlice from the API server (JSON).
 pub fn resource_slice(data: &[u8]) {
-    gpumem_exporter::fuzzing::resource_slice(data);
+    gpumem_exporter::testing::fuzzing::resource_slice(data);
 }
 
 /// Slurm: a `/proc/<pid>/cgroup` (the job, step and uid of its paths) and
@@ -127,7 +127,7 @@ pub fn slurm(data: &[u8]) {
     }
     for line in text.lines() {
         let _ = slurm::parse_slurm_path(line);
-        gpumem_exporter::fuzzing::job_mapping_name(line);
+        gpumem_exporter::testing::fuzzing::job_mapping_name(line);
     }
 }
 

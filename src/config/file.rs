@@ -6,7 +6,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
-use crate::sample::collectors;
+use crate::collectors;
 
 use super::values::{
     ApiUrl, CmdlineLength, Interval, JobMappingFormat, KubeMode, ListenAddress, LogFormat,

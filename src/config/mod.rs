@@ -35,7 +35,7 @@ use crate::kube::discovery;
 use file::{FileCollectors, FileConfig, FileKubernetes, FileProcesses, FileSlurm};
 use yaml::{ReadError, YamlError};
 
-use crate::sample::collectors;
+use crate::collectors;
 
 /// Default listen port (on every address). 9877 is not taken by a well-known exporter
 /// (node 9100, dcgm-exporter 9400, nvitop-exporter 9445,

@@ -17,7 +17,7 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::encoder::gauge;
+use crate::encoding::gauge;
 use crate::model::{AllocatedDevice, Allocation, DeviceInfo, MigInfo, Snapshot};
 
 /// `gpu_allocation_info`, when the pod-resources client or the Slurm

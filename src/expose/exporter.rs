@@ -11,7 +11,7 @@ use std::time::UNIX_EPOCH;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
-use super::encoder::{Labels, gauge};
+use crate::encoding::{Labels, gauge};
 use crate::model::{DurationHistogram, HttpBody, Snapshot};
 
 /// `version` and `revision` labels of `gpumem_exporter_build_info`.

@@ -5,7 +5,7 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::encoder::{Labels, gauge, gpu_labels};
+use crate::encoding::{Labels, gauge, gpu_labels};
 use crate::model::{DeviceSample, Snapshot};
 
 /// `gpu_info`, `gpu_up` and `gpu_memory_*_bytes`.

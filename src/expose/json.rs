@@ -21,7 +21,8 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::exporter::{REVISION, VERSION};
-use crate::gpu::readings::{self, Utilization};
+use crate::collectors::process_utilization::ProcessUtilization as ProcessUtilizationReading;
+use crate::collectors::utilization::Utilization;
 use crate::history::{History, unix_seconds};
 use crate::model::{DeviceSample, Forecast, MemoryInfo, ProcessSample, Snapshot};
 
@@ -268,7 +269,7 @@ fn process(p: &ProcessSample) -> Process<'_> {
         memory_used_peak_bytes: p.used_peak_bytes,
         utilization: p
             .readings
-            .get::<readings::ProcessUtilization>()
+            .get::<ProcessUtilizationReading>()
             .map(|u| ProcessUtilization {
                 sm_ratio: ratio(u.sm),
                 memory_ratio: ratio(u.memory),

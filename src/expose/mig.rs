@@ -4,7 +4,7 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::encoder::{Labels, gauge};
+use crate::encoding::{Labels, gauge};
 use crate::model::{MemoryInfo, Snapshot};
 
 /// `gpu_mig_info` and `gpu_mig_memory_*_bytes`.

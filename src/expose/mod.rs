@@ -2,10 +2,12 @@
 //! Every metric name the exporter serves is defined in this folder, one
 //! file per family group, in the order a scrape shows them: `gpu`,
 //! `process`, `torch`, `mig`, `allocation` (the kubelet's device
-//! allocations), the collectors `utilization`, `power`
-//! (power_thermal), `health` and `gpm`, then the exporter's own families
-//! (`exporter`) last. The collectors' families are left out entirely when
-//! no GPU has their figures (collector off, or not supported). Encoding
+//! allocations), then each switchable collector's families in registry
+//! order (they live in `collectors/<name>/families.rs`; `segments.rs`
+//! calls the registry rows' encode steps), then the exporter's own
+//! families (`exporter`) last. The collectors' families are left out
+//! entirely when no GPU has their figures (collector off, or not
+//! supported). Encoding
 //! reads only the [`Snapshot`]: no NVML, no /proc, no HTTP state. No series
 //! carries a label with an empty value: every label set goes through
 //! `encoder::Labels`, which leaves those out (for Prometheus they are the
@@ -15,19 +17,14 @@
 //! memory history for `/api/v1/history`), the page's and scripts' view.
 
 mod allocation;
-mod encoder;
 mod exporter;
 mod format;
-mod gpm;
 mod gpu;
-mod health;
 pub(crate) mod json;
 mod mig;
-mod power;
 mod process;
 mod segments;
 mod torch;
-mod utilization;
 
 use std::fmt;
 use std::sync::Arc;
@@ -36,6 +33,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
+use crate::collectors::REGISTRY;
 use crate::model::Snapshot;
 
 pub use allocation::{Placed, placed};
@@ -98,7 +96,7 @@ impl Collector for FamiliesCollector {
 fn gpu_families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
     for g in segments::Group::ALL {
         if g != segments::Group::Exporter {
-            segments::encode_group(enc, s, g)?;
+            segments::encode_group(enc, s, g, REGISTRY)?;
         }
     }
     Ok(())
@@ -110,7 +108,7 @@ struct SnapshotCollector(Arc<Snapshot>);
 impl Collector for SnapshotCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
         for g in segments::Group::ALL {
-            segments::encode_group(&mut enc, &self.0, g)?;
+            segments::encode_group(&mut enc, &self.0, g, REGISTRY)?;
         }
         Ok(())
     }

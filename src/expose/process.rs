@@ -5,32 +5,8 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::encoder::{Ids, Labels, gauge, gpu_labels};
-use crate::model::{ContainerInfo, DeviceSample, OtherProcesses, ProcessSample, Snapshot};
-
-/// Labels of every per-process value series: the GPU (and MIG instance),
-/// the pid, its name, its pod and its Slurm job; those not known (no pod,
-/// no job, no MIG, no name) are left out.
-pub(super) fn process_labels<'a>(
-    d: &'a DeviceSample,
-    p: &'a ProcessSample,
-    pid: &'a str,
-    gi: &'a str,
-    ci: &'a str,
-) -> Labels<'a, 10> {
-    Labels([
-        ("gpu", d.info.gpu.as_str()),
-        ("uuid", d.info.uuid.as_str()),
-        ("pid", pid),
-        ("process", &*p.ident.comm),
-        ("namespace", &*p.ident.namespace),
-        ("pod", &*p.ident.pod),
-        ("container", &*p.ident.container),
-        ("slurm_job", p.ident.slurm.as_ref().map_or("", |j| &*j.job)),
-        ("gpu_instance_id", gi),
-        ("compute_instance_id", ci),
-    ])
-}
+use crate::encoding::{Ids, Labels, gauge, gpu_labels, process_labels};
+use crate::model::{ContainerInfo, OtherProcesses, ProcessSample, Snapshot};
 
 /// One gauge family with a series per (GPU, process) for which `value`
 /// gives a figure, plus the `pid="other"` rollup when `other` gives one.

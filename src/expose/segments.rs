@@ -27,7 +27,8 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
 use super::format::Format;
-use super::{allocation, exporter, gpm, gpu, health, mig, power, process, torch, utilization};
+use super::{allocation, exporter, gpu, mig, process, torch};
+use crate::collectors::{Def, REGISTRY};
 use crate::model::{DeviceInfo, MigSample, OtherProcesses, ProcessSample, Readings, Snapshot};
 
 /// Family groups, in scrape order.
@@ -39,7 +40,8 @@ pub(super) enum Group {
     Processes,
     /// The kubelet's and Slurm's allocations: copied in at each publish.
     Allocation,
-    /// Utilisation, power and thermal, health, GPM: full samples.
+    /// The switchable collectors' families, in registry order: full
+    /// samples.
     Collectors,
     /// `gpu_driver_info`.
     Driver,
@@ -60,10 +62,12 @@ impl Group {
     ];
 }
 
+/// One group's families; the collectors' from `registry`'s rows.
 pub(super) fn encode_group(
     enc: &mut DescriptorEncoder,
     s: &Snapshot,
     group: Group,
+    registry: &[Def],
 ) -> Result<(), fmt::Error> {
     match group {
         Group::Devices => gpu::devices(enc, s),
@@ -77,11 +81,10 @@ pub(super) fn encode_group(
         }
         Group::Allocation => allocation::families(enc, s),
         Group::Collectors => {
-            utilization::devices(enc, s)?;
-            utilization::processes(enc, s)?;
-            power::families(enc, s)?;
-            health::families(enc, s)?;
-            gpm::families(enc, s)
+            for encode in registry.iter().filter_map(|d| d.encode) {
+                encode(enc, s)?;
+            }
+            Ok(())
         }
         Group::Driver => gpu::driver(enc, s),
         Group::Exporter => exporter::families(enc, s),
@@ -89,12 +92,12 @@ pub(super) fn encode_group(
 }
 
 #[derive(Debug)]
-struct GroupCollector(Arc<Snapshot>, &'static [Group]);
+struct GroupCollector(Arc<Snapshot>, &'static [Group], &'static [Def]);
 
 impl Collector for GroupCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
         for &g in self.1 {
-            encode_group(&mut enc, &self.0, g)?;
+            encode_group(&mut enc, &self.0, g, self.2)?;
         }
         Ok(())
     }
@@ -106,9 +109,14 @@ fn append(
     snapshot: &Arc<Snapshot>,
     format: Format,
     groups: &'static [Group],
+    collectors: &'static [Def],
 ) -> Result<(), fmt::Error> {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(GroupCollector(Arc::clone(snapshot), groups)));
+    registry.register_collector(Box::new(GroupCollector(
+        Arc::clone(snapshot),
+        groups,
+        collectors,
+    )));
     match format {
         Format::Text => prometheus_client::encoding::prometheus_text::encode(out, &registry),
         Format::OpenMetrics => prometheus_client::encoding::text::encode_registry(out, &registry),
@@ -171,16 +179,35 @@ struct Kept {
     collectors: String,
 }
 
-/// The full-sample segments of the last body encoded, per format.
-#[derive(Debug, Default)]
+/// The full-sample segments of the last body encoded, per format, and
+/// the collector registry the bodies are encoded with.
+#[derive(Debug)]
 pub struct Reuse {
     kept: [Mutex<Option<Kept>>; 2],
     reused: AtomicU64,
+    registry: &'static [Def],
+}
+
+impl Default for Reuse {
+    fn default() -> Self {
+        Reuse::with_registry(REGISTRY)
+    }
 }
 
 impl Reuse {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Bodies whose collectors' families come from `registry`'s rows (the
+    /// sampler's, when it was made with another registry: the toy
+    /// collector's test).
+    pub(crate) fn with_registry(registry: &'static [Def]) -> Self {
+        Reuse {
+            kept: Default::default(),
+            reused: AtomicU64::new(0),
+            registry,
+        }
     }
 
     /// Bodies that reused the full-sample segments instead of encoding
@@ -218,9 +245,21 @@ pub fn encode_reusing(
     };
     if fresh {
         let mut processes = String::with_capacity(8192);
-        append(&mut processes, snapshot, format, &[Group::Processes])?;
+        append(
+            &mut processes,
+            snapshot,
+            format,
+            &[Group::Processes],
+            reuse.registry,
+        )?;
         let mut collectors = String::with_capacity(4096);
-        append(&mut collectors, snapshot, format, &[Group::Collectors])?;
+        append(
+            &mut collectors,
+            snapshot,
+            format,
+            &[Group::Collectors],
+            reuse.registry,
+        )?;
         *kept = Some(Kept {
             key: FullKey::of(snapshot),
             processes,
@@ -231,15 +270,17 @@ pub fn encode_reusing(
         return Err(fmt::Error);
     };
     let mut out = String::with_capacity(k.processes.len() + k.collectors.len() + 8192);
-    append(&mut out, snapshot, format, &[Group::Devices])?;
+    let registry = reuse.registry;
+    append(&mut out, snapshot, format, &[Group::Devices], registry)?;
     out.push_str(&k.processes);
-    append(&mut out, snapshot, format, &[Group::Allocation])?;
+    append(&mut out, snapshot, format, &[Group::Allocation], registry)?;
     out.push_str(&k.collectors);
     append(
         &mut out,
         snapshot,
         format,
         &[Group::Driver, Group::Exporter],
+        registry,
     )?;
     if format == Format::OpenMetrics {
         prometheus_client::encoding::text::encode_eof(&mut out)?;
@@ -254,7 +295,11 @@ mod tests {
 
     fn whole(s: &Arc<Snapshot>, format: Format) -> String {
         let mut registry = Registry::default();
-        registry.register_collector(Box::new(GroupCollector(Arc::clone(s), &Group::ALL)));
+        registry.register_collector(Box::new(GroupCollector(
+            Arc::clone(s),
+            &Group::ALL,
+            REGISTRY,
+        )));
         let mut out = String::new();
         let r = match format {
             Format::Text => {

@@ -7,8 +7,8 @@ use std::fmt;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
-use super::encoder::Ids;
-use super::process::process_labels;
+use crate::encoding::Ids;
+use crate::encoding::process_labels;
 use crate::model::{Snapshot, TorchPool, TorchStats};
 
 /// Calls `f` with the labels of `gpu_process_memory_used_bytes` and the

@@ -3,14 +3,89 @@
 //! tests without a GPU, the fake `libnvidia-ml.so.1` or the binary. Change
 //! a device's answers between ticks through `Sampler::gpu_mut`.
 //!
+//! It has the shape of the NVML source: the sampler's own calls are
+//! [`GpuSource`] methods; a collector's calls get a [`Handle`], and each
+//! collector's `calls.rs` answers them from its own script type, kept in
+//! [`Scripts`] (per device, or source-wide), so a collector's fake answers
+//! live in its folder too.
+//!
 //! The end-to-end tests use the cdylib in `tests/fake-nvml` instead, which
 //! stands in for the real library under the production NVML code.
 
-use super::readings::{Gpm, Health, PowerThermal, Utilization, Virtualization};
-use super::{
-    ErrorKind, GpuError, GpuSource, Operation, ProcessUtilizationSample, RawProcess, merge_process,
-};
+use std::any::{Any, TypeId};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use super::{ErrorKind, GpuError, GpuSource, Operation, RawProcess, Virtualization, merge_process};
 use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
+
+/// A script value: any clonable type.
+trait Script: Any + Send {
+    fn clone_box(&self) -> Box<dyn Script>;
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+impl<T: Any + Clone + Send> Script for T {
+    fn clone_box(&self) -> Box<dyn Script> {
+        Box::new(self.clone())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// The collectors' scripted answers, one value per type (each collector's
+/// `calls.rs` names its own types).
+#[derive(Default)]
+pub struct Scripts(HashMap<TypeId, Box<dyn Script>>);
+
+impl Clone for Scripts {
+    fn clone(&self) -> Self {
+        Scripts(self.0.iter().map(|(k, v)| (*k, v.clone_box())).collect())
+    }
+}
+
+impl fmt::Debug for Scripts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Scripts({} values)", self.0.len())
+    }
+}
+
+impl Scripts {
+    /// The script of type `T`, if one was set.
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        self.0.get(&TypeId::of::<T>())?.as_any().downcast_ref()
+    }
+
+    /// The script of type `T`, if one was set, to change.
+    pub fn get_mut<T: Any>(&mut self) -> Option<&mut T> {
+        self.0
+            .get_mut(&TypeId::of::<T>())?
+            .as_any_mut()
+            .downcast_mut()
+    }
+
+    /// The script of type `T`, made with `Default` when first asked.
+    pub fn at<T: Any + Clone + Send + Default>(&mut self) -> &mut T {
+        let slot = self
+            .0
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Box::new(T::default()));
+        match slot.as_any_mut().downcast_mut() {
+            Some(t) => t,
+            None => unreachable!("a script slot holds its own type"),
+        }
+    }
+
+    /// Set the script of type `T`.
+    pub fn set<T: Any + Clone + Send>(&mut self, value: T) {
+        self.0.insert(TypeId::of::<T>(), Box::new(value));
+    }
+}
 
 /// One scripted GPU.
 #[derive(Debug, Clone)]
@@ -28,19 +103,11 @@ pub struct FakeDevice {
     /// `mig_memory` answers for the layout last handed out by `mig_layout`:
     /// an instance removed since is a stale handle (`invalid_arg`).
     pub mig: Vec<(MigInfo, Result<MemoryInfo, GpuError>)>,
-    /// Collector answers: a `None` field answers `not_supported`.
-    pub utilization: Utilization,
-    pub power: PowerThermal,
-    pub health: Health,
-    /// Process utilisation samples (`None`: not supported); a call returns
-    /// those newer than its `since_us`.
-    pub process_utilization: Option<Vec<ProcessUtilizationSample>>,
-    /// Xid events still to deliver (`None`: the GPU has no Xid events).
-    pub xid: Option<Vec<u64>>,
-    /// When set, the power_thermal collector's call fails with it.
-    pub collector_error: Option<GpuError>,
     /// nvmlDeviceGetVirtualizationMode's answer.
     pub virtualization: Virtualization,
+    /// The collectors' answers for this GPU (absent: not supported, as
+    /// each collector's `calls.rs` says).
+    pub scripts: Scripts,
 }
 
 impl FakeDevice {
@@ -59,13 +126,8 @@ impl FakeDevice {
             memory: Ok(memory(total, used)),
             processes: Ok(Vec::new()),
             mig: Vec::new(),
-            utilization: Utilization::default(),
-            power: PowerThermal::default(),
-            health: Health::default(),
-            process_utilization: None,
-            xid: None,
-            collector_error: None,
             virtualization: Virtualization::None,
+            scripts: Scripts::default(),
         }
     }
 }
@@ -103,13 +165,12 @@ pub struct FakeGpu {
     pub identify_calls: u64,
     /// `mig_layout` calls so far, all devices.
     pub mig_layout_calls: u64,
-    /// Collector calls so far, all devices: utilization, power_thermal,
-    /// health, process_utilization, xid_events.
-    pub collector_calls: [u64; 5],
-    /// `energy` and `ecc_mode` calls so far, all devices.
-    pub slow_calls: u64,
-    /// Devices registered for Xid events.
-    pub xid_watched: Vec<usize>,
+    /// Collector calls so far, all devices, by the name each collector's
+    /// `calls.rs` counts them under.
+    pub calls: BTreeMap<&'static str, u64>,
+    /// The collectors' source-wide scripts and state (e.g. which GPUs are
+    /// registered for events).
+    pub scripts: Scripts,
     /// Set by `close`: every call fails with `uninitialized` from then on.
     pub closed: bool,
     count: usize,
@@ -131,6 +192,11 @@ impl FakeGpu {
             devices,
             ..FakeGpu::default()
         }
+    }
+
+    /// Collector calls so far under each of `names`.
+    pub fn calls_of<const N: usize>(&self, names: [&str; N]) -> [u64; N] {
+        names.map(|n| self.calls.get(n).copied().unwrap_or(0))
     }
 
     fn device(&self, i: usize, operation: Operation) -> Result<&FakeDevice, GpuError> {
@@ -155,7 +221,7 @@ impl GpuSource for FakeGpu {
 
     fn identify(&mut self, device: usize) -> Result<DeviceInfo, GpuError> {
         self.identify_calls += 1;
-        let d = self.device(device, Operation::DeviceUuid)?;
+        let d = self.device(device, Operation::DEVICE_UUID)?;
         match &d.identity_error {
             Some(e) => Err(*e),
             None => Ok(d.info.clone()),
@@ -164,7 +230,7 @@ impl GpuSource for FakeGpu {
 
     fn mig_layout(&mut self, device: usize) -> Result<Vec<MigInfo>, GpuError> {
         self.mig_layout_calls += 1;
-        let d = self.device(device, Operation::MigMode)?;
+        let d = self.device(device, Operation::MIG_MODE)?;
         let infos: Vec<MigInfo> = d.mig.iter().map(|(m, _)| m.clone()).collect();
         if let Some(slot) = self.handed_out.get_mut(device) {
             *slot = infos.iter().map(|m| m.mig_uuid.clone()).collect();
@@ -173,13 +239,13 @@ impl GpuSource for FakeGpu {
     }
 
     fn memory(&mut self, device: usize) -> Result<MemoryInfo, GpuError> {
-        self.device(device, Operation::MemoryInfo)?.memory
+        self.device(device, Operation::MEMORY_INFO)?.memory
     }
 
     fn processes(&mut self, device: usize, out: &mut Vec<RawProcess>) -> Result<(), GpuError> {
         self.process_calls += 1;
         for p in self
-            .device(device, Operation::RunningComputeProcesses)?
+            .device(device, Operation::RUNNING_COMPUTE_PROCESSES)?
             .processes
             .clone()?
         {
@@ -189,8 +255,8 @@ impl GpuSource for FakeGpu {
     }
 
     fn mig_memory(&mut self, device: usize, mig: usize) -> Result<MemoryInfo, GpuError> {
-        let d = self.device(device, Operation::MigMemoryInfo)?;
-        let invalid = |kind| GpuError::new(Operation::MigMemoryInfo, kind);
+        let d = self.device(device, Operation::MIG_MEMORY_INFO)?;
+        let invalid = |kind| GpuError::new(Operation::MIG_MEMORY_INFO, kind);
         let uuid = self
             .handed_out
             .get(device)
@@ -203,148 +269,10 @@ impl GpuSource for FakeGpu {
         }
     }
 
-    fn utilization(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Utilization {
-        self.collector_calls[0] += 1;
-        match self.device(device, Operation::UtilizationRates) {
-            Ok(d) => {
-                let u = d.utilization;
-                for (op, missing) in [
-                    (Operation::UtilizationRates, u.gpu.is_none()),
-                    (Operation::EncoderUtilization, u.encoder.is_none()),
-                    (Operation::DecoderUtilization, u.decoder.is_none()),
-                ] {
-                    if missing {
-                        failed.push(unsupported(op));
-                    }
-                }
-                u
-            }
-            Err(e) => {
-                failed.push(e);
-                Utilization::default()
-            }
-        }
-    }
-
-    fn power_thermal(&mut self, device: usize, failed: &mut Vec<GpuError>) -> PowerThermal {
-        self.collector_calls[1] += 1;
-        match self.device(device, Operation::Temperature) {
-            Ok(d) => {
-                if let Some(e) = &d.collector_error {
-                    failed.push(*e);
-                    return PowerThermal::default();
-                }
-                if d.power.temperature_c.is_none() {
-                    failed.push(unsupported(Operation::Temperature));
-                }
-                PowerThermal {
-                    energy_mj: None,
-                    ..d.power
-                }
-            }
-            Err(e) => {
-                failed.push(e);
-                PowerThermal::default()
-            }
-        }
-    }
-
-    fn energy(&mut self, device: usize) -> Result<u64, GpuError> {
-        self.slow_calls += 1;
-        self.device(device, Operation::TotalEnergyConsumption)?
-            .power
-            .energy_mj
-            .ok_or(unsupported(Operation::TotalEnergyConsumption))
-    }
-
-    fn ecc_mode(&mut self, device: usize) -> Result<bool, GpuError> {
-        self.slow_calls += 1;
-        self.device(device, Operation::EccMode)?
-            .health
-            .ecc_enabled
-            .ok_or(unsupported(Operation::EccMode))
-    }
-
-    fn health(&mut self, device: usize, ecc_enabled: bool, failed: &mut Vec<GpuError>) -> Health {
-        self.collector_calls[2] += 1;
-        match self.device(device, Operation::RemappedRows) {
-            Ok(d) => {
-                if d.health.remapped_rows.is_none() {
-                    failed.push(unsupported(Operation::RemappedRows));
-                }
-                Health {
-                    ecc_enabled: None,
-                    ecc_errors: if ecc_enabled {
-                        d.health.ecc_errors
-                    } else {
-                        [None; 4]
-                    },
-                    xid_errors: None,
-                    ..d.health.clone()
-                }
-            }
-            Err(e) => {
-                failed.push(e);
-                Health::default()
-            }
-        }
-    }
-
-    fn process_utilization(
-        &mut self,
-        device: usize,
-        since_us: u64,
-        out: &mut Vec<ProcessUtilizationSample>,
-    ) -> Result<(), GpuError> {
-        self.collector_calls[3] += 1;
-        let d = self.device(device, Operation::ProcessUtilization)?;
-        let samples = d
-            .process_utilization
-            .as_ref()
-            .ok_or(unsupported(Operation::ProcessUtilization))?;
-        out.extend(samples.iter().filter(|p| p.timestamp_us > since_us));
-        Ok(())
-    }
-
-    fn watch_xid(&mut self, device: usize) -> Result<(), GpuError> {
-        let d = self.device(device, Operation::RegisterEvents)?;
-        if d.xid.is_none() {
-            return Err(unsupported(Operation::RegisterEvents));
-        }
-        self.xid_watched.push(device);
-        Ok(())
-    }
-
-    fn xid_events(&mut self, out: &mut Vec<(usize, u64)>) -> Result<(), GpuError> {
-        self.collector_calls[4] += 1;
-        if self.closed {
-            return Err(GpuError::new(
-                Operation::EventSetWait,
-                ErrorKind::Uninitialized,
-            ));
-        }
-        for &i in &self.xid_watched {
-            if let Some(list) = self.devices.get_mut(i).and_then(|d| d.xid.as_mut()) {
-                out.extend(list.drain(..).map(|x| (i, x)));
-            }
-        }
-        Ok(())
-    }
-
     fn virtualization(&mut self, device: usize) -> Result<Virtualization, GpuError> {
         Ok(self
-            .device(device, Operation::VirtualizationMode)?
+            .device(device, Operation::VIRTUALIZATION_MODE)?
             .virtualization)
-    }
-
-    /// No GPM here: its end-to-end tests run on the fake NVML library.
-    fn gpm_supported(&mut self, device: usize) -> Result<bool, GpuError> {
-        self.device(device, Operation::GpmQueryDeviceSupport)?;
-        Ok(false)
-    }
-
-    fn gpm(&mut self, _device: usize, _gpu_instance: Option<u32>) -> Result<Option<Gpm>, GpuError> {
-        Err(unsupported(Operation::GpmSampleGet))
     }
 
     fn mig_gpu_instances(&self, device: usize) -> Vec<u32> {
@@ -358,11 +286,69 @@ impl GpuSource for FakeGpu {
         ids
     }
 
+    fn handle(
+        &mut self,
+        device: Option<usize>,
+        operation: Operation,
+    ) -> Result<super::Handle<'_>, GpuError> {
+        if let Some(i) = device {
+            self.device(i, operation)?;
+        } else if self.closed {
+            return Err(GpuError::new(operation, ErrorKind::Uninitialized));
+        }
+        Ok(super::Handle::Fake(Handle {
+            devices: &mut self.devices,
+            calls: &mut self.calls,
+            scripts: &mut self.scripts,
+            device,
+        }))
+    }
+
     fn close(&mut self) {
         self.closed = true;
     }
 }
 
-fn unsupported(operation: Operation) -> GpuError {
+/// A collector's view of the fake: the GPU asked for (or all of them),
+/// the call counters and the source-wide scripts.
+pub struct Handle<'a> {
+    devices: &'a mut [FakeDevice],
+    calls: &'a mut BTreeMap<&'static str, u64>,
+    scripts: &'a mut Scripts,
+    device: Option<usize>,
+}
+
+impl Handle<'_> {
+    /// The GPU asked for; `operation` fails with `invalid_device_index` on
+    /// the source-wide handle.
+    pub fn device(&mut self, operation: Operation) -> Result<&mut FakeDevice, GpuError> {
+        self.device
+            .and_then(|i| self.devices.get_mut(i))
+            .ok_or(GpuError::new(operation, ErrorKind::InvalidDeviceIndex))
+    }
+
+    /// The index of the GPU asked for (`None`: the source-wide handle).
+    pub fn index(&self) -> Option<usize> {
+        self.device
+    }
+
+    /// Every GPU (source-wide calls).
+    pub fn devices(&mut self) -> &mut [FakeDevice] {
+        self.devices
+    }
+
+    /// Count one call under `name` (see [`FakeGpu::calls`]).
+    pub fn count(&mut self, name: &'static str) {
+        *self.calls.entry(name).or_insert(0) += 1;
+    }
+
+    /// The source-wide scripts.
+    pub fn scripts(&mut self) -> &mut Scripts {
+        self.scripts
+    }
+}
+
+/// A call the fake's script does not have.
+pub fn unsupported(operation: Operation) -> GpuError {
     GpuError::new(operation, ErrorKind::NotSupported)
 }

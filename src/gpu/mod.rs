@@ -1,16 +1,25 @@
-//! The only code that talks to the GPU driver. [`GpuSource`] is the small
-//! seam the sampler uses; [`nvml::NvmlSource`] is the production impl,
-//! [`fake::FakeGpu`] an in-process one for unit tests of the tick, and
-//! [`error`] holds the typed errors (kind and operation) and their labels.
+//! The only code that opens NVML and makes the sampler's own calls
+//! (discovery, memory, processes, MIG). [`GpuSource`] is the small seam the
+//! sampler uses; [`nvml::NvmlSource`] is the production impl,
+//! [`fake::FakeGpu`] an in-process one for unit tests of the tick.
+//!
+//! A collector does not widen [`GpuSource`]: it asks for a [`Handle`] on
+//! one GPU (or on the source, for event sets) and makes its own calls on
+//! it, in its own folder (`collectors/<name>/calls.rs`). The handle is as
+//! narrow as NVML allows: the device, the library (for the few calls that
+//! take it), and a slot for state that must not outlive the library
+//! (`nvml::Handle::state`). Only the sampler thread holds a source, so
+//! every call is still made on that one thread.
+//!
+//! The error labels sit below this module (`crate::gpu_error`); mapping
+//! nvml-wrapper's `NvmlError` to them is [`error`]'s.
 
 pub mod error;
 #[cfg(test)]
 pub mod fake;
 pub mod nvml;
-pub mod readings;
 
 use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
-use readings::{Gpm, Health, PowerThermal, ProcessUtilization, Utilization, Virtualization};
 
 pub use error::{ErrorKind, GpuError, Operation};
 
@@ -24,13 +33,23 @@ pub struct RawProcess {
     pub compute_instance_id: Option<u32>,
 }
 
-/// One process utilisation sample as NVML gives it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcessUtilizationSample {
-    pub pid: u32,
-    /// NVML's CPU timestamp of the sample, µs.
-    pub timestamp_us: u64,
-    pub utilization: ProcessUtilization,
+/// nvmlDeviceGetVirtualizationMode, as far as the sampler cares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Virtualization {
+    /// Bare metal, passthrough, or a hypervisor host.
+    #[default]
+    None,
+    /// A vGPU guest: some calls misbehave there (row remapping queries
+    /// spam the kernel log, nvidia_gpu_exporter #384).
+    VgpuGuest,
+}
+
+/// What a collector's calls are made on: NVML's handle, or (unit tests)
+/// the in-process fake's scripted device.
+pub enum Handle<'a> {
+    Nvml(nvml::Handle<'a>),
+    #[cfg(test)]
+    Fake(fake::Handle<'a>),
 }
 
 /// What the sampler needs from a GPU driver. Implementations are owned by
@@ -54,45 +73,18 @@ pub trait GpuSource {
     fn processes(&mut self, device: usize, out: &mut Vec<RawProcess>) -> Result<(), GpuError>;
     /// Memory of MIG instance `mig` (its index in the last `mig_layout`).
     fn mig_memory(&mut self, device: usize, mig: usize) -> Result<MemoryInfo, GpuError>;
-    /// `utilization` collector. Each call that fails leaves its field `None`
-    /// and is pushed to `failed` (unsupported calls included).
-    fn utilization(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Utilization;
-    /// `power_thermal` collector without the energy counter, as
-    /// [`GpuSource::utilization`].
-    fn power_thermal(&mut self, device: usize, failed: &mut Vec<GpuError>) -> PowerThermal;
-    /// Energy since the driver loaded, mJ (slow on the H200: 4.1 ms).
-    fn energy(&mut self, device: usize) -> Result<u64, GpuError>;
-    /// Whether ECC is on (slow on the H200: 134 µs).
-    fn ecc_mode(&mut self, device: usize) -> Result<bool, GpuError>;
-    /// `health` collector without the ECC mode and Xid events, as
-    /// [`GpuSource::utilization`]; the ECC counters are read only when
-    /// `ecc_enabled`.
-    fn health(&mut self, device: usize, ecc_enabled: bool, failed: &mut Vec<GpuError>) -> Health;
-    /// Process utilisation samples newer than `since_us` (NVML's sample
-    /// timestamps, µs), appended to `out`; none newer is `Ok` and empty.
-    fn process_utilization(
-        &mut self,
-        device: usize,
-        since_us: u64,
-        out: &mut Vec<ProcessUtilizationSample>,
-    ) -> Result<(), GpuError>;
-    /// Start delivering critical Xid events of this GPU to `xid_events`.
-    fn watch_xid(&mut self, device: usize) -> Result<(), GpuError>;
-    /// Critical Xid events that arrived since the last call, as (device,
-    /// Xid), without waiting.
-    fn xid_events(&mut self, out: &mut Vec<(usize, u64)>) -> Result<(), GpuError>;
-    /// Whether GPU `device` runs in a vGPU guest (read once, at discovery).
-    fn virtualization(&mut self, device: usize) -> Result<Virtualization, GpuError>;
-    /// Whether GPU `device` has GPM (`nvmlGpmQueryDeviceSupport`).
-    fn gpm_supported(&mut self, device: usize) -> Result<bool, GpuError>;
-    /// Take a GPM sample of GPU `device`, or of its MIG GPU instance
-    /// `gpu_instance`, and answer the metrics between the previous sample
-    /// of the same and this one: `Ok(None)` for the first. The source
-    /// keeps the previous sample (an NVML allocation that must be freed
-    /// before NVML is shut down, so it cannot outlive the source).
-    fn gpm(&mut self, device: usize, gpu_instance: Option<u32>) -> Result<Option<Gpm>, GpuError>;
     /// The GPU instance ids of the MIG layout last read (each once).
     fn mig_gpu_instances(&self, device: usize) -> Vec<u32>;
+    /// Whether GPU `device` runs in a vGPU guest (read once, at discovery).
+    fn virtualization(&mut self, device: usize) -> Result<Virtualization, GpuError>;
+    /// The handle a collector makes its calls on: GPU `device`, or, for
+    /// `None`, the source as a whole (event sets). Fails, as `operation`
+    /// would, when the GPU has no handle or the source is closed.
+    fn handle(
+        &mut self,
+        device: Option<usize>,
+        operation: Operation,
+    ) -> Result<Handle<'_>, GpuError>;
     /// Let go of the driver (handles, and the library itself), so that the
     /// next open loads it afresh, e.g. after a driver upgrade. Every call
     /// after this fails with [`ErrorKind::Uninitialized`].

@@ -1,23 +1,18 @@
 //! [`GpuSource`] over NVML through `nvml-wrapper` (which dlopens
 //! `libnvidia-ml.so.1` at run time, so the binary starts on hosts without a
-//! driver and fails with a clear message instead).
+//! driver and fails with a clear message instead), and the [`Handle`] the
+//! collectors make their own calls on.
 
-mod collect;
-mod gpm;
-
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 
-use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::GpuVirtualizationMode;
 use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
-use nvml_wrapper::{Device, EventSet, Nvml};
+use nvml_wrapper::{Device, Nvml};
 
-use super::readings::{Gpm, Health, PowerThermal, ProcessUtilization, Utilization, Virtualization};
-use super::{
-    ErrorKind, GpuError, GpuSource, Operation, ProcessUtilizationSample, RawProcess, merge_process,
-};
+use super::{ErrorKind, GpuError, GpuSource, Operation, RawProcess, Virtualization, merge_process};
 use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
 
 /// The library name the dynamic loader resolves when none is configured.
@@ -70,6 +65,67 @@ fn gpu_err(operation: Operation) -> impl Fn(NvmlError) -> GpuError {
     move |e| GpuError::nvml(operation, &e)
 }
 
+/// The value of a collector's call, or `None` with its error pushed (a
+/// collector that makes several calls per GPU keeps the rest).
+pub fn keep<T>(
+    r: Result<T, NvmlError>,
+    operation: Operation,
+    failed: &mut Vec<GpuError>,
+) -> Option<T> {
+    r.map_err(|e| failed.push(GpuError::nvml(operation, &e)))
+        .ok()
+}
+
+/// The collectors' state that holds NVML allocations (a GPM sample, an
+/// event set): one value per type, made on first use, dropped with the
+/// handles, before the library shuts down.
+#[derive(Default)]
+pub struct State(HashMap<TypeId, Box<dyn Any>>);
+
+impl State {
+    /// The value of type `T`, made with `Default` when first asked.
+    fn of<T: Default + 'static>(&mut self) -> &mut T {
+        let slot = self
+            .0
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Box::new(T::default()));
+        match slot.downcast_mut::<T>() {
+            Some(t) => t,
+            // The key is the type's own id, so the value is always a `T`.
+            None => unreachable!("nvml::State slot of another type"),
+        }
+    }
+}
+
+/// One GPU (or the whole library, for event sets) for a collector's
+/// calls: nvml-wrapper's `Device` and `Nvml`, and [`State`] for what must
+/// be freed before the library is.
+pub struct Handle<'a> {
+    nvml: &'static Nvml,
+    device: Option<&'a Device<'static>>,
+    state: &'a mut State,
+}
+
+impl<'a> Handle<'a> {
+    /// The GPU asked for; `operation` fails with `invalid_device_index` on
+    /// the source-wide handle.
+    pub fn device(&self, operation: Operation) -> Result<&'a Device<'static>, GpuError> {
+        self.device
+            .ok_or(GpuError::new(operation, ErrorKind::InvalidDeviceIndex))
+    }
+
+    /// The library, for the calls that take it (GPM metrics, event sets).
+    pub fn nvml(&self) -> &'static Nvml {
+        self.nvml
+    }
+
+    /// The collector's state of type `T` (see [`State`]). `T` holds only
+    /// values made from this library instance, hence `'static` handles.
+    pub fn state<T: Default + 'static>(&mut self) -> &mut T {
+        self.state.of::<T>()
+    }
+}
+
 /// NVML plus the device handles it hands out, or nothing after
 /// [`GpuSource::close`].
 pub struct NvmlSource {
@@ -86,15 +142,12 @@ struct Opened {
     handles: Vec<Option<Device<'static>>>,
     /// Per GPU: its MIG instance handles as the last layout read found them.
     mig_handles: Vec<Vec<Device<'static>>>,
-    /// Critical Xid events of the GPUs registered by `watch_xid`.
-    events: Option<EventSet<'static>>,
     /// Per GPU: the GPU instance ids of its MIG layout (each once).
     mig_gis: Vec<Vec<u32>>,
-    /// The last GPM sample of each GPU (`None`) and MIG GPU instance: a
-    /// GPM metric is the difference of two samples. Kept here, not in the
-    /// collector, because a sample is an NVML allocation freed through the
-    /// library: it must go before `nvml` does.
-    gpm: gpm::Previous,
+    /// The collectors' NVML allocations (the last GPM samples, the Xid
+    /// event set): kept here, not in the collectors, because they are
+    /// freed through the library and must go before `nvml` does.
+    state: State,
     nvml: Box<Nvml>,
 }
 
@@ -143,7 +196,7 @@ impl NvmlSource {
             },
             other => InitError::Other {
                 where_: where_.clone(),
-                operation: Operation::Init,
+                operation: Operation::INIT,
                 source: other,
             },
         })?;
@@ -158,23 +211,24 @@ impl NvmlSource {
         let driver = DriverInfo {
             driver_version: nvml
                 .sys_driver_version()
-                .map_err(other(Operation::SystemDriverVersion))?,
+                .map_err(other(Operation::SYSTEM_DRIVER_VERSION))?,
             nvml_version: nvml
                 .sys_nvml_version()
-                .map_err(other(Operation::SystemNvmlVersion))?,
+                .map_err(other(Operation::SYSTEM_NVML_VERSION))?,
             cuda_driver_version: nvml
                 .sys_cuda_driver_version()
                 .map(cuda_version_string)
-                .map_err(other(Operation::SystemCudaDriverVersion))?,
+                .map_err(other(Operation::SYSTEM_CUDA_DRIVER_VERSION))?,
         };
-        let count = nvml.device_count().map_err(other(Operation::DeviceCount))? as usize;
+        let count = nvml
+            .device_count()
+            .map_err(other(Operation::DEVICE_COUNT))? as usize;
         Ok(Self {
             opened: Some(Opened {
                 handles: (0..count).map(|_| None).collect(),
                 mig_handles: (0..count).map(|_| Vec::new()).collect(),
-                events: None,
                 mig_gis: (0..count).map(|_| Vec::new()).collect(),
-                gpm: gpm::Previous::default(),
+                state: State::default(),
                 nvml: Box::new(nvml),
             }),
             driver,
@@ -186,7 +240,11 @@ impl NvmlSource {
         self.opened.as_mut().ok_or(GpuError::new(operation, CLOSED))
     }
 
-    fn handle(&self, device: usize, operation: Operation) -> Result<&Device<'static>, GpuError> {
+    fn device_handle(
+        &self,
+        device: usize,
+        operation: Operation,
+    ) -> Result<&Device<'static>, GpuError> {
         let opened = self
             .opened
             .as_ref()
@@ -208,11 +266,11 @@ fn mig_instances(dev: &Device<'static>) -> Result<(Vec<Device<'static>>, Vec<Mig
         Ok(_) | Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {
             return Ok((Vec::new(), Vec::new()));
         }
-        Err(e) => return Err(gpu_err(Operation::MigMode)(e)),
+        Err(e) => return Err(gpu_err(Operation::MIG_MODE)(e)),
     }
     let max = dev
         .mig_device_count()
-        .map_err(gpu_err(Operation::MaxMigDeviceCount))?;
+        .map_err(gpu_err(Operation::MAX_MIG_DEVICE_COUNT))?;
     let mut handles = Vec::new();
     let mut infos = Vec::new();
     for i in 0..max {
@@ -220,15 +278,15 @@ fn mig_instances(dev: &Device<'static>) -> Result<(Vec<Device<'static>>, Vec<Mig
             Ok(m) => m,
             // Slots without an instance answer NOT_FOUND.
             Err(NvmlError::NotFound) | Err(NvmlError::InvalidArg) => continue,
-            Err(e) => return Err(gpu_err(Operation::MigDeviceByIndex)(e)),
+            Err(e) => return Err(gpu_err(Operation::MIG_DEVICE_BY_INDEX)(e)),
         };
         infos.push(MigInfo {
-            mig_uuid: mig.uuid().map_err(gpu_err(Operation::MigDeviceUuid))?,
+            mig_uuid: mig.uuid().map_err(gpu_err(Operation::MIG_DEVICE_UUID))?,
             name: mig.name().unwrap_or_default(),
             gpu_instance_id: instance_id(&mig, InstanceKind::Gpu)
-                .map_err(gpu_err(Operation::MigGpuInstanceId))?,
+                .map_err(gpu_err(Operation::MIG_GPU_INSTANCE_ID))?,
             compute_instance_id: instance_id(&mig, InstanceKind::Compute)
-                .map_err(gpu_err(Operation::MigComputeInstanceId))?,
+                .map_err(gpu_err(Operation::MIG_COMPUTE_INSTANCE_ID))?,
         });
         handles.push(mig);
     }
@@ -273,7 +331,7 @@ fn raw(p: nvml_wrapper::struct_wrappers::device::ProcessInfo) -> RawProcess {
 }
 
 fn memory_of(dev: &Device<'static>) -> Result<MemoryInfo, GpuError> {
-    let m = dev.memory_info().map_err(gpu_err(Operation::MemoryInfo))?;
+    let m = dev.memory_info().map_err(gpu_err(Operation::MEMORY_INFO))?;
     Ok(MemoryInfo {
         total: m.total,
         reserved: Some(m.reserved),
@@ -292,37 +350,37 @@ impl GpuSource for NvmlSource {
     }
 
     fn identify(&mut self, device: usize) -> Result<DeviceInfo, GpuError> {
-        let opened = self.opened(Operation::DeviceByIndex)?;
+        let opened = self.opened(Operation::DEVICE_BY_INDEX)?;
         let nvml = opened.nvml();
         let slot = opened.handles.get_mut(device).ok_or(GpuError::new(
-            Operation::DeviceByIndex,
+            Operation::DEVICE_BY_INDEX,
             ErrorKind::InvalidDeviceIndex,
         ))?;
         let dev = match slot.take() {
             Some(dev) => dev,
             None => {
                 let index = u32::try_from(device).map_err(|_| {
-                    GpuError::new(Operation::DeviceByIndex, ErrorKind::InvalidDeviceIndex)
+                    GpuError::new(Operation::DEVICE_BY_INDEX, ErrorKind::InvalidDeviceIndex)
                 })?;
                 nvml.device_by_index(index)
-                    .map_err(gpu_err(Operation::DeviceByIndex))?
+                    .map_err(gpu_err(Operation::DEVICE_BY_INDEX))?
             }
         };
         let dev = slot.insert(dev);
         Ok(DeviceInfo {
             gpu: device.to_string(),
-            uuid: dev.uuid().map_err(gpu_err(Operation::DeviceUuid))?,
-            name: dev.name().map_err(gpu_err(Operation::DeviceName))?,
+            uuid: dev.uuid().map_err(gpu_err(Operation::DEVICE_UUID))?,
+            name: dev.name().map_err(gpu_err(Operation::DEVICE_NAME))?,
             pci_bus_id: dev
                 .pci_info()
-                .map_err(gpu_err(Operation::DevicePciInfo))?
+                .map_err(gpu_err(Operation::DEVICE_PCI_INFO))?
                 .bus_id,
             memory: Default::default(),
         })
     }
 
     fn mig_layout(&mut self, device: usize) -> Result<Vec<MigInfo>, GpuError> {
-        let (handles, infos) = mig_instances(self.handle(device, Operation::MigMode)?)?;
+        let (handles, infos) = mig_instances(self.device_handle(device, Operation::MIG_MODE)?)?;
         if let Some(o) = self.opened.as_mut() {
             if let Some(slot) = o.mig_handles.get_mut(device) {
                 *slot = handles;
@@ -338,14 +396,14 @@ impl GpuSource for NvmlSource {
     }
 
     fn memory(&mut self, device: usize) -> Result<MemoryInfo, GpuError> {
-        memory_of(self.handle(device, Operation::MemoryInfo)?)
+        memory_of(self.device_handle(device, Operation::MEMORY_INFO)?)
     }
 
     fn processes(&mut self, device: usize, out: &mut Vec<RawProcess>) -> Result<(), GpuError> {
-        let dev = self.handle(device, Operation::RunningComputeProcesses)?;
+        let dev = self.device_handle(device, Operation::RUNNING_COMPUTE_PROCESSES)?;
         for p in dev
             .running_compute_processes()
-            .map_err(gpu_err(Operation::RunningComputeProcesses))?
+            .map_err(gpu_err(Operation::RUNNING_COMPUTE_PROCESSES))?
         {
             merge_process(out, raw(p));
         }
@@ -355,189 +413,60 @@ impl GpuSource for NvmlSource {
         match dev.running_graphics_processes() {
             Ok(list) => list.into_iter().for_each(|p| merge_process(out, raw(p))),
             Err(NvmlError::NotSupported) => {}
-            Err(e) => return Err(gpu_err(Operation::RunningGraphicsProcesses)(e)),
+            Err(e) => return Err(gpu_err(Operation::RUNNING_GRAPHICS_PROCESSES)(e)),
         }
         match dev.mps_running_compute_processes() {
             Ok(list) => list.into_iter().for_each(|p| merge_process(out, raw(p))),
             Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {}
-            Err(e) => return Err(gpu_err(Operation::MpsRunningComputeProcesses)(e)),
+            Err(e) => return Err(gpu_err(Operation::MPS_RUNNING_COMPUTE_PROCESSES)(e)),
         }
         Ok(())
     }
 
     fn mig_memory(&mut self, device: usize, mig: usize) -> Result<MemoryInfo, GpuError> {
-        let opened = self.opened(Operation::MigMemoryInfo)?;
+        let opened = self.opened(Operation::MIG_MEMORY_INFO)?;
         let h = opened
             .mig_handles
             .get(device)
             .and_then(|m| m.get(mig))
             .ok_or(GpuError::new(
-                Operation::MigMemoryInfo,
+                Operation::MIG_MEMORY_INFO,
                 ErrorKind::InvalidDeviceIndex,
             ))?;
-        memory_of(h).map_err(|e| GpuError::new(Operation::MigMemoryInfo, e.kind))
-    }
-
-    fn utilization(&mut self, device: usize, failed: &mut Vec<GpuError>) -> Utilization {
-        match self.handle(device, Operation::UtilizationRates) {
-            Ok(dev) => collect::utilization(dev, failed),
-            Err(e) => {
-                failed.push(e);
-                Utilization::default()
-            }
-        }
-    }
-
-    fn power_thermal(&mut self, device: usize, failed: &mut Vec<GpuError>) -> PowerThermal {
-        match self.handle(device, Operation::Temperature) {
-            Ok(dev) => collect::power_thermal(dev, failed),
-            Err(e) => {
-                failed.push(e);
-                PowerThermal::default()
-            }
-        }
-    }
-
-    fn energy(&mut self, device: usize) -> Result<u64, GpuError> {
-        self.handle(device, Operation::TotalEnergyConsumption)?
-            .total_energy_consumption()
-            .map_err(gpu_err(Operation::TotalEnergyConsumption))
-    }
-
-    fn ecc_mode(&mut self, device: usize) -> Result<bool, GpuError> {
-        self.handle(device, Operation::EccMode)?
-            .is_ecc_enabled()
-            .map(|m| m.currently_enabled)
-            .map_err(gpu_err(Operation::EccMode))
-    }
-
-    fn health(&mut self, device: usize, ecc_enabled: bool, failed: &mut Vec<GpuError>) -> Health {
-        // Without a handle, no call was made: name the one the collector
-        // always makes (row remapping), not the ECC mode, a slow read of
-        // its own.
-        match self.handle(device, Operation::RemappedRows) {
-            Ok(dev) => collect::health(dev, ecc_enabled, failed),
-            Err(e) => {
-                failed.push(e);
-                Health::default()
-            }
-        }
-    }
-
-    fn process_utilization(
-        &mut self,
-        device: usize,
-        since_us: u64,
-        out: &mut Vec<ProcessUtilizationSample>,
-    ) -> Result<(), GpuError> {
-        let dev = self.handle(device, Operation::ProcessUtilization)?;
-        match dev.process_utilization_stats(since_us) {
-            Ok(samples) => {
-                out.extend(samples.into_iter().map(|p| ProcessUtilizationSample {
-                    pid: p.pid,
-                    timestamp_us: p.timestamp,
-                    utilization: ProcessUtilization {
-                        sm: p.sm_util,
-                        memory: p.mem_util,
-                        encoder: p.enc_util,
-                        decoder: p.dec_util,
-                    },
-                }));
-                Ok(())
-            }
-            // No sample newer than `since_us`: no process did any work.
-            Err(NvmlError::NotFound) => Ok(()),
-            Err(e) => Err(gpu_err(Operation::ProcessUtilization)(e)),
-        }
-    }
-
-    fn watch_xid(&mut self, device: usize) -> Result<(), GpuError> {
-        const OP: Operation = Operation::RegisterEvents;
-        let dev = self.handle(device, OP)?;
-        let supported = dev.supported_event_types().map_err(gpu_err(OP))?;
-        if !supported.contains(EventTypes::CRITICAL_XID_ERROR) {
-            return Err(GpuError::new(OP, ErrorKind::NotSupported));
-        }
-        let opened = self.opened(OP)?;
-        let set = match opened.events.take() {
-            Some(set) => set,
-            None => opened
-                .nvml()
-                .create_event_set()
-                .map_err(gpu_err(Operation::EventSetCreate))?,
-        };
-        let dev = opened
-            .handles
-            .get(device)
-            .and_then(Option::as_ref)
-            .ok_or(GpuError::new(OP, ErrorKind::InvalidDeviceIndex))?;
-        match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
-            Ok(set) => {
-                opened.events = Some(set);
-                Ok(())
-            }
-            // The set is freed with the error; the next watch makes another
-            // (the GPUs registered on the old one are registered again by
-            // the sampler, which retries every GPU not yet watched).
-            Err(e) => Err(gpu_err(OP)(e.error)),
-        }
-    }
-
-    fn xid_events(&mut self, out: &mut Vec<(usize, u64)>) -> Result<(), GpuError> {
-        const OP: Operation = Operation::EventSetWait;
-        let Some(opened) = self.opened.as_mut() else {
-            return Err(GpuError::new(OP, CLOSED));
-        };
-        let Some(set) = opened.events.as_ref() else {
-            return Ok(());
-        };
-        // Bounded: a storm of events is read over several samples.
-        for _ in 0..256 {
-            match set.wait(0) {
-                Ok(event) => {
-                    // Events are rare: one index query each is cheap.
-                    let index = event
-                        .device
-                        .index()
-                        .map_err(gpu_err(Operation::DeviceIndex))?;
-                    if let Some(XidError::Value(xid)) = event.event_data {
-                        out.push((index as usize, xid));
-                    }
-                }
-                Err(NvmlError::Timeout) => break,
-                Err(e) => return Err(gpu_err(OP)(e)),
-            }
-        }
-        Ok(())
+        memory_of(h).map_err(|e| GpuError::new(Operation::MIG_MEMORY_INFO, e.kind))
     }
 
     fn virtualization(&mut self, device: usize) -> Result<Virtualization, GpuError> {
-        const OP: Operation = Operation::VirtualizationMode;
-        match self.handle(device, OP)?.virtualization_mode() {
+        const OP: Operation = Operation::VIRTUALIZATION_MODE;
+        match self.device_handle(device, OP)?.virtualization_mode() {
             Ok(GpuVirtualizationMode::Vgpu) => Ok(Virtualization::VgpuGuest),
             Ok(_) => Ok(Virtualization::None),
             Err(e) => Err(gpu_err(OP)(e)),
         }
     }
 
-    fn gpm_supported(&mut self, device: usize) -> Result<bool, GpuError> {
-        const OP: Operation = Operation::GpmQueryDeviceSupport;
-        self.handle(device, OP)?.gpm_support().map_err(gpu_err(OP))
-    }
-
-    fn gpm(&mut self, device: usize, gpu_instance: Option<u32>) -> Result<Option<Gpm>, GpuError> {
-        let op = match gpu_instance {
-            None => Operation::GpmSampleGet,
-            Some(_) => Operation::GpmMigSampleGet,
-        };
-        let opened = self.opened(op)?;
+    fn handle(
+        &mut self,
+        device: Option<usize>,
+        operation: Operation,
+    ) -> Result<super::Handle<'_>, GpuError> {
+        let opened = self.opened(operation)?;
         let nvml = opened.nvml();
-        let dev = opened
-            .handles
-            .get(device)
-            .and_then(Option::as_ref)
-            .ok_or(GpuError::new(op, ErrorKind::InvalidDeviceIndex))?;
-        opened.gpm.next(nvml, dev, device, gpu_instance)
+        let device = match device {
+            None => None,
+            Some(i) => Some(
+                opened
+                    .handles
+                    .get(i)
+                    .and_then(Option::as_ref)
+                    .ok_or(GpuError::new(operation, ErrorKind::InvalidDeviceIndex))?,
+            ),
+        };
+        Ok(super::Handle::Nvml(Handle {
+            nvml,
+            device,
+            state: &mut opened.state,
+        }))
     }
 
     fn mig_gpu_instances(&self, device: usize) -> Vec<u32> {

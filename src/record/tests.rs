@@ -186,7 +186,7 @@ fn trace_drops_a_process_that_left_to_0_but_not_one_on_a_gpu_down() {
     s.gpu_mut().devices[0].processes = Ok(vec![process(7, 6 * GIB)]);
     let left = s.tick();
     s.gpu_mut().devices[0].memory = Err(GpuError::new(
-        crate::gpu::Operation::MemoryInfo,
+        crate::gpu::Operation::MEMORY_INFO,
         crate::gpu::ErrorKind::GpuLost,
     ));
     let down = s.tick();

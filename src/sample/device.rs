@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use super::errors::Errors;
 use super::host_memory;
 use super::peaks::WindowMax;
-use crate::gpu::readings::Virtualization;
+use crate::gpu::Virtualization;
 use crate::gpu::{ErrorKind, GpuSource, RawProcess};
 use crate::model::{
     DeviceInfo, MemoryInfo, MemoryKind, MigInfo, MigSample, OtherProcesses, ProcessSample,

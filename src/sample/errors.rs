@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::collectors::Failures;
 use crate::gpu::{GpuError, Operation};
 use crate::model::ErrorKey;
 use crate::ratelimit::LogLimiter;
@@ -79,5 +80,15 @@ impl Errors {
     #[cfg(test)]
     pub(super) fn unsupported_logged(&self) -> usize {
         self.unsupported_logged.len()
+    }
+}
+
+impl Failures for Errors {
+    fn collector_failed(&mut self, gpu: usize, e: GpuError) {
+        Errors::collector_failed(self, gpu, e);
+    }
+
+    fn count(&mut self, e: GpuError) {
+        Errors::count(self, e);
     }
 }

@@ -2,7 +2,7 @@
 //! [`GpuSource`](crate::gpu::GpuSource). Every
 //! `memory_sample_interval` it reads each GPU's memory (cheap: ~7 µs per
 //! GPU), and every `sample_interval` it also runs the collectors that are
-//! on ([`collectors`], one file each, one table), reads the process lists
+//! on ([`crate::collectors`], one folder each, one table), reads the process lists
 //! and asks [`attribute`](crate::attribute) who each pid is. Each tick
 //! builds a fresh immutable [`Snapshot`](crate::model::Snapshot)
 //! (`tick.rs`, over the per-GPU state of `device.rs` and the process step
@@ -10,7 +10,6 @@
 //! (`peaks.rs`) are kept here, so they do not depend on who scrapes or how
 //! often; `select.rs` picks the processes that get series.
 
-pub mod collectors;
 mod device;
 mod errors;
 mod host_memory;

@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::collectors::Running;
 use super::device::DeviceState;
 use super::peaks::WindowMax;
 use super::select::select;
 use crate::attribute::ProcessLookup;
+use crate::collectors::Running;
 use crate::config::Selection;
 use crate::gpu::RawProcess;
 use crate::model::ProcessSample;

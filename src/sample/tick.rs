@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::collectors::{Context, Def, REGISTRY, Running};
 use super::device::DeviceState;
 use super::errors::Errors;
 use super::processes;
 use crate::attribute::ProcessLookup;
+use crate::collectors::{Context, Def, REGISTRY, Running};
 use crate::config::{SamplerConfig, Selection, Timing};
 use crate::gpu::{GpuError, GpuSource, RawProcess};
 use crate::model::{DeviceSample, DriverInfo, DurationHistogram, Snapshot};

@@ -14,9 +14,9 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
-use gpumem_exporter::attribute::{cgroup, containers, passwd, procfs, redact, slurm, torch};
-use gpumem_exporter::config;
-use gpumem_exporter::http::{negotiate, web_config};
+use gpumem_exporter::testing::attribute::{cgroup, containers, passwd, procfs, redact, slurm, torch};
+use gpumem_exporter::testing::config;
+use gpumem_exporter::testing::http::{negotiate, web_config};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
@@ -229,8 +229,8 @@ fn fuzz_slurm_parsers() {
         }
         for line in text.lines() {
             let _ = slurm::parse_slurm_path(line);
-            gpumem_exporter::fuzzing::job_mapping_name(line);
-            gpumem_exporter::fuzzing::device_id(line);
+            gpumem_exporter::testing::fuzzing::job_mapping_name(line);
+            gpumem_exporter::testing::fuzzing::device_id(line);
         }
     });
 }
@@ -257,8 +257,8 @@ fn fuzz_container_and_resource_slice_answers() {
                 assert!(v.chars().count() <= containers::client::MAX_VALUE_CHARS);
             }
         }
-        gpumem_exporter::fuzzing::resource_slice(text.as_bytes());
+        gpumem_exporter::testing::fuzzing::resource_slice(text.as_bytes());
         // And the same bytes as a pod-resources answer (protobuf).
-        gpumem_exporter::fuzzing::pod_resources(text.as_bytes());
+        gpumem_exporter::testing::fuzzing::pod_resources(text.as_bytes());
     });
 }

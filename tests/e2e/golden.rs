@@ -17,20 +17,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use gpumem_exporter::expose::{self, Format};
-use gpumem_exporter::gpu::readings::{
+use gpumem_exporter::testing::expose::{self, Format};
+use gpumem_exporter::testing::readings::{
     Health, PowerThermal, ProcessUtilization, RemappedRows, RetiredPages, Utilization,
 };
-use gpumem_exporter::gpu::{ErrorKind, Operation};
-use gpumem_exporter::model::{
+use gpumem_exporter::testing::gpu::{ErrorKind, Operation};
+use gpumem_exporter::testing::model::{
     AllocatedDevice, AllocatorBackend, AllocatorSettings, ContainerInfo, ContainerLookups,
     DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ExporterCounters, JobAllocation,
     JobMappingErrors, JobMappingState, KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses,
     ProcIdentity, ProcessSample, Readings, SlurmJob, Snapshot, TorchCounters, TorchPool,
     TorchPools, TorchStats, TorchSteps, TorchThreshold,
 };
-use gpumem_exporter::sample::SAMPLE_DURATION_BUCKETS;
-use gpumem_exporter::trend;
+use gpumem_exporter::testing::sample::SAMPLE_DURATION_BUCKETS;
+use gpumem_exporter::testing::trend;
 
 use crate::harness::empty_label_lines;
 
@@ -329,9 +329,12 @@ fn fixed_snapshot() -> Snapshot {
         readings: Readings::default(),
     };
     let mut errors = BTreeMap::new();
-    errors.insert((Operation::DeviceUuid, ErrorKind::GpuLost), 4);
-    errors.insert((Operation::MemoryInfo, ErrorKind::GpuLost), 7);
-    errors.insert((Operation::RunningComputeProcesses, ErrorKind::Unknown), 1);
+    errors.insert((Operation::DEVICE_UUID, ErrorKind::GpuLost), 4);
+    errors.insert((Operation::MEMORY_INFO, ErrorKind::GpuLost), 7);
+    errors.insert(
+        (Operation::RUNNING_COMPUTE_PROCESSES, ErrorKind::Unknown),
+        1,
+    );
     Snapshot {
         taken_at: UNIX_EPOCH + Duration::from_millis(1_796_112_000_250),
         driver: Arc::new(DriverInfo {

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::StatusCode;
-use gpumem_exporter::config::KubeConfig;
-use gpumem_exporter::kube::{PodIndex, PodRef, run_watcher};
+use gpumem_exporter::testing::config::KubeConfig;
+use gpumem_exporter::testing::kube::{PodIndex, PodRef, run_watcher};
 use serde_json::{Value, json};
 
 use crate::harness::cluster::{FakeApi, NODE, Request, WatchStream, event, gone, pod};

@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use gpumem_exporter::config::{self, Config, Overrides};
+use gpumem_exporter::testing::config::{self, Config, Overrides};
 
 use crate::harness::{BIN, repo_file};
 

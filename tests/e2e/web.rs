@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use gpumem_exporter::http::web_config::{ClientAuth, Limits, WebConfig};
+use gpumem_exporter::testing::http::web_config::{ClientAuth, Limits, WebConfig};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,

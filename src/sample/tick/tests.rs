@@ -1,10 +1,15 @@
 use super::*;
+use crate::collectors;
+use crate::collectors::health::calls::{Xid, XidWatched};
+use crate::collectors::health::{Health, RemappedRows};
+use crate::collectors::power_thermal::PowerThermal;
+use crate::collectors::power_thermal::calls::{Failing, TEMPERATURE};
+use crate::collectors::process_utilization::{ProcessUtilization, Sample};
+use crate::collectors::utilization::Utilization;
 use crate::config::Collectors;
 use crate::gpu::fake::{FakeDevice, FakeGpu, memory, process};
-use crate::gpu::readings::{Health, PowerThermal, ProcessUtilization, Utilization};
-use crate::gpu::{ErrorKind, Operation, ProcessUtilizationSample};
+use crate::gpu::{ErrorKind, Operation};
 use crate::model::{MemoryInfo, MigInfo, OtherProcesses, ProcIdentity};
-use crate::sample::collectors;
 
 const GIB: u64 = 1 << 30;
 
@@ -120,7 +125,7 @@ fn a_full_tick_lists_selects_and_names_processes() {
 #[test]
 fn a_gpu_that_fails_is_down_and_counted_while_the_others_report() {
     let mut d1 = FakeDevice::new(1, 80 * GIB, GIB);
-    d1.memory = Err(lost(Operation::MemoryInfo));
+    d1.memory = Err(lost(Operation::MEMORY_INFO));
     let gpu = FakeGpu::new(vec![FakeDevice::new(0, 80 * GIB, GIB), d1]);
     let mut s = Sampler::new(gpu, Recorder::default(), with(timing()));
     s.tick();
@@ -130,7 +135,7 @@ fn a_gpu_that_fails_is_down_and_counted_while_the_others_report() {
     assert_eq!(snap.devices[1].used_peak_bytes, None, "no fake peak");
     assert_eq!(
         snap.nvml_errors
-            .get(&(Operation::MemoryInfo, ErrorKind::GpuLost)),
+            .get(&(Operation::MEMORY_INFO, ErrorKind::GpuLost)),
         Some(&2)
     );
     // Its processes are not queried while its memory fails.
@@ -143,14 +148,14 @@ fn a_gpu_that_fails_is_down_and_counted_while_the_others_report() {
 #[test]
 fn a_failed_process_query_leaves_the_gpu_down_for_that_sample() {
     let mut d0 = FakeDevice::new(0, 80 * GIB, GIB);
-    d0.processes = Err(lost(Operation::RunningComputeProcesses));
+    d0.processes = Err(lost(Operation::RUNNING_COMPUTE_PROCESSES));
     let mut s = Sampler::new(FakeGpu::new(vec![d0]), Recorder::default(), with(timing()));
     let snap = s.tick();
     assert!(!snap.devices[0].up());
     assert!(snap.devices[0].processes.is_empty());
     assert_eq!(
         snap.nvml_errors
-            .get(&(Operation::RunningComputeProcesses, ErrorKind::GpuLost)),
+            .get(&(Operation::RUNNING_COMPUTE_PROCESSES, ErrorKind::GpuLost)),
         Some(&1)
     );
 }
@@ -185,7 +190,7 @@ fn mig_instances_are_read_and_torch_is_asked_for_the_instance_first() {
     let mut d0 = FakeDevice::new(0, 80 * GIB, 3 * GIB);
     d0.mig = vec![
         (mig("MIG-a", 1), Ok(memory(40 * GIB, 2 * GIB))),
-        (mig("MIG-b", 2), Err(lost(Operation::MigMemoryInfo))),
+        (mig("MIG-b", 2), Err(lost(Operation::MIG_MEMORY_INFO))),
     ];
     d0.processes = Ok(vec![
         RawProcess {
@@ -204,7 +209,7 @@ fn mig_instances_are_read_and_torch_is_asked_for_the_instance_first() {
     assert_eq!(d.mig[1].memory, None);
     assert_eq!(
         snap.nvml_errors
-            .get(&(Operation::MigMemoryInfo, ErrorKind::GpuLost)),
+            .get(&(Operation::MIG_MEMORY_INFO, ErrorKind::GpuLost)),
         Some(&1)
     );
     assert_eq!(
@@ -246,7 +251,7 @@ fn healthy_then_lost_then_back_keeps_its_identity() {
     let gpu = FakeGpu::new(vec![FakeDevice::new(0, 80 * GIB, GIB)]);
     let mut s = Sampler::new(gpu, Recorder::default(), with(timing()));
     assert!(s.tick().devices[0].up());
-    s.gpu_mut().devices[0].memory = Err(lost(Operation::MemoryInfo));
+    s.gpu_mut().devices[0].memory = Err(lost(Operation::MEMORY_INFO));
     let snap = s.tick();
     assert_eq!(
         up_uuids(&snap),
@@ -263,7 +268,7 @@ fn healthy_then_lost_then_back_keeps_its_identity() {
 #[test]
 fn an_unknown_identity_is_retried_each_full_tick_until_known() {
     let mut d2 = FakeDevice::new(2, 80 * GIB, 7 * GIB);
-    d2.identity_error = Some(lost(Operation::DeviceUuid));
+    d2.identity_error = Some(lost(Operation::DEVICE_UUID));
     let gpu = FakeGpu::new(vec![
         FakeDevice::new(0, 80 * GIB, GIB),
         FakeDevice::new(1, 80 * GIB, 2 * GIB),
@@ -287,12 +292,12 @@ fn an_unknown_identity_is_retried_each_full_tick_until_known() {
     assert_eq!(s.gpu_mut().identify_calls, 4);
     assert_eq!(
         snap.nvml_errors
-            .get(&(Operation::DeviceUuid, ErrorKind::GpuLost)),
+            .get(&(Operation::DEVICE_UUID, ErrorKind::GpuLost)),
         Some(&2)
     );
     assert_eq!(
         snap.nvml_errors
-            .get(&(Operation::MemoryInfo, ErrorKind::GpuLost)),
+            .get(&(Operation::MEMORY_INFO, ErrorKind::GpuLost)),
         None,
         "no memory call on a GPU without identity"
     );
@@ -355,7 +360,7 @@ fn mig_layouts_are_followed_two_three_then_off() {
     assert!(snap.devices[0].up());
     assert_eq!(
         snap.nvml_errors
-            .get(&(Operation::MigMemoryInfo, ErrorKind::InvalidArg)),
+            .get(&(Operation::MIG_MEMORY_INFO, ErrorKind::InvalidArg)),
         Some(&3),
         "each stale handle failed once"
     );
@@ -387,7 +392,7 @@ fn a_driver_gone_error_downs_every_gpu_and_a_reopen_enumerates_again() {
     let mut s = Sampler::new(gpu, Recorder::default(), with(timing()));
     assert!(s.tick().devices.iter().all(|d| d.up()));
     s.gpu_mut().devices[0].memory = Err(GpuError::new(
-        Operation::MemoryInfo,
+        Operation::MEMORY_INFO,
         ErrorKind::LibRmVersionMismatch,
     ));
     let snap = s.tick();
@@ -398,7 +403,7 @@ fn a_driver_gone_error_downs_every_gpu_and_a_reopen_enumerates_again() {
     );
     assert_eq!(
         snap.nvml_errors
-            .get(&(Operation::MemoryInfo, ErrorKind::LibRmVersionMismatch)),
+            .get(&(Operation::MEMORY_INFO, ErrorKind::LibRmVersionMismatch)),
         Some(&1)
     );
     s.close_gpu();
@@ -427,10 +432,22 @@ fn a_driver_gone_error_downs_every_gpu_and_a_reopen_enumerates_again() {
     assert_eq!(snap.nvml_reinit_attempts, 1);
     assert_eq!(
         snap.nvml_errors
-            .get(&(Operation::MemoryInfo, ErrorKind::LibRmVersionMismatch)),
+            .get(&(Operation::MEMORY_INFO, ErrorKind::LibRmVersionMismatch)),
         Some(&1),
         "counters survive the re-open"
     );
+}
+
+/// The fake's collector calls so far: utilization, power_thermal, health,
+/// process_utilization, xid_events.
+fn collector_calls(s: &mut Sampler<FakeGpu, Recorder>) -> [u64; 5] {
+    s.gpu_mut().calls_of([
+        "utilization",
+        "power_thermal",
+        "health",
+        "process_utilization",
+        "xid_events",
+    ])
 }
 
 fn all_on() -> Collectors {
@@ -441,25 +458,24 @@ fn all_on() -> Collectors {
 
 #[test]
 fn collectors_read_what_the_gpu_supports_and_skip_the_rest() {
-    use crate::gpu::readings::RemappedRows;
     let mut d0 = FakeDevice::new(0, 80 * GIB, GIB);
-    d0.utilization = Utilization {
+    d0.scripts.set(Utilization {
         gpu: Some(93),
         memory: Some(41),
         encoder: None,
         decoder: None,
-    };
-    d0.power.temperature_c = Some(44);
-    d0.power.power_mw = Some(123_456);
-    d0.health.ecc_enabled = Some(true);
-    d0.health.remapped_rows = Some(RemappedRows {
+    });
+    d0.scripts.at::<PowerThermal>().temperature_c = Some(44);
+    d0.scripts.at::<PowerThermal>().power_mw = Some(123_456);
+    d0.scripts.at::<Health>().ecc_enabled = Some(true);
+    d0.scripts.at::<Health>().remapped_rows = Some(RemappedRows {
         correctable: 0,
         uncorrectable: 1,
         pending: true,
         failed: false,
     });
     d0.processes = Ok(vec![process(7, GIB), process(8, GIB)]);
-    let sample = |pid, ts, sm| ProcessUtilizationSample {
+    let sample = |pid, ts, sm| Sample {
         pid,
         timestamp_us: ts,
         utilization: ProcessUtilization {
@@ -470,8 +486,8 @@ fn collectors_read_what_the_gpu_supports_and_skip_the_rest() {
         },
     };
     // pid 7: two samples, the later wins; pid 8: none (idle).
-    d0.process_utilization = Some(vec![sample(7, 10, 50), sample(7, 20, 90)]);
-    d0.xid = Some(vec![79, 48, 79]);
+    d0.scripts.set(vec![sample(7, 10, 50), sample(7, 20, 90)]);
+    d0.scripts.set(Xid(vec![79, 48, 79]));
     let d1 = FakeDevice::new(1, 80 * GIB, GIB); // supports nothing
     let mut s = Sampler::new(
         FakeGpu::new(vec![d0, d1]),
@@ -527,9 +543,16 @@ fn collectors_read_what_the_gpu_supports_and_skip_the_rest() {
             .map(|u| u.sm),
         Some(0)
     );
-    assert_eq!(s.gpu_mut().xid_watched, vec![0], "watched once");
     assert_eq!(
-        s.gpu_mut().slow_calls,
+        s.gpu_mut().scripts.get::<XidWatched>().map(|w| w.0.clone()),
+        Some(vec![0]),
+        "watched once"
+    );
+    assert_eq!(
+        s.gpu_mut()
+            .calls_of(["energy", "ecc_mode"])
+            .iter()
+            .sum::<u64>(),
         4,
         "energy and ECC mode once per GPU within SLOW_READ_INTERVAL"
     );
@@ -554,21 +577,21 @@ fn switched_off_collectors_make_no_calls() {
     let mut s = Sampler::new(gpu, Recorder::default(), switched(off));
     let snap = s.tick();
     assert!(snap.devices[0].up());
-    assert_eq!(s.gpu_mut().collector_calls, [0; 5]);
+    assert_eq!(collector_calls(&mut s), [0; 5]);
     assert_eq!(s.gpu_mut().process_calls, 0);
     let d = &snap.devices[0];
     assert!(d.readings.is_empty());
     // Switched on by a reload: called from the next sample.
     s.reconfigure(switched(all_on()));
     s.tick();
-    assert_eq!(s.gpu_mut().collector_calls, [1, 1, 1, 1, 1]);
+    assert_eq!(collector_calls(&mut s), [1, 1, 1, 1, 1]);
     assert_eq!(s.gpu_mut().process_calls, 1);
 }
 
 #[test]
 fn a_collector_call_that_fails_otherwise_is_counted_and_unsupported_is_not() {
     let mut d0 = FakeDevice::new(0, 80 * GIB, GIB);
-    d0.power.temperature_c = Some(40);
+    d0.scripts.at::<PowerThermal>().temperature_c = Some(40);
     let mut s = Sampler::new(
         FakeGpu::new(vec![d0]),
         Recorder::default(),
@@ -584,11 +607,12 @@ fn a_collector_call_that_fails_otherwise_is_counted_and_unsupported_is_not() {
             .and_then(|p| p.temperature_c),
         Some(40)
     );
-    s.gpu_mut().devices[0].collector_error = Some(lost(Operation::Temperature));
+    s.gpu_mut().devices[0]
+        .scripts
+        .set(Failing(lost(TEMPERATURE)));
     let snap = s.tick();
     assert_eq!(
-        snap.nvml_errors
-            .get(&(Operation::Temperature, ErrorKind::GpuLost)),
+        snap.nvml_errors.get(&(TEMPERATURE, ErrorKind::GpuLost)),
         Some(&1)
     );
     assert_eq!(
@@ -603,10 +627,10 @@ fn a_collector_call_that_fails_otherwise_is_counted_and_unsupported_is_not() {
 #[test]
 fn a_vgpu_guest_skips_the_collectors_that_misbehave_there() {
     let mut guest = FakeDevice::new(0, 80 * GIB, GIB);
-    guest.virtualization = crate::gpu::readings::Virtualization::VgpuGuest;
-    guest.xid = Some(Vec::new());
+    guest.virtualization = crate::gpu::Virtualization::VgpuGuest;
+    guest.scripts.set(Xid::default());
     let mut host = FakeDevice::new(1, 80 * GIB, GIB);
-    host.xid = Some(Vec::new());
+    host.scripts.set(Xid::default());
     let mut s = Sampler::new(
         FakeGpu::new(vec![guest, host]),
         Recorder::default(),
@@ -616,7 +640,7 @@ fn a_vgpu_guest_skips_the_collectors_that_misbehave_there() {
     assert!(snap.devices.iter().all(|d| d.up()));
     // utilization, power_thermal on both GPUs; health only on the host's;
     // one Xid poll for all.
-    assert_eq!(s.gpu_mut().collector_calls, [2, 2, 1, 0, 1]);
+    assert_eq!(collector_calls(&mut s), [2, 2, 1, 0, 1]);
     assert!(snap.devices[0].readings.get::<Health>().is_none());
     assert!(snap.devices[1].readings.get::<Health>().is_some());
     assert!(snap.devices[0].readings.get::<PowerThermal>().is_some());
@@ -635,7 +659,7 @@ fn a_unified_memory_gpu_reports_the_hosts_memory_without_nvml_errors() {
     meminfo(600);
     let mut spark = FakeDevice::new(0, 0, 0);
     spark.memory = Err(crate::gpu::GpuError::new(
-        Operation::MemoryInfo,
+        Operation::MEMORY_INFO,
         ErrorKind::NotSupported,
     ));
     spark.processes = Ok(vec![process(7, GIB)]);

@@ -1,7 +1,7 @@
 //! The fixtures read by the strict parsers of Python's prometheus_client
 //! (`--features external-tools`).
 
-use gpumem_exporter::expose::Format;
+use gpumem_exporter::testing::expose::Format;
 
 use super::encoded;
 use crate::harness::tools::assert_strict_parsers_accept;

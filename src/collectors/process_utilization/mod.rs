@@ -4,13 +4,35 @@
 //! H200, hence off by default). Runs on the process list, so only while
 //! `processes` is on.
 
+pub(crate) mod calls;
+pub(crate) mod families;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{Collector, Context, PerGpu};
-use crate::gpu::readings;
-use crate::gpu::{ProcessUtilizationSample, RawProcess};
+use crate::gpu::RawProcess;
 use crate::model::Reading;
+
+/// One process's busy percentages (`nvidia-smi pmon -s um`), from NVML's
+/// process utilisation samples; 0 when the process had no sample since the
+/// previous full sample (it did no work).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessUtilization {
+    pub sm: u32,
+    pub memory: u32,
+    pub encoder: u32,
+    pub decoder: u32,
+}
+
+/// One process utilisation sample as NVML gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    pub pid: u32,
+    /// NVML's CPU timestamp of the sample, µs.
+    pub timestamp_us: u64,
+    pub utilization: ProcessUtilization,
+}
 
 #[derive(Default)]
 struct Gpu {
@@ -18,35 +40,35 @@ struct Gpu {
     since_us: u64,
     /// The last full sample's figures by pid; `None` when the query
     /// failed or is not supported.
-    by_pid: Option<HashMap<u32, Arc<readings::ProcessUtilization>>>,
+    by_pid: Option<HashMap<u32, Arc<ProcessUtilization>>>,
 }
 
 #[derive(Default)]
-pub(super) struct ProcessUtilization {
+pub(super) struct ProcessUtilizationCollector {
     gpus: PerGpu<Gpu>,
-    scratch: Vec<ProcessUtilizationSample>,
+    scratch: Vec<Sample>,
 }
 
-impl ProcessUtilization {
+impl ProcessUtilizationCollector {
     pub(super) fn boxed() -> Box<dyn Collector> {
-        Box::<ProcessUtilization>::default()
+        Box::<ProcessUtilizationCollector>::default()
     }
 }
 
-impl Collector for ProcessUtilization {
+impl Collector for ProcessUtilizationCollector {
     fn collect(&mut self, _cx: &mut Context<'_>, _gpu: usize) {}
 
     fn processes(&mut self, cx: &mut Context<'_>, gpu: usize, listed: &[RawProcess]) {
         let state = self.gpus.at(gpu);
         self.scratch.clear();
-        match cx
-            .gpu
-            .process_utilization(gpu, state.since_us, &mut self.scratch)
-        {
+        let (since_us, scratch) = (state.since_us, &mut self.scratch);
+        match cx.call(gpu, calls::PROCESS_UTILIZATION, |h| {
+            calls::samples(h, since_us, scratch)
+        }) {
             Ok(()) => {
                 // The latest sample per pid; a listed process with none did
                 // no work since the last full sample: 0.
-                let mut latest: HashMap<u32, (u64, readings::ProcessUtilization)> = HashMap::new();
+                let mut latest: HashMap<u32, (u64, ProcessUtilization)> = HashMap::new();
                 for p in &self.scratch {
                     let e = latest
                         .entry(p.pid)

@@ -6,13 +6,13 @@ use std::fmt;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
-use super::encoder::{Labels, gauge, gpu_labels};
-use crate::gpu::readings::{Clock, PowerThermal};
+use super::{Clock, PowerThermal};
+use crate::encoding::{Labels, gauge, gpu_labels};
 use crate::model::{DeviceSample, Snapshot};
 
 /// NVML's clocks event reason bits (nvmlClocksEventReason*) and their
 /// `reason` label values.
-pub(super) const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [
+const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [
     (0x1, "gpu_idle"),
     (0x2, "applications_clocks_setting"),
     (0x4, "sw_power_cap"),
@@ -29,7 +29,7 @@ fn power(d: &DeviceSample) -> Option<&PowerThermal> {
 }
 
 /// Every family of this collector; each is absent when no GPU has it.
-pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+pub(crate) fn encode(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
     type Pick = fn(&PowerThermal) -> Option<f64>;
     let gauges: [(&str, &str, Pick); 4] = [
         (

@@ -10,8 +10,8 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::encoder::{Labels, gauge, gpu_labels};
-use crate::gpu::readings::{Gpm, GpmMetric, GpmReading, GpmUnit};
+use super::{Gpm, GpmMetric, GpmReading, GpmUnit};
+use crate::encoding::{Labels, gauge, gpu_labels};
 use crate::model::Snapshot;
 
 /// A metric's family name (after `gpu_gpm_` / `gpu_mig_gpm_`) and HELP.
@@ -73,7 +73,7 @@ fn value(g: &Gpm, m: GpmMetric) -> Option<f64> {
     })
 }
 
-pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+pub(crate) fn encode(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
     for m in GpmMetric::ALL {
         let (suffix, help) = family(m);
         let of_gpu = |d: &crate::model::DeviceSample| {

@@ -6,8 +6,8 @@ use std::fmt;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
-use super::encoder::{Labels, gauge, gpu_labels};
-use crate::gpu::readings::{EccCounter, Health};
+use super::{EccCounter, Health, RemappedRows};
+use crate::encoding::{Labels, gauge, gpu_labels};
 use crate::model::{DeviceSample, Snapshot};
 
 fn health(d: &DeviceSample) -> Option<&Health> {
@@ -19,7 +19,7 @@ fn any(s: &Snapshot, has: impl Fn(&Health) -> bool) -> bool {
 }
 
 /// Every family of this collector; each is absent when no GPU has it.
-pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+pub(crate) fn encode(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
     if any(s, |h| h.ecc_enabled.is_some()) {
         let mut m = gauge(
             enc,
@@ -70,7 +70,7 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
                 }
             }
         }
-        type Flag = fn(&crate::gpu::readings::RemappedRows) -> bool;
+        type Flag = fn(&RemappedRows) -> bool;
         let flags: [(&str, &str, Flag); 2] = [
             (
                 "gpu_memory_row_remap_pending",

@@ -1,6 +1,8 @@
-//! What every family file needs: a gauge descriptor, the label set every
-//! series is written with, the labels of a GPU, a process's ids as label
-//! text.
+//! What every family group writes with — `expose/`'s and each
+//! collector's (`collectors/<name>/families.rs`): a gauge descriptor, the
+//! label set every series is written with, the labels of a GPU and of a
+//! process, a process's ids as label text. It sits below both, so that a
+//! collector's families need nothing from `expose/`.
 
 use std::fmt;
 
@@ -11,7 +13,7 @@ use prometheus_client::metrics::MetricType;
 
 use crate::model::{DeviceSample, ProcessSample};
 
-pub(super) fn gauge<'a>(
+pub(crate) fn gauge<'a>(
     enc: &'a mut DescriptorEncoder,
     name: &'a str,
     help: &str,
@@ -25,7 +27,7 @@ pub(super) fn gauge<'a>(
 /// that buy nothing: outside Kubernetes and MIG they were 40 % of the body.
 /// An absent label means unknown or not applicable (docs/metrics.md).
 /// Every series of every family is written through this type.
-pub(super) struct Labels<'a, const N: usize>(pub [(&'static str, &'a str); N]);
+pub(crate) struct Labels<'a, const N: usize>(pub [(&'static str, &'a str); N]);
 
 impl<const N: usize> EncodeLabelSet for Labels<'_, N> {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
@@ -46,7 +48,7 @@ fn encode_present(
     Ok(())
 }
 
-pub(super) fn gpu_labels(d: &DeviceSample) -> Labels<'_, 2> {
+pub(crate) fn gpu_labels(d: &DeviceSample) -> Labels<'_, 2> {
     Labels([("gpu", d.info.gpu.as_str()), ("uuid", d.info.uuid.as_str())])
 }
 
@@ -55,7 +57,7 @@ pub(super) fn gpu_labels(d: &DeviceSample) -> Labels<'_, 2> {
 /// per process series. One `Ids` serves a whole family, series after
 /// series.
 #[derive(Default)]
-pub(super) struct Ids {
+pub(crate) struct Ids {
     pid: itoa::Buffer,
     gi: itoa::Buffer,
     ci: itoa::Buffer,
@@ -63,13 +65,13 @@ pub(super) struct Ids {
 
 impl Ids {
     /// The pid.
-    pub(super) fn pid(&mut self, p: &ProcessSample) -> &str {
+    pub(crate) fn pid(&mut self, p: &ProcessSample) -> &str {
         self.pid.format(p.pid)
     }
 
     /// The pid, the GPU instance id and the compute instance id ("", so no
     /// label, outside MIG).
-    pub(super) fn all(&mut self, p: &ProcessSample) -> (&str, &str, &str) {
+    pub(crate) fn all(&mut self, p: &ProcessSample) -> (&str, &str, &str) {
         (
             self.pid.format(p.pid),
             match p.gpu_instance_id {
@@ -82,4 +84,28 @@ impl Ids {
             },
         )
     }
+}
+
+/// Labels of every per-process value series: the GPU (and MIG instance),
+/// the pid, its name, its pod and its Slurm job; those not known (no pod,
+/// no job, no MIG, no name) are left out.
+pub(crate) fn process_labels<'a>(
+    d: &'a DeviceSample,
+    p: &'a ProcessSample,
+    pid: &'a str,
+    gi: &'a str,
+    ci: &'a str,
+) -> Labels<'a, 10> {
+    Labels([
+        ("gpu", d.info.gpu.as_str()),
+        ("uuid", d.info.uuid.as_str()),
+        ("pid", pid),
+        ("process", &*p.ident.comm),
+        ("namespace", &*p.ident.namespace),
+        ("pod", &*p.ident.pod),
+        ("container", &*p.ident.container),
+        ("slurm_job", p.ident.slurm.as_ref().map_or("", |j| &*j.job)),
+        ("gpu_instance_id", gi),
+        ("compute_instance_id", ci),
+    ])
 }

@@ -19,8 +19,62 @@ struct ToyReading {
     used: u64,
 }
 
+/// The toy's one NVML call: the recipe's `calls.rs`.
+mod toy_calls {
+    use crate::gpu::{GpuError, Handle, Operation};
+
+    pub(super) const TOY_MEMORY_INFO: Operation = Operation::new("toy_memory_info");
+
+    /// Used bytes of the GPU: NVML's memory info, or the fake's answer.
+    pub(super) fn used(h: Handle<'_>) -> Result<u64, GpuError> {
+        match h {
+            Handle::Nvml(h) => h
+                .device(TOY_MEMORY_INFO)?
+                .memory_info()
+                .map(|m| m.used)
+                .map_err(|e| GpuError::nvml(TOY_MEMORY_INFO, &e)),
+            Handle::Fake(mut h) => {
+                h.count("toy");
+                h.device(TOY_MEMORY_INFO)?
+                    .memory
+                    .map(|m| m.used)
+                    .map_err(|e| GpuError::new(TOY_MEMORY_INFO, e.kind))
+            }
+        }
+    }
+}
+
+/// The toy's families: the recipe's `families.rs`.
+mod toy_families {
+    use std::fmt;
+
+    use prometheus_client::encoding::DescriptorEncoder;
+
+    use super::ToyReading;
+    use crate::encoding::{gauge, gpu_labels};
+    use crate::model::Snapshot;
+
+    pub(super) fn encode(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+        if !s
+            .devices
+            .iter()
+            .any(|d| d.readings.get::<ToyReading>().is_some())
+        {
+            return Ok(());
+        }
+        let mut f = gauge(enc, "gpu_toy_reads", "Reads the toy collector made.")?;
+        for d in &s.devices {
+            if let Some(r) = d.readings.get::<ToyReading>() {
+                f.encode_family(&gpu_labels(d))?
+                    .encode_gauge(&i64::from(r.reads))?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A collector written only against this module's API: per-GPU state,
-/// its own call through `GpuSource`, its own read interval.
+/// its own call through a handle, its own read interval.
 #[derive(Default)]
 struct Toy {
     gpus: PerGpu<(Option<Instant>, Option<Arc<ToyReading>>)>,
@@ -41,13 +95,10 @@ impl Collector for Toy {
             return;
         }
         *read_at = Some(cx.now);
-        match cx.gpu.memory(gpu) {
-            Ok(m) => {
+        match cx.call(gpu, toy_calls::TOY_MEMORY_INFO, toy_calls::used) {
+            Ok(used) => {
                 let reads = reading.as_ref().map_or(0, |r| r.reads) + 1;
-                *reading = Some(Arc::new(ToyReading {
-                    reads,
-                    used: m.used,
-                }));
+                *reading = Some(Arc::new(ToyReading { reads, used }));
             }
             Err(e) => cx.failed(gpu, e),
         }
@@ -75,6 +126,8 @@ fn toy_registry() -> &'static [Def] {
         cost: "none",
         vgpu_guest: true,
         make: Some(Toy::boxed),
+        encode: Some(toy_families::encode),
+        operations: &[toy_calls::TOY_MEMORY_INFO],
     });
     Box::leak(rows.into_boxed_slice())
 }
@@ -107,6 +160,26 @@ fn a_toy_collector_joins_through_the_registry_alone() {
     ]);
     let mut s = Sampler::with_registry(gpu, NoLookup, config(Collectors::default()), registry);
     let snap = s.tick();
+    // Encoded by the scrape path from its row alone, after the other
+    // collectors' families and before the driver's.
+    let reuse = crate::expose::Reuse::with_registry(registry);
+    let body =
+        crate::expose::encode_reusing(&Arc::new(snap.clone()), crate::expose::Format::Text, &reuse)
+            .unwrap_or_default();
+    assert!(
+        body.contains("gpu_toy_reads{gpu=\"1\",uuid=\"GPU-fake-0001\"} 1\n"),
+        "{body}"
+    );
+    let (toy_at, driver_at) = (
+        body.find("# HELP gpu_toy_reads"),
+        body.find("# HELP gpu_driver_info"),
+    );
+    assert!(toy_at.is_some() && toy_at < driver_at, "{body}");
+    assert!(
+        !crate::expose::encode(&Arc::new(snap.clone()), crate::expose::Format::Text)
+            .unwrap_or_default()
+            .contains("gpu_toy_reads")
+    );
     let got: Vec<Option<ToyReading>> = snap
         .devices
         .iter()
@@ -129,9 +202,14 @@ fn a_toy_collector_joins_through_the_registry_alone() {
     );
     // A GPU that does not answer has no reading.
     s.gpu_mut().devices[1].memory = Err(crate::gpu::GpuError::new(
-        crate::gpu::Operation::MemoryInfo,
+        crate::gpu::Operation::MEMORY_INFO,
         crate::gpu::ErrorKind::GpuLost,
     ));
+    assert_eq!(
+        s.gpu_mut().calls_of(["toy"]),
+        [2],
+        "one read per GPU in the hour"
+    );
     let snap = s.tick();
     assert_eq!(snap.devices[1].readings.get::<ToyReading>(), None);
     // Switched off by a reload: gone, state and all; on again: read afresh.
@@ -145,6 +223,21 @@ fn a_toy_collector_joins_through_the_registry_alone() {
         s.tick().devices[0].readings.get::<ToyReading>(),
         want(1, 2 * GIB).as_ref()
     );
+}
+
+/// Every `operation` label, the sampler's own and each row's, once.
+#[test]
+fn operation_labels_are_unique() {
+    let mut labels: Vec<&str> = crate::gpu::Operation::CORE
+        .iter()
+        .chain(REGISTRY.iter().flat_map(|d| d.operations))
+        .map(|o| o.label())
+        .collect();
+    let n = labels.len();
+    assert_eq!(n, 49, "the sampler's 22 and the collectors' 27");
+    labels.sort_unstable();
+    labels.dedup();
+    assert_eq!(labels.len(), n, "an operation label is declared twice");
 }
 
 #[test]

@@ -1,0 +1,201 @@
+//! `gpm`: NVML's GPU Performance Monitoring (Hopper and later): SM
+//! activity and occupancy, tensor-core, DRAM bandwidth and FP16/32/64
+//! activity, PCIe and NVLink bytes per second, per GPU and per MIG GPU
+//! instance. A GPM metric is the difference of two samples: each full
+//! sample takes one per GPU (and instance), and the figures are the
+//! averages since the previous full sample (the NVML handle's state keeps that
+//! sample, see `calls.rs`), so the first full sample has none.
+//!
+//! Support is asked once per GPU (`nvmlGpmQueryDeviceSupport`); a GPU
+//! without it is logged once and never sampled. Cost on the H200 (driver
+//! 580), measured in the exporter by scripts/gpu/gpm.py: +254 µs per GPU
+//! per full sample (196 → 450 µs); off by default until it has run on
+//! more than one GPU model.
+
+pub(crate) mod calls;
+pub(crate) mod families;
+
+use std::sync::Arc;
+
+use super::{Collector, Context, PerGpu};
+use crate::gpu::{ErrorKind, GpuError};
+use crate::model::Reading;
+
+/// A GPM (GPU Performance Monitoring) metric the `gpm` collector asks for:
+/// the families of `families.rs`, NVML's metric id, and its unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpmMetric {
+    SmActivity,
+    SmOccupancy,
+    TensorActivity,
+    DramBandwidth,
+    Fp16Activity,
+    Fp32Activity,
+    Fp64Activity,
+    PcieTransmit,
+    PcieReceive,
+    NvlinkTransmit,
+    NvlinkReceive,
+}
+
+/// NVML's unit of a GPM metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpmUnit {
+    /// 0.0–100.0.
+    Percent,
+    /// MiB (2^20 bytes) per second.
+    MibPerSecond,
+}
+
+impl GpmMetric {
+    /// Every metric, in the order the families list them (and the order
+    /// of [`Gpm::values`]).
+    pub const ALL: [GpmMetric; 11] = [
+        GpmMetric::SmActivity,
+        GpmMetric::SmOccupancy,
+        GpmMetric::TensorActivity,
+        GpmMetric::DramBandwidth,
+        GpmMetric::Fp16Activity,
+        GpmMetric::Fp32Activity,
+        GpmMetric::Fp64Activity,
+        GpmMetric::PcieTransmit,
+        GpmMetric::PcieReceive,
+        GpmMetric::NvlinkTransmit,
+        GpmMetric::NvlinkReceive,
+    ];
+
+    /// NVML's `nvmlGpmMetricId_t` (nvml.h), for docs/metrics.md.
+    pub fn nvml_id(self) -> u32 {
+        match self {
+            GpmMetric::SmActivity => 2,      // NVML_GPM_METRIC_SM_UTIL
+            GpmMetric::SmOccupancy => 3,     // NVML_GPM_METRIC_SM_OCCUPANCY
+            GpmMetric::TensorActivity => 5,  // NVML_GPM_METRIC_ANY_TENSOR_UTIL
+            GpmMetric::DramBandwidth => 10,  // NVML_GPM_METRIC_DRAM_BW_UTIL
+            GpmMetric::Fp64Activity => 11,   // NVML_GPM_METRIC_FP64_UTIL
+            GpmMetric::Fp32Activity => 12,   // NVML_GPM_METRIC_FP32_UTIL
+            GpmMetric::Fp16Activity => 13,   // NVML_GPM_METRIC_FP16_UTIL
+            GpmMetric::PcieTransmit => 20,   // NVML_GPM_METRIC_PCIE_TX_PER_SEC
+            GpmMetric::PcieReceive => 21,    // NVML_GPM_METRIC_PCIE_RX_PER_SEC
+            GpmMetric::NvlinkReceive => 60,  // NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC
+            GpmMetric::NvlinkTransmit => 61, // NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC
+        }
+    }
+
+    pub fn unit(self) -> GpmUnit {
+        match self {
+            GpmMetric::PcieTransmit
+            | GpmMetric::PcieReceive
+            | GpmMetric::NvlinkTransmit
+            | GpmMetric::NvlinkReceive => GpmUnit::MibPerSecond,
+            _ => GpmUnit::Percent,
+        }
+    }
+}
+
+/// GPM metrics between two GPM samples of one GPU or MIG instance, in
+/// NVML's units ([`GpmMetric::unit`]), indexed by [`GpmMetric`]
+/// (`values[m as usize]`); `None` where the metric is not supported.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Gpm {
+    pub values: [Option<f64>; 11],
+}
+
+/// Never NaN (the source keeps only finite values), so equality is one.
+impl Eq for Gpm {}
+
+/// What the `gpm` collector read of one GPU: the GPU's own figures, and
+/// each MIG GPU instance's (by GPU instance id).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpmReading {
+    pub gpu: Option<Gpm>,
+    pub instances: Vec<(u32, Gpm)>,
+}
+
+impl Eq for GpmReading {}
+
+#[derive(Default)]
+struct Gpu {
+    /// `None` until asked, then whether the GPU has GPM.
+    supported: Option<bool>,
+    /// The GPU's own sample, and the MIG GPU instances' samples (by id),
+    /// that answered NOT_SUPPORTED (logged once): not asked again.
+    gpu_unsupported: bool,
+    instances_unsupported: Vec<u32>,
+    read: Option<Arc<GpmReading>>,
+}
+
+#[derive(Default)]
+pub(super) struct GpmCollector {
+    gpus: PerGpu<Gpu>,
+}
+
+impl GpmCollector {
+    pub(super) fn boxed() -> Box<dyn Collector> {
+        Box::<GpmCollector>::default()
+    }
+}
+
+impl Collector for GpmCollector {
+    fn collect(&mut self, cx: &mut Context<'_>, gpu: usize) {
+        let state = self.gpus.at(gpu);
+        if state.supported.is_none() {
+            match cx.call(gpu, calls::GPM_QUERY_DEVICE_SUPPORT, calls::supported) {
+                Ok(true) => state.supported = Some(true),
+                Ok(false) => {
+                    state.supported = Some(false);
+                    cx.failed(
+                        gpu,
+                        GpuError::new(calls::GPM_QUERY_DEVICE_SUPPORT, ErrorKind::NotSupported),
+                    );
+                }
+                Err(e) => {
+                    if e.kind.is_unsupported() {
+                        state.supported = Some(false);
+                    }
+                    cx.failed(gpu, e);
+                }
+            }
+        }
+        if state.supported != Some(true) {
+            state.read = None;
+            return;
+        }
+        let mut reading = GpmReading::default();
+        if !state.gpu_unsupported {
+            match cx.call(gpu, calls::GPM_SAMPLE_GET, |h| calls::sample(h, gpu, None)) {
+                Ok(g) => reading.gpu = g,
+                Err(e) => {
+                    state.gpu_unsupported = e.kind.is_unsupported();
+                    cx.failed(gpu, e);
+                }
+            }
+        }
+        for gi in cx.mig_gpu_instances(gpu) {
+            if state.instances_unsupported.contains(&gi) {
+                continue;
+            }
+            match cx.call(gpu, calls::GPM_MIG_SAMPLE_GET, |h| {
+                calls::sample(h, gpu, Some(gi))
+            }) {
+                Ok(Some(g)) => reading.instances.push((gi, g)),
+                Ok(None) => {}
+                Err(e) => {
+                    if e.kind.is_unsupported() {
+                        state.instances_unsupported.push(gi);
+                    }
+                    cx.failed(gpu, e);
+                }
+            }
+        }
+        state.read = (reading != GpmReading::default()).then(|| Arc::new(reading));
+    }
+
+    fn forget(&mut self, gpu: usize) {
+        self.gpus.at(gpu).read = None;
+    }
+
+    fn reading(&self, gpu: usize) -> Option<Arc<dyn Reading>> {
+        let r = self.gpus.get(gpu)?.read.clone()?;
+        Some(r)
+    }
+}

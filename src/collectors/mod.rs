@@ -1,0 +1,283 @@
+//! The collectors, node_exporter style: each one is a folder here that
+//! owns everything that is its own, and one row of [`REGISTRY`].
+//!
+//! A collector's folder holds:
+//! - `mod.rs`: its reading type (what it leaves in a GPU's or process's
+//!   sample, a [`Reading`](crate::model::Reading)), its per-GPU state, its
+//!   read interval and its [`Collector`] impl;
+//! - `calls.rs`: its NVML calls on a [`Handle`] (nvml-wrapper's device
+//!   through `gpu::nvml::Handle`, state that must die with the library in
+//!   `Handle::state`), its [`Operation`]s (the `operation` label of each
+//!   call), and, for unit tests, the in-process fake's answers from a
+//!   script type of its own (`gpu::fake::Scripts`);
+//! - `families.rs`: its metric families, encoded from the snapshot with
+//!   the shared vocabulary of `crate::encoding`.
+//!
+//! The registry row ([`Def`]) gives its flag and config key
+//! (`--collector.<name>`, `collectors.<name>`), default, help, the calls
+//! and cost docs/metrics.md shows, whether it runs in a vGPU guest, its
+//! constructor, its encode step (`expose/segments.rs` loops over the
+//! registry and names no collector) and its operations (a test checks
+//! that no two share a label).
+//!
+//! **A new collector is its folder and one row in [`REGISTRY`]**, plus an
+//! answer in `tests/fake-nvml` only where it makes a call that fake
+//! library lacks. `collectors/tests.rs` holds a toy collector that joins
+//! through the registry alone and is encoded by the scrape path.
+//!
+//! `memory` and `processes` are rows too (their flags, keys and doc lines
+//! come from the table) but no folder: device memory is what the sampler
+//! is for, and the process list is the tick's own step that attribution
+//! and the per-process collectors build on.
+//!
+//! This module sits below `config` (which builds the `collectors:` keys
+//! and flags from the registry), `sample` (which runs the collectors) and
+//! `expose` (which encodes them), and imports none of them.
+
+pub(crate) mod gpm;
+pub(crate) mod health;
+pub(crate) mod power_thermal;
+pub(crate) mod process_utilization;
+mod registry;
+pub(crate) mod utilization;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::gpu::{GpuError, GpuSource, Handle, Operation, RawProcess};
+use crate::model::Reading;
+
+pub(crate) use registry::Running;
+pub use registry::{Collectors, Def, find};
+
+/// Every collector, in the order docs/metrics.md lists them.
+pub const REGISTRY: &[Def] = &[
+    Def {
+        name: registry::MEMORY,
+        default: true,
+        switchable: false,
+        help: "device memory and peaks",
+        calls: "`nvmlDeviceGetMemoryInfo_v2` (also in every memory sample)",
+        cost: "8.8 µs",
+        vgpu_guest: true,
+        make: None,
+        encode: None,
+        operations: &[],
+    },
+    Def {
+        name: registry::PROCESSES,
+        default: true,
+        switchable: true,
+        help: "per-process memory and attribution",
+        calls: "compute, graphics and MPS process lists (`_v3`)",
+        cost: "12.3 µs per list",
+        vgpu_guest: true,
+        make: None,
+        encode: None,
+        operations: &[],
+    },
+    Def {
+        name: "utilization",
+        default: true,
+        switchable: true,
+        help: "GPU, memory-controller, encoder and decoder utilisation",
+        calls: "`nvmlDeviceGetUtilizationRates`, `…GetEncoderUtilization`, `…GetDecoderUtilization`",
+        cost: "6.2 µs",
+        vgpu_guest: true,
+        make: Some(utilization::UtilizationCollector::boxed),
+        encode: Some(utilization::families::encode),
+        operations: utilization::calls::OPERATIONS,
+    },
+    Def {
+        name: "process_utilization",
+        default: false,
+        switchable: true,
+        help: "per-process SM, memory, encoder and decoder utilisation, like nvidia-smi pmon",
+        calls: "`nvmlDeviceGetProcessUtilization` (needs `processes`)",
+        cost: "+2.8 ms per sample in the exporter (0.41 % of a core instead of 0.14 %): off by default",
+        vgpu_guest: true,
+        make: Some(process_utilization::ProcessUtilizationCollector::boxed),
+        encode: Some(process_utilization::families::encode),
+        operations: process_utilization::calls::OPERATIONS,
+    },
+    Def {
+        name: "power_thermal",
+        default: true,
+        switchable: true,
+        help: "temperature, power, energy, clocks, P-state, clock event reasons",
+        calls: "`nvmlDeviceGetTemperature`, `…GetPowerUsage`, `…GetEnforcedPowerLimit`, `…GetClockInfo` ×4, `…GetPerformanceState`, `…GetCurrentClocksEventReasons`; every 30 s `…GetTotalEnergyConsumption`",
+        cost: "12 µs; the energy read 3.8 ms, hence every 30 s (≈ 0.13 ms/s)",
+        vgpu_guest: true,
+        make: Some(power_thermal::PowerThermalCollector::boxed),
+        encode: Some(power_thermal::families::encode),
+        operations: power_thermal::calls::OPERATIONS,
+    },
+    Def {
+        name: "health",
+        default: true,
+        switchable: true,
+        help: "ECC errors, row remapping, retired pages, critical Xid events",
+        calls: "`nvmlDeviceGetTotalEccErrors` ×4 (with ECC on), `…GetRemappedRows`, else `…GetRetiredPages` ×2 and `…GetRetiredPagesPendingStatus`; one `nvmlEventSetWait_v2(timeout 0)` for all GPUs; every 30 s `…GetEccMode`; skipped on a vGPU guest's GPUs (row remapping queries spam the guest's kernel log there)",
+        cost: "9 µs; the ECC mode read 130 µs, hence every 30 s",
+        vgpu_guest: false,
+        make: Some(health::HealthCollector::boxed),
+        encode: Some(health::families::encode),
+        operations: health::calls::OPERATIONS,
+    },
+    Def {
+        name: "gpm",
+        default: false,
+        switchable: true,
+        help: "GPU Performance Monitoring (Hopper and later): SM activity and occupancy, tensor, DRAM bandwidth, FP16/32/64 activity, PCIe and NVLink bytes/s, per GPU and MIG instance",
+        calls: "once `nvmlGpmQueryDeviceSupport`; `nvmlGpmSampleGet` (and `nvmlGpmMigSampleGet` per MIG GPU instance), `nvmlGpmMetricsGet` (11 metrics) against the previous full sample's",
+        cost: "+254 µs per GPU per full sample in the exporter on the H200 (tick 196 → 450 µs, `scripts/gpu/gpm.py`; 0.025 % of a core at 1 s): off by default until it has run on more than one GPU model",
+        vgpu_guest: true,
+        make: Some(gpm::GpmCollector::boxed),
+        encode: Some(gpm::families::encode),
+        operations: gpm::calls::OPERATIONS,
+    },
+];
+
+/// Where a collector's failed calls go: the sampler's NVML error
+/// accounting (`sample/errors.rs`).
+pub(crate) trait Failures {
+    /// A call on GPU `gpu` failed: unsupported calls are logged once,
+    /// anything else counted.
+    fn collector_failed(&mut self, gpu: usize, e: GpuError);
+    /// A call not tied to one GPU failed: counted.
+    fn count(&mut self, e: GpuError);
+}
+
+/// What a collector works with during one full sample.
+pub(crate) struct Context<'a> {
+    gpu: &'a mut dyn GpuSource,
+    /// When this full sample started.
+    pub(crate) now: Instant,
+    errors: &'a mut dyn Failures,
+}
+
+impl<'a> Context<'a> {
+    pub(crate) fn new(
+        gpu: &'a mut dyn GpuSource,
+        now: Instant,
+        errors: &'a mut dyn Failures,
+    ) -> Self {
+        Context { gpu, now, errors }
+    }
+
+    /// The handle for calls on GPU `gpu`; without one, `operation` fails.
+    pub(crate) fn handle(
+        &mut self,
+        gpu: usize,
+        operation: Operation,
+    ) -> Result<Handle<'_>, GpuError> {
+        self.gpu.handle(Some(gpu), operation)
+    }
+
+    /// The handle for calls on the source as a whole (event sets).
+    pub(crate) fn source_handle(&mut self, operation: Operation) -> Result<Handle<'_>, GpuError> {
+        self.gpu.handle(None, operation)
+    }
+
+    /// The GPU instance ids of GPU `gpu`'s MIG layout.
+    pub(crate) fn mig_gpu_instances(&self, gpu: usize) -> Vec<u32> {
+        self.gpu.mig_gpu_instances(gpu)
+    }
+
+    /// A call on GPU `gpu` failed: a call the GPU does not support leaves
+    /// its family out for that GPU (logged once, with the other calls of
+    /// this sample, and not counted); any other failure is counted.
+    pub(crate) fn failed(&mut self, gpu: usize, e: GpuError) {
+        self.errors.collector_failed(gpu, e);
+    }
+
+    /// A call not tied to one GPU failed: counted.
+    pub(crate) fn count(&mut self, e: GpuError) {
+        self.errors.count(e);
+    }
+
+    /// Calls that leave each failure in a list (one GPU, several calls):
+    /// run `read` on GPU `gpu`'s handle (or answer `T::default()` when
+    /// there is none, with `operation` failed), then report every failure.
+    pub(crate) fn read_all<T: Default>(
+        &mut self,
+        gpu: usize,
+        operation: Operation,
+        read: impl FnOnce(Handle<'_>, &mut Vec<GpuError>) -> T,
+    ) -> T {
+        let mut failed = Vec::new();
+        let value = match self.handle(gpu, operation) {
+            Ok(h) => read(h, &mut failed),
+            Err(e) => {
+                failed.push(e);
+                T::default()
+            }
+        };
+        failed.into_iter().for_each(|e| self.failed(gpu, e));
+        value
+    }
+
+    /// One call on GPU `gpu`'s handle.
+    pub(crate) fn call<T>(
+        &mut self,
+        gpu: usize,
+        operation: Operation,
+        call: impl FnOnce(Handle<'_>) -> Result<T, GpuError>,
+    ) -> Result<T, GpuError> {
+        call(self.handle(gpu, operation)?)
+    }
+}
+
+/// A switchable collector. One instance serves every GPU and keeps its
+/// per-GPU state itself (index = NVML index); it is made afresh when NVML
+/// is re-opened and when it is switched on.
+pub(crate) trait Collector: Send {
+    /// A full sample of GPU `gpu`, which is known and answered its memory
+    /// query in this sample.
+    fn collect(&mut self, cx: &mut Context<'_>, gpu: usize);
+
+    /// The processes NVML listed on `gpu` in this full sample (called only
+    /// while the `processes` collector is on and the list was read).
+    fn processes(&mut self, _cx: &mut Context<'_>, _gpu: usize, _listed: &[RawProcess]) {}
+
+    /// After every GPU of a full sample; `answering[i]` says whether GPU
+    /// `i` was collected in it.
+    fn finish(&mut self, _cx: &mut Context<'_>, _answering: &[bool]) {}
+
+    /// GPU `gpu` did not answer (or NVML was closed): its readings go.
+    fn forget(&mut self, gpu: usize);
+
+    /// What this collector read of GPU `gpu` in the last full sample.
+    fn reading(&self, gpu: usize) -> Option<Arc<dyn Reading>>;
+
+    /// What it read of process `pid` on GPU `gpu`, for per-process
+    /// collectors.
+    fn process_reading(&self, _gpu: usize, _pid: u32) -> Option<Arc<dyn Reading>> {
+        None
+    }
+}
+
+/// Per-GPU state of a collector, grown as GPUs are seen.
+#[derive(Debug, Default)]
+pub(crate) struct PerGpu<T>(Vec<T>);
+
+impl<T: Default> PerGpu<T> {
+    /// The state of GPU `gpu`, made when first asked.
+    pub(crate) fn at(&mut self, gpu: usize) -> &mut T {
+        if self.0.len() <= gpu {
+            self.0.resize_with(gpu + 1, T::default);
+        }
+        &mut self.0[gpu]
+    }
+
+    pub(crate) fn get(&self, gpu: usize) -> Option<&T> {
+        self.0.get(gpu)
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (usize, &mut T)> {
+        self.0.iter_mut().enumerate()
+    }
+}
+
+#[cfg(test)]
+mod tests;

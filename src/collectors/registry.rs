@@ -1,0 +1,186 @@
+//! The registry's machinery: a row ([`Def`]), the choice of which rows
+//! run ([`Collectors`], built by config validation), and the running
+//! instances beside their rows ([`Running`], the sampler's). The table
+//! itself, [`REGISTRY`](super::REGISTRY), stands beside the collectors'
+//! module lines in `collectors/mod.rs`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use prometheus_client::encoding::DescriptorEncoder;
+
+use super::Collector;
+use crate::gpu::Operation;
+use crate::model::Snapshot;
+
+use super::REGISTRY;
+
+/// One collector: its row of [`REGISTRY`].
+#[derive(Debug, Clone, Copy)]
+pub struct Def {
+    /// The name in `--collector.<name>` and `collectors.<name>`.
+    pub name: &'static str,
+    /// On unless switched off.
+    pub default: bool,
+    /// `false`: always on; switching it off is refused.
+    pub switchable: bool,
+    /// What it reads (the flag's help, docs/metrics.md's description).
+    pub help: &'static str,
+    /// The NVML calls it makes per GPU per full sample (docs/metrics.md).
+    pub calls: &'static str,
+    /// What it costs, measured on the H200 (docs/metrics.md).
+    pub cost: &'static str,
+    /// Whether it runs on a GPU of a vGPU guest (`false`: its calls
+    /// misbehave there; skipped on such a GPU, said once at discovery).
+    pub vgpu_guest: bool,
+    /// A fresh instance (no state); `None` for the sampler's own steps
+    /// (`memory`, `processes`).
+    pub make: Option<fn() -> Box<dyn Collector>>,
+    /// Its families, from a snapshot, in the place a scrape shows them
+    /// (after the allocations, in registry order); `None` for the
+    /// sampler's own steps, whose families `expose/` writes.
+    pub encode: Option<Encode>,
+    /// The `operation` label of every NVML call it makes.
+    pub operations: &'static [Operation],
+}
+
+/// A collector's encode step: its families of one snapshot.
+pub type Encode = fn(&mut DescriptorEncoder, &Snapshot) -> Result<(), fmt::Error>;
+
+/// The sampler's own steps, by name.
+pub(super) const MEMORY: &str = "memory";
+pub(super) const PROCESSES: &str = "processes";
+
+/// The row of `name`, if there is one.
+pub fn find(name: &str) -> Option<&'static Def> {
+    REGISTRY.iter().find(|d| d.name == name)
+}
+
+/// Which collectors run: the choices made (file keys, flags), each
+/// collector's registry default for the rest. Built by config validation,
+/// which refuses unknown names and switching off an unswitchable one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Collectors {
+    chosen: BTreeMap<&'static str, bool>,
+}
+
+impl Collectors {
+    /// Switch `def` on or off (last choice wins). Only choices that differ
+    /// from the default are kept, so two sets that run the same collectors
+    /// are equal.
+    pub fn set(&mut self, def: &Def, on: bool) {
+        if on == def.default || !def.switchable {
+            self.chosen.remove(def.name);
+        } else {
+            self.chosen.insert(def.name, on);
+        }
+    }
+
+    /// Whether `def` runs.
+    pub fn is_on(&self, def: &Def) -> bool {
+        !def.switchable || self.chosen.get(def.name).copied().unwrap_or(def.default)
+    }
+
+    /// Whether the process lists are read (the `processes` collector).
+    pub fn processes(&self) -> bool {
+        find(PROCESSES).is_some_and(|d| self.is_on(d))
+    }
+
+    /// The names of the collectors that run, in registry order (for logs).
+    pub fn enabled(&self) -> Vec<&'static str> {
+        REGISTRY
+            .iter()
+            .filter(|d| self.is_on(d))
+            .map(|d| d.name)
+            .collect()
+    }
+}
+
+/// The instances of the collectors that are on, beside their rows.
+pub(crate) struct Running {
+    registry: &'static [Def],
+    /// Per row: its instance while it is on (rows without `make`: `None`).
+    instances: Vec<Option<Box<dyn Collector>>>,
+}
+
+impl Running {
+    pub(crate) fn new(registry: &'static [Def], on: &Collectors) -> Self {
+        let mut r = Running {
+            registry,
+            instances: registry.iter().map(|_| None).collect(),
+        };
+        r.switch(on);
+        r
+    }
+
+    /// Make instances of the collectors switched on, drop those switched
+    /// off (their state and readings go with them).
+    pub(crate) fn switch(&mut self, on: &Collectors) {
+        for (def, slot) in self.registry.iter().zip(self.instances.iter_mut()) {
+            match (def.make, on.is_on(def)) {
+                (Some(make), true) => {
+                    if slot.is_none() {
+                        *slot = Some(make());
+                    }
+                }
+                _ => *slot = None,
+            }
+        }
+    }
+
+    /// Start every instance over (NVML re-opened: new handles, new GPUs).
+    pub(crate) fn restart(&mut self) {
+        for (def, slot) in self.registry.iter().zip(self.instances.iter_mut()) {
+            if let (Some(make), Some(_)) = (def.make, slot.as_ref()) {
+                *slot = Some(make());
+            }
+        }
+    }
+
+    pub(crate) fn each(&mut self) -> impl Iterator<Item = &mut Box<dyn Collector>> {
+        self.instances.iter_mut().flatten()
+    }
+
+    /// The instances that are on, beside their rows.
+    pub(crate) fn each_with_def(
+        &mut self,
+    ) -> impl Iterator<Item = (&'static Def, &mut Box<dyn Collector>)> {
+        self.registry
+            .iter()
+            .zip(self.instances.iter_mut())
+            .filter_map(|(d, i)| Some((d, i.as_mut()?)))
+    }
+
+    /// The names of the collectors that are on but skipped on a vGPU
+    /// guest's GPUs.
+    pub(crate) fn skipped_in_vgpu_guests(&self) -> Vec<&'static str> {
+        self.registry
+            .iter()
+            .zip(self.instances.iter())
+            .filter(|(d, i)| i.is_some() && !d.vgpu_guest)
+            .map(|(d, _)| d.name)
+            .collect()
+    }
+
+    /// The readings of GPU `gpu`, in registry order.
+    pub(crate) fn readings(&self, gpu: usize) -> crate::model::Readings {
+        let mut out = crate::model::Readings::default();
+        for c in self.instances.iter().flatten() {
+            if let Some(r) = c.reading(gpu) {
+                out.put(r);
+            }
+        }
+        out
+    }
+
+    /// The readings of process `pid` on GPU `gpu`.
+    pub(crate) fn process_readings(&self, gpu: usize, pid: u32) -> crate::model::Readings {
+        let mut out = crate::model::Readings::default();
+        for c in self.instances.iter().flatten() {
+            if let Some(r) = c.process_reading(gpu, pid) {
+                out.put(r);
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,112 @@
+//! One process on one GPU: who it is (from /proc, the cgroup, the
+//! Kubernetes API, the container engine, Slurm) and what it holds.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::*;
+use crate::gpu_error::{ErrorKind, Operation};
+
+/// Who a process is, from /proc (and the Kubernetes API for pod names).
+/// Shared (`Arc`) between snapshots: looked up once per (pid, start time).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcIdentity {
+    /// `/proc/<pid>/comm`, empty when unreadable.
+    pub comm: Arc<str>,
+    /// Owner's user name (host passwd), or the uid in decimal; empty when
+    /// the process is not visible.
+    pub user: Arc<str>,
+    /// 64-hex container id from the cgroup path; empty outside containers.
+    pub container_id: Arc<str>,
+    /// Kubernetes pod UID from the cgroup path; empty outside pods.
+    pub pod_uid: Arc<str>,
+    /// The Slurm job (and step, uid) from the cgroup path; `None` outside
+    /// Slurm jobs.
+    pub slurm: Option<SlurmJob>,
+    /// Redacted, truncated command line; `None` unless enabled.
+    pub cmdline: Option<Arc<str>>,
+    /// Resolved through the pod watcher; empty when unknown.
+    pub namespace: Arc<str>,
+    pub pod: Arc<str>,
+    pub container: Arc<str>,
+    /// Name, image and compose labels from the container engine's API
+    /// (`containers.engine_socket`); `None` when off, not in a container,
+    /// not known (yet), or when the pod watcher knows the process.
+    pub engine: Option<Arc<ContainerInfo>>,
+}
+
+/// A container as the Docker Engine API (Docker, Podman) describes it:
+/// `GET /containers/{id}/json`. Empty fields are unknown.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerInfo {
+    /// `.Name` without its leading `/`.
+    pub name: Arc<str>,
+    /// `.Config.Image`, as the container was created from.
+    pub image: Arc<str>,
+    /// `.Config.Labels["com.docker.compose.project"]`.
+    pub compose_project: Arc<str>,
+    /// `.Config.Labels["com.docker.compose.service"]`.
+    pub compose_service: Arc<str>,
+}
+
+/// Container engine API lookups so far, by outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ContainerLookups {
+    /// Answered with the container.
+    pub found: u64,
+    /// Answered 404: the engine does not know the id (negative cache).
+    pub not_found: u64,
+    /// No answer: socket missing or refused, timeout, an unexpected
+    /// status, a malformed body.
+    pub error: u64,
+}
+
+/// A process's Slurm job, from its cgroup path (`attribute::slurm`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlurmJob {
+    /// The numeric job id, or the job's SLUID where the path names it so
+    /// (Slurm 26.05's default cgroup v2 layout).
+    pub job: Arc<str>,
+    /// `batch`, `extern`, `interactive` or the step number; empty when the
+    /// process sits in the job's own cgroup.
+    pub step: Arc<str>,
+    /// The job owner's uid (cgroup v1 paths only); empty otherwise.
+    pub uid: Arc<str>,
+}
+
+/// Processes left out of the per-process series by `processes.min_bytes`
+/// or `processes.top_n`, summed so totals still add up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OtherProcesses {
+    pub count: u64,
+    pub used_bytes: u64,
+}
+
+/// One process on one GPU, as NVML reports it (compute and graphics lists
+/// merged, one entry per pid).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSample {
+    pub pid: u32,
+    /// `None` when NVML answers NVML_VALUE_NOT_AVAILABLE for this process
+    /// (e.g. under some virtualisation): exported as a separate signal,
+    /// never as a fake 0.
+    pub used_bytes: Option<u64>,
+    /// Name, owner, container and pod.
+    pub ident: Arc<ProcIdentity>,
+    /// MIG instance the process runs on (MIG mode only).
+    pub gpu_instance_id: Option<u32>,
+    pub compute_instance_id: Option<u32>,
+    /// Largest `used_bytes` seen for this pid on this GPU over the last
+    /// `peak_window` (full samples only).
+    pub used_peak_bytes: Option<u64>,
+    /// PyTorch allocator figures the process itself published for this GPU
+    /// (torch bridge, read in this tick); `None` without the bridge.
+    pub torch: Option<TorchStats>,
+    /// What the switchable collectors read of this process (e.g. the
+    /// `process_utilization` collector's busy percentages); empty when
+    /// they are off or the GPU does not support their calls.
+    pub readings: Readings,
+}
