@@ -47,8 +47,10 @@ use std::time::Instant;
 use crate::gpu::{GpuError, GpuSource, Handle, Operation, RawProcess};
 use crate::model::Reading;
 
+pub(crate) use registry::Collectors;
+pub use registry::Def;
 pub(crate) use registry::Running;
-pub use registry::{Collectors, Def, find};
+pub(crate) use registry::find;
 
 /// Every collector, in the order docs/metrics.md lists them.
 pub const REGISTRY: &[Def] = &[

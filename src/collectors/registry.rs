@@ -35,24 +35,26 @@ pub struct Def {
     pub vgpu_guest: bool,
     /// A fresh instance (no state); `None` for the sampler's own steps
     /// (`memory`, `processes`).
-    pub make: Option<fn() -> Box<dyn Collector>>,
+    pub(crate) make: Option<fn() -> Box<dyn Collector>>,
     /// Its families, from a snapshot, in the place a scrape shows them
     /// (after the allocations, in registry order); `None` for the
     /// sampler's own steps, whose families `expose/` writes.
-    pub encode: Option<Encode>,
-    /// The `operation` label of every NVML call it makes.
-    pub operations: &'static [Operation],
+    pub(crate) encode: Option<Encode>,
+    /// The `operation` label of every NVML call it makes (read by the
+    /// test that no two collectors, nor the sampler, declare one label).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) operations: &'static [Operation],
 }
 
 /// A collector's encode step: its families of one snapshot.
-pub type Encode = fn(&mut DescriptorEncoder, &Snapshot) -> Result<(), fmt::Error>;
+pub(crate) type Encode = fn(&mut DescriptorEncoder, &Snapshot) -> Result<(), fmt::Error>;
 
 /// The sampler's own steps, by name.
 pub(super) const MEMORY: &str = "memory";
 pub(super) const PROCESSES: &str = "processes";
 
 /// The row of `name`, if there is one.
-pub fn find(name: &str) -> Option<&'static Def> {
+pub(crate) fn find(name: &str) -> Option<&'static Def> {
     REGISTRY.iter().find(|d| d.name == name)
 }
 

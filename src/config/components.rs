@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::values::{JobMappingFormat, LogFormat, LogLevel};
-pub use crate::collectors::Collectors;
+pub(crate) use crate::collectors::Collectors;
 
 /// The HTTP server's address and metrics path.
 #[derive(Debug, Clone, PartialEq, Eq)]

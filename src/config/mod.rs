@@ -21,14 +21,14 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use crate::kube::KubeConfig;
-pub use components::ContainerEngine;
-pub use components::{
-    Attribution, Collectors, Http, JobMappingConfig, Log, PodResourcesConfig, SamplerConfig,
-    Selection, Timing,
+pub(crate) use components::Collectors;
+pub(crate) use components::{
+    Attribution, ContainerEngine, Http, JobMappingConfig, Log, PodResourcesConfig, Selection,
 };
-pub use values::{
-    ApiUrl, CmdlineLength, HumanDuration, Interval, JobMappingFormat, KubeMode, ListenAddress,
-    LogFormat, LogLevel, TelemetryPath,
+pub use components::{SamplerConfig, Timing};
+pub use values::HumanDuration;
+pub(crate) use values::{
+    Interval, JobMappingFormat, KubeMode, ListenAddress, LogFormat, LogLevel, TelemetryPath,
 };
 
 use crate::kube::discovery;
@@ -40,35 +40,35 @@ use crate::collectors;
 /// Default listen port (on every address). 9877 is not taken by a well-known exporter
 /// (node 9100, dcgm-exporter 9400, nvitop-exporter 9445,
 /// nvidia_gpu_exporter 9835).
-pub const DEFAULT_PORT: u16 = 9877;
-pub const DEFAULT_TELEMETRY_PATH: &str = "/metrics";
-pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
-pub const DEFAULT_MEMORY_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
-pub const DEFAULT_PEAK_WINDOW: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_PORT: u16 = 9877;
+pub(crate) const DEFAULT_TELEMETRY_PATH: &str = "/metrics";
+pub(crate) const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_MEMORY_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_PEAK_WINDOW: Duration = Duration::from_secs(30);
 /// MIG layouts are read again this often (or each full sample, when that is
 /// slower). On the H200 the rescan of a GPU with MIG off is one
 /// nvmlDeviceGetMigMode call of 158 µs, as much as the rest of a full
 /// sample's NVML time (150 µs): every 30 s it adds 5 µs/s per GPU (3.5 %).
 /// Layout changes that matter sooner are seen at once (a process on an
 /// unknown instance, a stale instance handle); see docs/configuration.md.
-pub const DEFAULT_MIG_RESCAN_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_MIG_RESCAN_INTERVAL: Duration = Duration::from_secs(30);
 /// Larger config files are refused before parsing.
-pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// The kubelet's pod-resources socket (kubelet flag
 /// `--pod-resources-socket`'s default).
-pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+pub(crate) const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 /// How often the kubelet is asked which devices are allocated. A `List`
 /// costs the kubelet one walk of its pods (well under a millisecond for a
 /// node's hundred pods); allocations change when pods start or stop, so
 /// 10 s keeps the series current at a negligible cost (dcgm-exporter asks
 /// on every scrape instead).
-pub const DEFAULT_POD_RESOURCES_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_POD_RESOURCES_INTERVAL: Duration = Duration::from_secs(10);
 /// How often the Slurm job-mapping directory is read: a prolog writes it
 /// when a job starts and an epilog removes it when it ends, and one read
 /// is a directory listing and a few small files (dcgm-exporter reads it
 /// on every scrape instead).
-pub const DEFAULT_JOB_MAPPING_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_JOB_MAPPING_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A config error: one line that names the flag or the key, and the file
 /// and line it came from.
@@ -606,7 +606,7 @@ fn pod_resources(f: FileKubernetes) -> Result<Option<PodResourcesConfig>, Locate
 /// Keys whose change needs a restart: they are read once at start (the
 /// listener, the NVML library, /proc and passwd paths, the pod watcher,
 /// logging).
-pub fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
+pub(crate) fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
     let mut keys = Vec::new();
     let mut check = |changed: bool, key: &'static str| {
         if changed {

@@ -60,7 +60,7 @@ impl fmt::Display for HumanDuration {
 
 /// A sampling interval: a duration between 10ms and 1h.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Interval(pub Duration);
+pub(crate) struct Interval(pub Duration);
 
 impl FromStr for Interval {
     type Err = String;
@@ -77,7 +77,7 @@ impl FromStr for Interval {
 
 /// `host:port`, `:port` (all interfaces) or `[v6]:port`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListenAddress(pub SocketAddr);
+pub(crate) struct ListenAddress(pub SocketAddr);
 
 impl FromStr for ListenAddress {
     type Err = String;
@@ -97,7 +97,7 @@ impl FromStr for ListenAddress {
 
 /// The path that serves metrics: absolute, not clashing with the others.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TelemetryPath(pub String);
+pub(crate) struct TelemetryPath(pub String);
 
 impl FromStr for TelemetryPath {
     type Err = String;
@@ -202,7 +202,7 @@ deserialize_via_from_str!(
 /// `kubernetes.enabled`: `auto` turns the pod watcher on when running in a
 /// cluster (KUBERNETES_SERVICE_HOST set) or when `api_url` is given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KubeMode {
+pub(crate) enum KubeMode {
     Auto,
     On,
     Off,
@@ -248,7 +248,7 @@ impl FromStr for JobMappingFormat {
 /// The Kubernetes API base URL: `https://host:port` (or `http://` for a
 /// local proxy), no path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiUrl(pub String);
+pub(crate) struct ApiUrl(pub String);
 
 impl FromStr for ApiUrl {
     type Err = String;
@@ -275,7 +275,7 @@ impl FromStr for ApiUrl {
 
 /// Maximum command-line label length: 16 .. 4096 characters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CmdlineLength(pub usize);
+pub(crate) struct CmdlineLength(pub usize);
 
 impl FromStr for CmdlineLength {
     type Err = String;

@@ -112,7 +112,7 @@ fn row(
 /// One allocation and where its device is in the snapshot it came with
 /// (the recorder's CSV rows and trace events).
 #[derive(Debug)]
-pub struct Placed<'a> {
+pub(crate) struct Placed<'a> {
     pub allocation: &'a Allocation,
     /// The GPU's index; empty when this snapshot does not have it.
     pub gpu: &'a str,
@@ -124,7 +124,7 @@ pub struct Placed<'a> {
 
 /// The snapshot's allocations, each placed on its devices; empty while the
 /// pod-resources client is off.
-pub fn placed(s: &Snapshot) -> Vec<Placed<'_>> {
+pub(crate) fn placed(s: &Snapshot) -> Vec<Placed<'_>> {
     let Some(p) = &s.pod_resources else {
         return Vec::new();
     };

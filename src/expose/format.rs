@@ -1,8 +1,8 @@
 //! The two exposition formats served and their content types.
 
 /// Content types of the two formats served.
-pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-pub const OPENMETRICS_CONTENT_TYPE: &str =
+pub(crate) const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Exposition format (the HTTP side picks one from the `Accept` header).

@@ -36,11 +36,11 @@ use prometheus_client::registry::Registry;
 use crate::collectors::REGISTRY;
 use crate::model::Snapshot;
 
-pub use allocation::{Placed, placed};
+pub(crate) use allocation::placed;
 pub use exporter::{REVISION, VERSION};
 pub use segments::{Reuse, encode_reusing};
 
-pub use format::{Format, OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE};
+pub use format::Format;
 
 /// Encode one snapshot in the given format (segment by segment, as
 /// [`encode_reusing`] does, with nothing to reuse).
@@ -50,9 +50,7 @@ pub fn encode(snapshot: &Arc<Snapshot>, format: Format) -> Result<String, fmt::E
 
 /// Which families [`encode_families`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Families {
-    /// Everything a scrape shows.
-    All,
+pub(crate) enum Families {
     /// Everything but the exporter's own families (`gpumem_exporter_*`):
     /// what the GPUs and their processes did. The recorder writes these at
     /// each full sample.
@@ -64,7 +62,7 @@ pub enum Families {
 
 /// Encode some of one snapshot's families (see [`Families`]), in the
 /// order and with the names a scrape has.
-pub fn encode_families(
+pub(crate) fn encode_families(
     snapshot: &Arc<Snapshot>,
     format: Format,
     families: Families,
@@ -85,7 +83,6 @@ struct FamiliesCollector(Arc<Snapshot>, Families);
 impl Collector for FamiliesCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
         match self.1 {
-            Families::All => SnapshotCollector(Arc::clone(&self.0)).encode(enc),
             Families::Gpus => gpu_families(&mut enc, &self.0),
             Families::Devices => gpu::devices(&mut enc, &self.0),
         }
@@ -100,16 +97,4 @@ fn gpu_families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Er
         }
     }
     Ok(())
-}
-
-#[derive(Debug)]
-struct SnapshotCollector(Arc<Snapshot>);
-
-impl Collector for SnapshotCollector {
-    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
-        for g in segments::Group::ALL {
-            segments::encode_group(&mut enc, &self.0, g, REGISTRY)?;
-        }
-        Ok(())
-    }
 }

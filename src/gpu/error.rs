@@ -12,7 +12,8 @@
 
 use nvml_wrapper::error::NvmlError;
 
-pub use crate::gpu_error::{ErrorKind, GpuError, Operation};
+pub(crate) use crate::gpu_error::GpuError;
+pub use crate::gpu_error::{ErrorKind, Operation};
 
 impl ErrorKind {
     /// The kind of an NVML error.

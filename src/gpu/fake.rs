@@ -133,7 +133,7 @@ impl FakeDevice {
 }
 
 /// Memory with no reserved bytes.
-pub fn memory(total: u64, used: u64) -> MemoryInfo {
+pub(crate) fn memory(total: u64, used: u64) -> MemoryInfo {
     MemoryInfo {
         total,
         reserved: Some(0),
@@ -143,7 +143,7 @@ pub fn memory(total: u64, used: u64) -> MemoryInfo {
 }
 
 /// A process with a memory figure.
-pub fn process(pid: u32, used: u64) -> RawProcess {
+pub(crate) fn process(pid: u32, used: u64) -> RawProcess {
     RawProcess {
         pid,
         used_bytes: Some(used),
@@ -154,7 +154,7 @@ pub fn process(pid: u32, used: u64) -> RawProcess {
 
 /// Scripted GPUs, and how often each call was made.
 #[derive(Debug, Clone, Default)]
-pub struct FakeGpu {
+pub(crate) struct FakeGpu {
     pub driver: DriverInfo,
     /// The GPUs; their number is fixed at construction (as NVML's count is
     /// at init), their answers may change between ticks.
@@ -180,7 +180,7 @@ pub struct FakeGpu {
 
 impl FakeGpu {
     /// These devices, as NVML enumerates them when opened.
-    pub fn new(devices: Vec<FakeDevice>) -> Self {
+    pub(crate) fn new(devices: Vec<FakeDevice>) -> Self {
         FakeGpu {
             driver: DriverInfo {
                 driver_version: "580.0".into(),
@@ -195,7 +195,7 @@ impl FakeGpu {
     }
 
     /// Collector calls so far under each of `names`.
-    pub fn calls_of<const N: usize>(&self, names: [&str; N]) -> [u64; N] {
+    pub(crate) fn calls_of<const N: usize>(&self, names: [&str; N]) -> [u64; N] {
         names.map(|n| self.calls.get(n).copied().unwrap_or(0))
     }
 
@@ -349,6 +349,6 @@ impl Handle<'_> {
 }
 
 /// A call the fake's script does not have.
-pub fn unsupported(operation: Operation) -> GpuError {
+pub(crate) fn unsupported(operation: Operation) -> GpuError {
     GpuError::new(operation, ErrorKind::NotSupported)
 }

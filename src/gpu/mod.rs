@@ -14,14 +14,15 @@
 //! The error labels sit below this module (`crate::gpu_error`); mapping
 //! nvml-wrapper's `NvmlError` to them is [`error`]'s.
 
-pub mod error;
+pub(crate) mod error;
 #[cfg(test)]
-pub mod fake;
-pub mod nvml;
+pub(crate) mod fake;
+pub(crate) mod nvml;
 
 use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
 
-pub use error::{ErrorKind, GpuError, Operation};
+pub(crate) use error::GpuError;
+pub use error::{ErrorKind, Operation};
 
 /// One process as the driver lists it, before /proc lookups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +95,7 @@ pub trait GpuSource {
 /// Merge `p` into `out`, keeping one entry per pid. A process with both a
 /// compute and a graphics context is listed by both queries with the same
 /// figure; if only one of them knows the bytes, keep that one.
-pub fn merge_process(out: &mut Vec<RawProcess>, p: RawProcess) {
+pub(crate) fn merge_process(out: &mut Vec<RawProcess>, p: RawProcess) {
     match out.iter_mut().find(|q| q.pid == p.pid) {
         Some(q) => {
             q.used_bytes = match (q.used_bytes, p.used_bytes) {

@@ -16,7 +16,7 @@ use super::{ErrorKind, GpuError, GpuSource, Operation, RawProcess, Virtualizatio
 use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
 
 /// The library name the dynamic loader resolves when none is configured.
-pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
+pub(crate) const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 
 /// Why NVML could not be started. Each variant's message is one line that
 /// says what failed, where, and what to do.
@@ -67,7 +67,7 @@ fn gpu_err(operation: Operation) -> impl Fn(NvmlError) -> GpuError {
 
 /// The value of a collector's call, or `None` with its error pushed (a
 /// collector that makes several calls per GPU keeps the rest).
-pub fn keep<T>(
+pub(crate) fn keep<T>(
     r: Result<T, NvmlError>,
     operation: Operation,
     failed: &mut Vec<GpuError>,
@@ -80,7 +80,7 @@ pub fn keep<T>(
 /// event set): one value per type, made on first use, dropped with the
 /// handles, before the library shuts down.
 #[derive(Default)]
-pub struct State(HashMap<TypeId, Box<dyn Any>>);
+pub(crate) struct State(HashMap<TypeId, Box<dyn Any>>);
 
 impl State {
     /// The value of type `T`, made with `Default` when first asked.
@@ -314,7 +314,7 @@ fn instance_id(mig: &Device<'static>, kind: InstanceKind) -> Result<u32, NvmlErr
 }
 
 /// 13000 → "13.0", 12040 → "12.4" (NVML encodes major*1000 + minor*10).
-pub fn cuda_version_string(v: i32) -> String {
+pub(crate) fn cuda_version_string(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
 }
 

@@ -9,7 +9,7 @@
 
 pub(crate) mod admission;
 pub(crate) mod auth;
-pub mod cache;
+pub(crate) mod cache;
 pub(crate) mod connection;
 pub(crate) mod listener;
 pub mod negotiate;
@@ -34,7 +34,7 @@ use admission::Conns;
 use web_config::{Web, WebConfig};
 
 /// How long in-flight scrapes may take to finish after SIGTERM/SIGINT.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_millis(800);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_millis(800);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {

@@ -206,7 +206,7 @@ pub fn is_container_id(s: &str) -> bool {
 /// `containerd://<id>`, `cri-o://<id>`, `docker://<id>` or a bare id →
 /// the 64-hex id; `None` for anything else (an empty id of a pending
 /// container, a truncated id).
-pub fn normalize_container_id(raw: &str) -> Option<&str> {
+pub(crate) fn normalize_container_id(raw: &str) -> Option<&str> {
     let id = raw.split_once("://").map_or(raw, |(_, id)| id);
     is_container_id(id).then_some(id)
 }

@@ -21,11 +21,11 @@ use hyper::{Request, Response};
 /// The longest single watch event accepted. A pod object is a few KiB to a
 /// few hundred KiB; anything bigger is a broken or hostile stream, and
 /// buffering it without bound would let it take the exporter's memory.
-pub const MAX_EVENT_LINE_BYTES: usize = 4 << 20;
+pub(crate) const MAX_EVENT_LINE_BYTES: usize = 4 << 20;
 
 /// The largest LIST response accepted (a page of 500 pods with big specs
 /// stays well under).
-pub const MAX_LIST_PAGE_BYTES: usize = 64 << 20;
+pub(crate) const MAX_LIST_PAGE_BYTES: usize = 64 << 20;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

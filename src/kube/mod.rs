@@ -57,7 +57,7 @@ pub(crate) mod slices;
 mod watch;
 
 pub use config::KubeConfig;
-pub use index::{PodIndex, PodRef, normalize_container_id};
-pub use limits::{MAX_EVENT_LINE_BYTES, MAX_LIST_PAGE_BYTES};
-pub use slices::{SliceIndex, run_slice_watcher};
+pub use index::{PodIndex, PodRef};
+pub(crate) use slices::SliceIndex;
+pub(crate) use slices::run_slice_watcher;
 pub use watch::run_watcher;

@@ -57,7 +57,7 @@ pub(crate) type DeviceKey = (String, String, String);
 /// This node's ResourceSlice devices that are GPUs or MIG devices. Cheap to
 /// share; readers never block.
 #[derive(Debug, Default)]
-pub struct SliceIndex {
+pub(crate) struct SliceIndex {
     devices: ArcSwap<HashMap<DeviceKey, AllocatedDevice>>,
     /// A LIST has completed (and the map reflects the API server).
     synced: AtomicBool,
@@ -65,7 +65,7 @@ pub struct SliceIndex {
 }
 
 impl SliceIndex {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -139,7 +139,7 @@ pub(crate) fn devices_of(slice: &ResourceSlice) -> Vec<(DeviceKey, AllocatedDevi
 
 /// Runs forever on the current tokio runtime: LIST and WATCH this node's
 /// ResourceSlices into `index`, retrying with a jittered backoff.
-pub async fn run_slice_watcher(cfg: KubeConfig, index: Arc<SliceIndex>) {
+pub(crate) async fn run_slice_watcher(cfg: KubeConfig, index: Arc<SliceIndex>) {
     if cfg.node_name.is_empty() {
         return;
     }

@@ -3,14 +3,7 @@
 //! the counters of the clients that read them. Placed on a snapshot's
 //! GPUs only when it is encoded.
 
-use std::any::Any;
-use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
-use std::time::SystemTime;
-
-use super::*;
-use crate::gpu_error::{ErrorKind, Operation};
 
 /// One device the kubelet allocated to one container, from the
 /// pod-resources API's `List`. Which GPU it is, is decided when a snapshot

@@ -1,14 +1,9 @@
 //! One GPU: its identity, memory, MIG instances and driver, and what one
 //! sample holds of it.
 
-use std::any::Any;
-use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
-use std::time::SystemTime;
 
-use super::*;
-use crate::gpu_error::{ErrorKind, Operation};
+use super::{OtherProcesses, ProcessSample, Readings};
 
 /// Identity of one GPU: read when NVML is opened, and retried at each full
 /// sample while it cannot be read (then `uuid`, `name` and `pci_bus_id` are

@@ -1,15 +1,6 @@
 //! The exporter's own counters as published: config and web-config
 //! reloads, HTTP bodies, the pod watcher's state.
 
-use std::any::Any;
-use std::collections::BTreeMap;
-use std::fmt;
-use std::sync::Arc;
-use std::time::SystemTime;
-
-use super::*;
-use crate::gpu_error::{ErrorKind, Operation};
-
 /// Counters of the config reloads and the HTTP server (see
 /// `crate::telemetry`), as of publication.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -1,14 +1,9 @@
 //! One process on one GPU: who it is (from /proc, the cgroup, the
 //! Kubernetes API, the container engine, Slurm) and what it holds.
 
-use std::any::Any;
-use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
-use std::time::SystemTime;
 
-use super::*;
-use crate::gpu_error::{ErrorKind, Operation};
+use super::{Readings, TorchStats};
 
 /// Who a process is, from /proc (and the Kubernetes API for pod names).
 /// Shared (`Arc`) between snapshots: looked up once per (pid, start time).

@@ -3,13 +3,8 @@
 //! module does not need to know it, so a new collector adds nothing here.
 
 use std::any::Any;
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::SystemTime;
-
-use super::*;
-use crate::gpu_error::{ErrorKind, Operation};
 
 /// What one collector read of one GPU or process in one sample: any plain
 /// data type (`Debug`, `Eq`, shareable), found again by its type. The

@@ -2,13 +2,14 @@
 //! cumulative state (tick histograms, NVML error counters) and the
 //! forecast.
 
-use std::any::Any;
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::*;
+use super::{
+    ContainerLookups, DeviceSample, DriverInfo, ExporterCounters, JobMappingState, KubeState,
+    PodResourcesState, TorchCounters,
+};
 use crate::gpu_error::{ErrorKind, Operation};
 
 /// Cumulative histogram of tick durations, owned by the sampler and copied

@@ -2,14 +2,7 @@
 //! caching allocator's bytes and counts, training steps, pools, settings,
 //! and the bridge's document counters.
 
-use std::any::Any;
-use std::collections::BTreeMap;
-use std::fmt;
-use std::sync::Arc;
-use std::time::SystemTime;
-
-use super::*;
-use crate::gpu_error::{ErrorKind, Operation};
+use crate::trend::Slope;
 
 /// PyTorch caching-allocator figures of one process on one GPU, from
 /// `torch.cuda.memory_stats()` via the torch bridge: bytes, and counts for

@@ -8,11 +8,11 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 
 /// Exit code when the command cannot be started, as a shell says.
-pub const EXIT_CANNOT_START: u8 = 127;
+pub(crate) const EXIT_CANNOT_START: u8 = 127;
 
 /// The shell's exit code for a child's status: its code, or 128 + the
 /// signal that killed it.
-pub fn exit_code(status: ExitStatus) -> u8 {
+pub(crate) fn exit_code(status: ExitStatus) -> u8 {
     match (status.code(), status.signal()) {
         (Some(c), _) => (c & 0xff) as u8,
         (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,

@@ -87,7 +87,7 @@ impl Format {
 
 /// Whether a snapshot comes from a memory-only or a full sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SampleKind {
+pub(crate) enum SampleKind {
     /// GPU memory only; processes are those of the last full sample.
     Memory,
     /// Memory, processes, MIG instances (or every GPU down while NVML is
@@ -100,13 +100,13 @@ pub enum SampleKind {
 /// `memory_samples`; a snapshot that adds to neither (published while NVML
 /// is closed) is treated as full.
 #[derive(Debug, Default)]
-pub struct Classifier {
+pub(crate) struct Classifier {
     full: u64,
     memory: u64,
 }
 
 impl Classifier {
-    pub fn next(&mut self, s: &Snapshot) -> SampleKind {
+    pub(crate) fn next(&mut self, s: &Snapshot) -> SampleKind {
         let full = s.sample_duration.count;
         let kind = if s.memory_samples != self.memory && full == self.full {
             SampleKind::Memory
@@ -121,7 +121,7 @@ impl Classifier {
 
 /// A sample's time in the forms the formats write.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stamp {
+pub(crate) struct Stamp {
     pub unix_ms: u64,
     pub unix_micros: u64,
     /// `1767225600.123`
@@ -131,7 +131,7 @@ pub struct Stamp {
 }
 
 impl Stamp {
-    pub fn new(t: SystemTime) -> Stamp {
+    pub(crate) fn new(t: SystemTime) -> Stamp {
         let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
         let unix_ms = d.as_millis() as u64;
         Stamp {
@@ -145,7 +145,7 @@ impl Stamp {
 }
 
 /// One output format.
-pub trait Encoder: Send {
+pub(crate) trait Encoder: Send {
     /// Written once, when the output is opened.
     fn header(&mut self) -> Result<Vec<u8>, EncodeError>;
     /// What closes the document, kept after the last sample.

@@ -32,12 +32,9 @@ mod regroup;
 mod session;
 pub(crate) mod trace;
 
-pub use child::{EXIT_CANNOT_START, exit_code};
-pub use format::{Classifier, EncodeError, Encoder, Format, SampleKind, Stamp};
-pub use output::{Kept, OutputError, Target};
-pub use session::{
-    Options, RecordError, SINK_CAPACITY, Summary, WriteError, encoder, run, write_all,
-};
+pub use format::Format;
+pub use output::{OutputError, Target};
+pub use session::{Options, run};
 
 #[cfg(test)]
 mod tests;

@@ -108,7 +108,7 @@ enum Mode {
 
 /// An open recording output.
 #[derive(Debug)]
-pub struct Output {
+pub(crate) struct Output {
     file: File,
     name: String,
     mode: Mode,
@@ -122,7 +122,7 @@ pub struct Output {
 impl Output {
     /// Open `target` (see the module doc for the rules) and write `header`
     /// (and, for a regular file, `trailer` after it).
-    pub fn create(
+    pub(crate) fn create(
         target: &Target,
         force: bool,
         header: &[u8],
@@ -162,18 +162,18 @@ impl Output {
     }
 
     /// The output's name as messages show it.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// Whether this is a regular file written by position (which can be
     /// rewritten after the recording), rather than a stream.
-    pub fn is_regular_file(&self) -> bool {
+    pub(crate) fn is_regular_file(&self) -> bool {
         matches!(self.mode, Mode::Positioned)
     }
 
     /// Append one sample's rows (a no-op for an empty one).
-    pub fn write(&mut self, record: &[u8]) -> Result<(), OutputError> {
+    pub(crate) fn write(&mut self, record: &[u8]) -> Result<(), OutputError> {
         match self.mode {
             Mode::Stream => {
                 if record.is_empty() {
@@ -202,7 +202,7 @@ impl Output {
 
     /// Write the trailer where it is not kept already; returns the bytes
     /// the output holds.
-    pub fn finish(mut self) -> Result<u64, OutputError> {
+    pub(crate) fn finish(mut self) -> Result<u64, OutputError> {
         if let Mode::Stream = self.mode {
             let written = self
                 .file

@@ -25,7 +25,7 @@ use crate::signals::Signals;
 
 /// Snapshots the writer may fall behind by before samples are dropped:
 /// about 100 s of memory samples at the default 100 ms.
-pub const SINK_CAPACITY: usize = 1024;
+pub(crate) const SINK_CAPACITY: usize = 1024;
 
 /// What to record, where, for how long.
 #[derive(Debug, Clone)]
@@ -54,7 +54,7 @@ pub enum RecordError {
 }
 
 /// The encoder of `format`.
-pub fn encoder(format: Format, started: &Stamp) -> Box<dyn Encoder> {
+pub(crate) fn encoder(format: Format, started: &Stamp) -> Box<dyn Encoder> {
     match format {
         Format::Csv => Box::new(csv::Csv::default()),
         Format::Trace => Box::new(trace::Trace::new(started)),
@@ -64,7 +64,7 @@ pub fn encoder(format: Format, started: &Stamp) -> Box<dyn Encoder> {
 
 /// What a finished recording holds.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub samples: u64,
     pub rows: u64,
     pub bytes: u64,
@@ -72,7 +72,7 @@ pub struct Summary {
 
 /// Why the writer stopped early.
 #[derive(Debug, thiserror::Error)]
-pub enum WriteError {
+pub(crate) enum WriteError {
     #[error(transparent)]
     Output(#[from] OutputError),
     #[error(transparent)]
@@ -83,7 +83,7 @@ pub enum WriteError {
 
 /// Write every snapshot `rx` yields until it disconnects; the output is
 /// finished (trailer written) on every way out but a failed write.
-pub fn write_all(
+pub(crate) fn write_all(
     mut out: output::Output,
     mut enc: Box<dyn Encoder>,
     rx: Receiver<Arc<Snapshot>>,

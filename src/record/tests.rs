@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use super::format::{Classifier, Encoder, SampleKind, Stamp};
 use super::*;
 use crate::attribute::ProcessLookup;
 use crate::config::{SamplerConfig, Timing};

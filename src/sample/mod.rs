@@ -19,7 +19,9 @@ mod select;
 pub(crate) mod thread;
 mod tick;
 
-pub use peaks::WindowMax;
 pub use select::select;
-pub use thread::{Control, OpenFailure, StartError, spawn};
+pub(crate) use thread::Control;
+pub use thread::OpenFailure;
+pub(crate) use thread::StartError;
+pub(crate) use thread::spawn;
 pub use tick::{SAMPLE_DURATION_BUCKETS, Sampler};

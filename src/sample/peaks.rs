@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 /// so push and query are amortised O(1) and memory stays bounded by the
 /// number of samples in the window.
 #[derive(Debug, Default, Clone)]
-pub struct WindowMax {
+pub(crate) struct WindowMax {
     q: VecDeque<(Instant, u64)>,
 }
 
 impl WindowMax {
-    pub fn push(&mut self, at: Instant, v: u64, window: Duration) {
+    pub(crate) fn push(&mut self, at: Instant, v: u64, window: Duration) {
         while self.q.back().is_some_and(|(_, b)| *b <= v) {
             self.q.pop_back();
         }
@@ -20,7 +20,7 @@ impl WindowMax {
         self.expire(at, window);
     }
 
-    pub fn expire(&mut self, now: Instant, window: Duration) {
+    pub(crate) fn expire(&mut self, now: Instant, window: Duration) {
         while self
             .q
             .front()
@@ -30,7 +30,7 @@ impl WindowMax {
         }
     }
 
-    pub fn max(&self) -> Option<u64> {
+    pub(crate) fn max(&self) -> Option<u64> {
         self.q.front().map(|(_, v)| *v)
     }
 }

@@ -45,7 +45,7 @@ pub enum OpenFailure<E> {
 
 /// Messages to the sampler thread.
 #[derive(Debug, Clone)]
-pub enum Control {
+pub(crate) enum Control {
     Stop,
     /// New intervals, selection and collectors from a reloaded config
     /// (SIGHUP).
@@ -91,7 +91,7 @@ fn wait_alive(
 /// sampling by itself once NVML answers. Returns once the first snapshot is
 /// published or retrying has begun. The thread stops on [`Control::Stop`]
 /// or when the sender is dropped.
-pub fn spawn<G, P, E, F>(
+pub(crate) fn spawn<G, P, E, F>(
     open: F,
     procs: P,
     config: SamplerConfig,

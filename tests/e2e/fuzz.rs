@@ -14,7 +14,9 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
-use gpumem_exporter::testing::attribute::{cgroup, containers, passwd, procfs, redact, slurm, torch};
+use gpumem_exporter::testing::attribute::{
+    cgroup, containers, passwd, procfs, redact, slurm, torch,
+};
 use gpumem_exporter::testing::config;
 use gpumem_exporter::testing::http::{negotiate, web_config};
 use proptest::prelude::*;

@@ -18,9 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use gpumem_exporter::testing::expose::{self, Format};
-use gpumem_exporter::testing::readings::{
-    Health, PowerThermal, ProcessUtilization, RemappedRows, RetiredPages, Utilization,
-};
 use gpumem_exporter::testing::gpu::{ErrorKind, Operation};
 use gpumem_exporter::testing::model::{
     AllocatedDevice, AllocatorBackend, AllocatorSettings, ContainerInfo, ContainerLookups,
@@ -28,6 +25,9 @@ use gpumem_exporter::testing::model::{
     JobMappingErrors, JobMappingState, KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses,
     ProcIdentity, ProcessSample, Readings, SlurmJob, Snapshot, TorchCounters, TorchPool,
     TorchPools, TorchStats, TorchSteps, TorchThreshold,
+};
+use gpumem_exporter::testing::readings::{
+    Health, PowerThermal, ProcessUtilization, RemappedRows, RetiredPages, Utilization,
 };
 use gpumem_exporter::testing::sample::SAMPLE_DURATION_BUCKETS;
 use gpumem_exporter::testing::trend;

@@ -24,7 +24,7 @@ use crate::model::Reading;
 /// A GPM (GPU Performance Monitoring) metric the `gpm` collector asks for:
 /// the families of `families.rs`, NVML's metric id, and its unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GpmMetric {
+pub(crate) enum GpmMetric {
     SmActivity,
     SmOccupancy,
     TensorActivity,
@@ -40,7 +40,7 @@ pub enum GpmMetric {
 
 /// NVML's unit of a GPM metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GpmUnit {
+pub(crate) enum GpmUnit {
     /// 0.0–100.0.
     Percent,
     /// MiB (2^20 bytes) per second.
@@ -50,7 +50,7 @@ pub enum GpmUnit {
 impl GpmMetric {
     /// Every metric, in the order the families list them (and the order
     /// of [`Gpm::values`]).
-    pub const ALL: [GpmMetric; 11] = [
+    pub(crate) const ALL: [GpmMetric; 11] = [
         GpmMetric::SmActivity,
         GpmMetric::SmOccupancy,
         GpmMetric::TensorActivity,
@@ -64,24 +64,7 @@ impl GpmMetric {
         GpmMetric::NvlinkReceive,
     ];
 
-    /// NVML's `nvmlGpmMetricId_t` (nvml.h), for docs/metrics.md.
-    pub fn nvml_id(self) -> u32 {
-        match self {
-            GpmMetric::SmActivity => 2,      // NVML_GPM_METRIC_SM_UTIL
-            GpmMetric::SmOccupancy => 3,     // NVML_GPM_METRIC_SM_OCCUPANCY
-            GpmMetric::TensorActivity => 5,  // NVML_GPM_METRIC_ANY_TENSOR_UTIL
-            GpmMetric::DramBandwidth => 10,  // NVML_GPM_METRIC_DRAM_BW_UTIL
-            GpmMetric::Fp64Activity => 11,   // NVML_GPM_METRIC_FP64_UTIL
-            GpmMetric::Fp32Activity => 12,   // NVML_GPM_METRIC_FP32_UTIL
-            GpmMetric::Fp16Activity => 13,   // NVML_GPM_METRIC_FP16_UTIL
-            GpmMetric::PcieTransmit => 20,   // NVML_GPM_METRIC_PCIE_TX_PER_SEC
-            GpmMetric::PcieReceive => 21,    // NVML_GPM_METRIC_PCIE_RX_PER_SEC
-            GpmMetric::NvlinkReceive => 60,  // NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC
-            GpmMetric::NvlinkTransmit => 61, // NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC
-        }
-    }
-
-    pub fn unit(self) -> GpmUnit {
+    pub(crate) fn unit(self) -> GpmUnit {
         match self {
             GpmMetric::PcieTransmit
             | GpmMetric::PcieReceive
@@ -96,7 +79,7 @@ impl GpmMetric {
 /// NVML's units ([`GpmMetric::unit`]), indexed by [`GpmMetric`]
 /// (`values[m as usize]`); `None` where the metric is not supported.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Gpm {
+pub(crate) struct Gpm {
     pub values: [Option<f64>; 11],
 }
 
@@ -106,7 +89,7 @@ impl Eq for Gpm {}
 /// What the `gpm` collector read of one GPU: the GPU's own figures, and
 /// each MIG GPU instance's (by GPU instance id).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct GpmReading {
+pub(crate) struct GpmReading {
     pub gpu: Option<Gpm>,
     pub instances: Vec<(u32, Gpm)>,
 }

@@ -17,7 +17,7 @@ use crate::model::Reading;
 
 /// An ECC counter of [`Health::ecc_errors`]: the `type` and `scope` labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EccCounter {
+pub(crate) enum EccCounter {
     CorrectedVolatile,
     CorrectedAggregate,
     UncorrectedVolatile,
@@ -26,7 +26,7 @@ pub enum EccCounter {
 
 impl EccCounter {
     /// Every counter, in the order the family lists them.
-    pub const ALL: [EccCounter; 4] = [
+    pub(crate) const ALL: [EccCounter; 4] = [
         EccCounter::CorrectedVolatile,
         EccCounter::CorrectedAggregate,
         EccCounter::UncorrectedVolatile,
@@ -34,7 +34,7 @@ impl EccCounter {
     ];
 
     /// The `type` label: corrected or uncorrected.
-    pub fn error_type(self) -> &'static str {
+    pub(crate) fn error_type(self) -> &'static str {
         match self {
             EccCounter::CorrectedVolatile | EccCounter::CorrectedAggregate => "corrected",
             EccCounter::UncorrectedVolatile | EccCounter::UncorrectedAggregate => "uncorrected",
@@ -43,7 +43,7 @@ impl EccCounter {
 
     /// The `scope` label: volatile (since the driver loaded) or aggregate
     /// (the GPU's life).
-    pub fn scope(self) -> &'static str {
+    pub(crate) fn scope(self) -> &'static str {
         match self {
             EccCounter::CorrectedVolatile | EccCounter::UncorrectedVolatile => "volatile",
             EccCounter::CorrectedAggregate | EccCounter::UncorrectedAggregate => "aggregate",

@@ -13,7 +13,7 @@ use crate::model::Reading;
 
 /// A clock of [`PowerThermal::clocks_mhz`]: the `clock` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Clock {
+pub(crate) enum Clock {
     Graphics,
     Sm,
     Memory,
@@ -22,9 +22,9 @@ pub enum Clock {
 
 impl Clock {
     /// Every clock, in the order the families list them.
-    pub const ALL: [Clock; 4] = [Clock::Graphics, Clock::Sm, Clock::Memory, Clock::Video];
+    pub(crate) const ALL: [Clock; 4] = [Clock::Graphics, Clock::Sm, Clock::Memory, Clock::Video];
 
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Clock::Graphics => "graphics",
             Clock::Sm => "sm",

@@ -27,7 +27,7 @@ pub struct ProcessUtilization {
 
 /// One process utilisation sample as NVML gives it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub pid: u32,
     /// NVML's CPU timestamp of the sample, µs.
     pub timestamp_us: u64,
