@@ -18,7 +18,6 @@
 //! RELIABILITY.md. The tools are installed by scripts/ci/test; a missing one
 //! fails the test.
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -61,35 +60,10 @@ impl Scrapes {
 /// One scrape on a new connection: the whole answer within the deadline,
 /// 200, and the exposition complete (it ends with its last family).
 fn scrape_once(addr: SocketAddr) -> Result<(Duration, String), String> {
-    let start = Instant::now();
-    let left = || {
-        SCRAPE_DEADLINE
-            .checked_sub(start.elapsed())
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| format!("no answer within {SCRAPE_DEADLINE:?}"))
-    };
-    let mut s = TcpStream::connect_timeout(&addr, left()?).map_err(|e| format!("connect: {e}"))?;
-    s.set_write_timeout(Some(left()?)).ok();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: scraper\r\nConnection: close\r\n\r\n")
-        .map_err(|e| format!("send after {:?}: {e}", start.elapsed()))?;
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 16384];
-    loop {
-        s.set_read_timeout(Some(left()?)).ok();
-        match s.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => raw.extend_from_slice(&buf[..n]),
-            Err(e) => {
-                return Err(format!(
-                    "read after {:?} ({} bytes): {e}",
-                    start.elapsed(),
-                    raw.len()
-                ));
-            }
-        }
-    }
-    let took = start.elapsed();
-    let r = parse_response(&raw);
+    let scrape = scrape_within(addr, "/metrics", &[], Deadline::Whole(SCRAPE_DEADLINE))
+        .map_err(|e| e.to_string())?;
+    let took = scrape.took;
+    let r = scrape.response();
     if r.status != 200 {
         return Err(format!("status {} after {took:?}: {:?}", r.status, r.body));
     }

@@ -24,8 +24,7 @@
 //! libcuda add ~21 MiB of resident pages (BENCHMARKS.md, the NVML floor):
 //! the manifests' limit adds that on top of what this test measures.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -150,49 +149,41 @@ fn release_binary() -> PathBuf {
 }
 
 /// What every scrape of a round asks for, by scraper index.
-fn request(i: usize) -> (&'static str, &'static str) {
+fn request(i: usize) -> (&'static str, &'static [(&'static str, &'static str)]) {
     match i % 5 {
-        0 => ("/metrics", ""),
-        1 | 2 => ("/metrics", "Accept-Encoding: gzip\r\n"),
+        0 => ("/metrics", &[]),
+        1 | 2 => ("/metrics", &[("Accept-Encoding", "gzip")]),
         3 => (
             "/metrics",
-            "Accept: application/openmetrics-text;version=1.0.0\r\nAccept-Encoding: gzip\r\n",
+            &[
+                ("Accept", "application/openmetrics-text;version=1.0.0"),
+                ("Accept-Encoding", "gzip"),
+            ],
         ),
-        _ => ("/api/v1/snapshot", "Accept-Encoding: gzip\r\n"),
+        _ => ("/api/v1/snapshot", &[("Accept-Encoding", "gzip")]),
     }
 }
 
 /// One scrape: 200, the whole body (Content-Length) within [`DEADLINE`].
 fn scrape(addr: SocketAddr, i: usize) -> Result<(Duration, usize), String> {
-    let t = Instant::now();
     let (path, headers) = request(i);
-    let mut s = TcpStream::connect_timeout(&addr, DEADLINE).map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(DEADLINE)).ok();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: c\r\nConnection: close\r\n{headers}\r\n"
-    )
-    .map_err(|e| format!("send: {e}"))?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)
-        .map_err(|e| format!("{path}: read after {:?}: {e}", t.elapsed()))?;
-    let took = t.elapsed();
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| format!("{path}: no header end"))?;
-    let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let body = raw.len() - split - 4;
-    let length = head.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.eq_ignore_ascii_case("content-length")
-            .then(|| v.trim().parse::<usize>().ok())
-            .flatten()
-    });
-    if !head.starts_with("HTTP/1.1 200") || length != Some(body) {
+    let deadline = Deadline::Steps {
+        connect: DEADLINE,
+        read: DEADLINE,
+    };
+    let scrape =
+        scrape_within(addr, path, headers, deadline).map_err(|e| format!("{path}: {e}"))?;
+    let took = scrape.took;
+    // The body's bytes, not its text: most answers here are gzip.
+    let (head, body) = parse_head(&scrape.raw).ok_or_else(|| format!("{path}: no header end"))?;
+    let body = body.len();
+    let length = head
+        .header("content-length")
+        .and_then(|l| l.parse::<usize>().ok());
+    if head.status != 200 || length != Some(body) {
         return Err(format!(
-            "{path}: {} ({body} bytes, length {length:?})",
-            head.lines().next().unwrap_or("")
+            "{path}: status {} ({body} bytes, length {length:?})",
+            head.status
         ));
     }
     if took > DEADLINE {

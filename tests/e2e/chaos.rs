@@ -41,7 +41,7 @@
 //! with any future version of the dependencies.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -455,23 +455,19 @@ struct Scrapes {
 }
 
 fn scrape(addr: SocketAddr) -> Result<(u16, Duration), String> {
-    let t = Instant::now();
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: scraper\r\nConnection: close\r\n\r\n")
-        .map_err(|e| format!("send: {e}"))?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)
-        .map_err(|e| format!("read after {:?} ({} bytes): {e}", t.elapsed(), raw.len()))?;
-    let r = parse_response(&raw);
+    let deadline = Deadline::Steps {
+        connect: Duration::from_secs(5),
+        read: Duration::from_secs(10),
+    };
+    let scrape = scrape_within(addr, "/metrics", &[], deadline).map_err(|e| e.to_string())?;
+    let r = scrape.response();
     let complete = r
         .header("content-length")
         .and_then(|l| l.parse::<usize>().ok())
         .is_some_and(|l| l == r.body.len());
     match r.status {
-        200 if complete && r.body.contains("gpumem_exporter_build_info") => Ok((200, t.elapsed())),
-        503 if r.body.contains("NVML") => Ok((503, t.elapsed())),
+        200 if complete && r.body.contains("gpumem_exporter_build_info") => Ok((200, scrape.took)),
+        503 if r.body.contains("NVML") => Ok((503, scrape.took)),
         s => Err(format!(
             "status {s} ({} bytes, complete {complete})",
             r.body.len()

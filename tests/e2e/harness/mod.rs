@@ -302,32 +302,192 @@ pub fn http_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Respo
     parse_response(&get_raw(addr, path, "HTTP/1.1", headers))
 }
 
+/// How long [`scrape_within`] gives a scrape.
+#[cfg(feature = "external-tools")]
+#[derive(Clone, Copy, Debug)]
+pub enum Deadline {
+    /// Connect to last byte within this: the connect, the send and every
+    /// read get what is left of it, and once it has passed no step starts.
+    Whole(Duration),
+    /// The connect within `connect`, then every read within `read`; no
+    /// bound on the send or on the answer as a whole (a caller that wants
+    /// one checks [`Scraped::took`]).
+    Steps { connect: Duration, read: Duration },
+}
+
+/// An answer [`scrape_within`] read to its end.
+#[cfg(feature = "external-tools")]
+pub struct Scraped {
+    /// Connect to last byte.
+    pub took: Duration,
+    /// The answer as it came: [`parse_response`] or [`parse_head`] it.
+    pub raw: Vec<u8>,
+}
+
+#[cfg(feature = "external-tools")]
+impl Scraped {
+    /// Status, headers and (de-chunked) text body.
+    pub fn response(&self) -> Response {
+        parse_response(&self.raw)
+    }
+}
+
+/// Why [`scrape_within`] has no answer.
+#[cfg(feature = "external-tools")]
+#[derive(Debug)]
+pub enum ScrapeError {
+    /// The connect failed, or did not finish in time.
+    Connect(std::io::Error),
+    /// Sending the request failed `after` the start.
+    Send {
+        after: Duration,
+        err: std::io::Error,
+    },
+    /// A read failed (or timed out) `after` the start, `bytes` in.
+    Read {
+        after: Duration,
+        bytes: usize,
+        err: std::io::Error,
+    },
+    /// A [`Deadline::Whole`] passed before the answer ended.
+    Deadline(Duration),
+}
+
+#[cfg(feature = "external-tools")]
+impl std::fmt::Display for ScrapeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScrapeError::Connect(e) => write!(f, "connect: {e}"),
+            ScrapeError::Send { after, err } => write!(f, "send after {after:?}: {err}"),
+            ScrapeError::Read { after, bytes, err } => {
+                write!(f, "read after {after:?} ({bytes} bytes): {err}")
+            }
+            ScrapeError::Deadline(d) => write!(f, "no answer within {d:?}"),
+        }
+    }
+}
+
+/// A scrape as a scraper under test makes it: a GET of `path` (with
+/// `headers`, `Connection: close`) on a new connection, read to its end
+/// under `deadline`; a failure or a timeout is an error, never a panic.
+///
+/// Why it exists: the heavy tests (the attack floods, the chaos soak, the
+/// memory ceiling) count failed scrapes and how long the good ones took,
+/// under a bound each chooses, so a scrape there must come back as a
+/// value: the answer and its time, or why there was none. [`http_get`]
+/// panics on a failure and times nothing.
+#[cfg(feature = "external-tools")]
+pub fn scrape_within(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    deadline: Deadline,
+) -> Result<Scraped, ScrapeError> {
+    let start = Instant::now();
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: scraper\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    let send_failed = |err| ScrapeError::Send {
+        after: start.elapsed(),
+        err,
+    };
+    let mut raw = Vec::new();
+    match deadline {
+        Deadline::Whole(whole) => {
+            // What is left of it; an error once it has passed (to std a
+            // zero timeout would mean none).
+            let left = || {
+                whole
+                    .checked_sub(start.elapsed())
+                    .filter(|d| !d.is_zero())
+                    .ok_or(ScrapeError::Deadline(whole))
+            };
+            let mut s = TcpStream::connect_timeout(&addr, left()?).map_err(ScrapeError::Connect)?;
+            s.set_write_timeout(Some(left()?)).ok();
+            s.write_all(req.as_bytes()).map_err(send_failed)?;
+            let mut buf = [0u8; 16384];
+            loop {
+                s.set_read_timeout(Some(left()?)).ok();
+                match s.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => raw.extend_from_slice(&buf[..n]),
+                    Err(err) => {
+                        return Err(ScrapeError::Read {
+                            after: start.elapsed(),
+                            bytes: raw.len(),
+                            err,
+                        });
+                    }
+                }
+            }
+        }
+        Deadline::Steps { connect, read } => {
+            let mut s = TcpStream::connect_timeout(&addr, connect).map_err(ScrapeError::Connect)?;
+            s.set_read_timeout(Some(read)).ok();
+            s.write_all(req.as_bytes()).map_err(send_failed)?;
+            if let Err(err) = s.read_to_end(&mut raw) {
+                return Err(ScrapeError::Read {
+                    after: start.elapsed(),
+                    bytes: raw.len(),
+                    err,
+                });
+            }
+        }
+    }
+    Ok(Scraped {
+        took: start.elapsed(),
+        raw,
+    })
+}
+
 /// Status, headers and (de-chunked) text body of a raw HTTP/1.x answer.
 pub fn parse_response(raw: &[u8]) -> Response {
-    let text = String::from_utf8_lossy(raw).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let Some((mut r, body)) = parse_head(raw) else {
+        // No blank line: all of it is head, and there is no body.
+        return head_of(&String::from_utf8_lossy(raw));
+    };
+    let body = String::from_utf8_lossy(body);
+    let chunked = r
+        .headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    r.body = if chunked {
+        dechunk(&body)
+    } else {
+        body.into_owned()
+    };
+    r
+}
+
+/// The head of a raw HTTP/1.x answer (status and headers, `body` left
+/// empty) and its body's bytes as they came: not de-chunked, not taken
+/// for text (a gzip body is none). None when no blank line ends the head.
+pub fn parse_head(raw: &[u8]) -> Option<(Response, &[u8])> {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    Some((
+        head_of(&String::from_utf8_lossy(&raw[..end])),
+        &raw[end + 4..],
+    ))
+}
+
+/// Status line and header lines, as text.
+fn head_of(head: &str) -> Response {
     let mut lines = head.lines();
     let status = lines
         .next()
         .and_then(|l| l.split(' ').nth(1))
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let headers: Vec<(String, String)> = lines
+    let headers = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect();
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
-    let body = if chunked {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
     Response {
         status,
         headers,
-        body,
+        body: String::new(),
     }
 }
 
@@ -543,18 +703,11 @@ pub fn http_get_bytes(
     headers: &[(&str, &str)],
 ) -> (Option<String>, Vec<u8>) {
     let raw = get_raw(addr, path, "HTTP/1.0", headers);
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("header end");
-    let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let encoding = head.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim()
-            .eq_ignore_ascii_case("content-encoding")
-            .then(|| v.trim().to_string())
-    });
-    (encoding, raw[split + 4..].to_vec())
+    let (head, body) = parse_head(&raw).expect("header end");
+    (
+        head.header("content-encoding").map(str::to_string),
+        body.to_vec(),
+    )
 }
 
 /// The series lines of an exposition that carry a label with an empty
