@@ -4,6 +4,10 @@
 //! job-mapping reader, NVML
 //! errors and the HTTP server.
 //! Encoded last, after the GPU data.
+//!
+//! Every counter and gauge is a row of [`FAMILIES`] (name, help, type, and
+//! the series it reads from the snapshot), like the torch families; only
+//! the two duration histograms have code of their own.
 
 use std::fmt;
 use std::time::UNIX_EPOCH;
@@ -11,13 +15,322 @@ use std::time::UNIX_EPOCH;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
-use crate::encoding::{Labels, gauge};
+use crate::encoding::Labels;
 use crate::model::{DurationHistogram, HttpBody, Snapshot};
 
 /// `version` and `revision` labels of `gpumem_exporter_build_info`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const REVISION: &str = env!("GPUMEM_EXPORTER_REVISION");
 
+/// One family the exporter writes about itself.
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    /// `Counter` or `Gauge`: how each series' value is written.
+    kind: MetricType,
+    /// The family's series in output order; `None` where the part it
+    /// counts is off (no torch bridge, no pod watcher, ...): then the
+    /// family is left out, HELP and TYPE too.
+    series: fn(&Snapshot) -> Option<Vec<Series>>,
+}
+
+/// One series: at most two labels (an unused one is `("", "")`, left out
+/// like every empty value, see [`Labels`]) and its value.
+type Series = (Labels<'static, 2>, Value);
+
+/// A series' value: counts as integers, the one time stamp as a float
+/// (so it is written with its fraction).
+#[derive(Debug, Clone, Copy)]
+enum Value {
+    Int(u64),
+    Float(f64),
+}
+
+/// The label set of a series without labels.
+const NO_LABELS: Labels<'static, 2> = Labels([("", ""), ("", "")]);
+
+/// One series without labels.
+fn one(value: Value) -> Vec<Series> {
+    vec![(NO_LABELS, value)]
+}
+
+/// One series without labels, of a count.
+fn count(n: u64) -> Vec<Series> {
+    one(Value::Int(n))
+}
+
+/// One count per value of one label, in the order given.
+fn by<const N: usize>(label: &'static str, counts: [(&'static str, u64); N]) -> Vec<Series> {
+    counts
+        .into_iter()
+        .map(|(value, n)| (Labels([(label, value), ("", "")]), Value::Int(n)))
+        .collect()
+}
+
+/// The build's version and revision: first, before the samples' families.
+const BUILD_INFO: Family = Family {
+    name: "gpumem_exporter_build_info",
+    help: "Version and git revision of the running gpumem-exporter; value is always 1.",
+    kind: MetricType::Gauge,
+    series: |_| {
+        let labels = Labels([("version", VERSION), ("revision", REVISION)]);
+        Some(vec![(labels, Value::Int(1))])
+    },
+};
+
+/// Every family after the duration histograms, in output order.
+static FAMILIES: &[Family] = &[
+    Family {
+        name: "gpumem_exporter_memory_samples",
+        help: "Memory-only samples taken between full samples (memory_sample_interval).",
+        kind: MetricType::Counter,
+        series: |s| Some(count(s.memory_samples)),
+    },
+    Family {
+        name: "gpumem_exporter_nvml_reinit_attempts",
+        help: "Times NVML was opened afresh because every GPU kept failing (3 samples in a row, then with backoff).",
+        kind: MetricType::Counter,
+        series: |s| Some(count(s.nvml_reinit_attempts)),
+    },
+    Family {
+        name: "gpumem_exporter_config_reloads",
+        help: "Config file reloads on SIGHUP; a failed one keeps the running config.",
+        kind: MetricType::Counter,
+        series: |s| {
+            Some(by(
+                "result",
+                [
+                    ("success", s.exporter.config_reloads_success),
+                    ("failure", s.exporter.config_reloads_failure),
+                ],
+            ))
+        },
+    },
+    Family {
+        name: "gpumem_exporter_process_lookup_failures",
+        help: "Pids reported by NVML that were not visible in /proc (exited, or no host PID namespace): their series carry the pid but no name, user or pod.",
+        kind: MetricType::Counter,
+        series: |s| Some(count(s.process_lookup_failures)),
+    },
+    // The torch bridge (processes.torch_bridge).
+    Family {
+        name: "gpumem_exporter_torch_reports",
+        help: "Torch bridge documents read and accepted (at most one per process per full sample).",
+        kind: MetricType::Counter,
+        series: |s| s.torch.map(|t| count(t.reports)),
+    },
+    Family {
+        name: "gpumem_exporter_torch_reports_dropped",
+        help: "Torch bridge documents dropped: malformed (not the v1 JSON, wrong types, not a sealed memfd), oversized (over 64 KiB), permission (the process's fds may not be read; once per process).",
+        kind: MetricType::Counter,
+        series: |s| {
+            s.torch.map(|t| {
+                by(
+                    "reason",
+                    [
+                        ("malformed", t.malformed),
+                        ("oversized", t.oversized),
+                        ("permission", t.permission),
+                    ],
+                )
+            })
+        },
+    },
+    // The container engine (containers.engine_socket).
+    Family {
+        name: "gpumem_exporter_container_lookups",
+        help: "Requests to the container engine's API (containers.engine_socket), by result: found, not_found (404: not asked again for 60s), error (no answer: socket missing or refused, timeout, unexpected status, malformed body; retried after 1s doubling to 30s). One per new container, never per scrape.",
+        kind: MetricType::Counter,
+        series: |s| {
+            s.containers.map(|c| {
+                by(
+                    "result",
+                    [
+                        ("found", c.found),
+                        ("not_found", c.not_found),
+                        ("error", c.error),
+                    ],
+                )
+            })
+        },
+    },
+    // The pod watcher.
+    Family {
+        name: "gpumem_exporter_kubernetes_pods",
+        help: "Pods of this node in the pod watcher's cache.",
+        kind: MetricType::Gauge,
+        series: |s| s.kubernetes.map(|k| count(k.pods)),
+    },
+    Family {
+        name: "gpumem_exporter_kubernetes_synced",
+        help: "1 once the pod watcher has listed this node's pods.",
+        kind: MetricType::Gauge,
+        series: |s| s.kubernetes.map(|k| count(u64::from(k.synced))),
+    },
+    Family {
+        name: "gpumem_exporter_kubernetes_lists",
+        help: "Full LISTs of this node's pods (start, and after a watch expired).",
+        kind: MetricType::Counter,
+        series: |s| s.kubernetes.map(|k| count(k.lists_total)),
+    },
+    Family {
+        name: "gpumem_exporter_kubernetes_watch_restarts",
+        help: "Pod watches re-established after a drop.",
+        kind: MetricType::Counter,
+        series: |s| s.kubernetes.map(|k| count(k.watch_restarts_total)),
+    },
+    Family {
+        name: "gpumem_exporter_kubernetes_errors",
+        help: "Errors talking to the Kubernetes API or parsing its answers.",
+        kind: MetricType::Counter,
+        series: |s| s.kubernetes.map(|k| count(k.errors_total)),
+    },
+    // The pod-resources client, then DRA (after the two above, so their
+    // order is unchanged).
+    Family {
+        name: "gpumem_exporter_pod_resources_lists",
+        help: "Answered List calls to the kubelet's pod-resources API (one every kubernetes.pod_resources_interval).",
+        kind: MetricType::Counter,
+        series: |s| s.pod_resources.as_ref().map(|p| count(p.lists_total)),
+    },
+    Family {
+        name: "gpumem_exporter_pod_resources_errors",
+        help: "Failed List calls to the kubelet's pod-resources API (no socket, no answer in time, an error status, an undecodable answer).",
+        kind: MetricType::Counter,
+        series: |s| s.pod_resources.as_ref().map(|p| count(p.errors_total)),
+    },
+    Family {
+        name: "gpumem_exporter_dra_fallbacks",
+        help: "DRA devices not found in this node's ResourceSlices, placed by the index in their name (gpu-<n>) or not at all; once per device per pod-resources answer.",
+        kind: MetricType::Counter,
+        series: |s| {
+            s.pod_resources
+                .as_ref()
+                .map(|p| count(p.dra_fallbacks_total))
+        },
+    },
+    Family {
+        name: "gpumem_exporter_resource_slice_errors",
+        help: "Failed requests of the ResourceSlice watcher (resource.k8s.io/v1, this node's slices; a 403 without RBAC for resourceslices included).",
+        kind: MetricType::Counter,
+        series: |s| {
+            let p = s.pod_resources.as_ref()?;
+            p.resource_slice_errors_total.map(count)
+        },
+    },
+    // The Slurm job-mapping reader.
+    Family {
+        name: "gpumem_exporter_slurm_job_mapping_reads",
+        help: "Reads of the Slurm job-mapping directory (one every slurm.job_mapping_interval).",
+        kind: MetricType::Counter,
+        series: |s| s.job_mapping.as_ref().map(|j| count(j.reads_total)),
+    },
+    Family {
+        name: "gpumem_exporter_slurm_job_mapping_errors",
+        help: "Slurm job-mapping entries skipped, by reason: read (directory or file unreadable), name (no device of the format), content (no valid job id), too_large (file over 4 KiB), too_many (over 1024 files).",
+        kind: MetricType::Counter,
+        series: |s| {
+            s.job_mapping
+                .as_ref()
+                .map(|j| by("reason", j.errors.by_reason()))
+        },
+    },
+    Family {
+        name: "gpumem_exporter_last_sample_timestamp_seconds",
+        help: "Unix time when the sample served now was taken; its age shows a stuck sampler.",
+        kind: MetricType::Gauge,
+        series: |s| {
+            let ts = s
+                .taken_at
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            Some(one(Value::Float(ts)))
+        },
+    },
+    Family {
+        name: "gpumem_exporter_nvml_errors",
+        help: "NVML calls that failed, by operation and error.",
+        kind: MetricType::Counter,
+        series: |s| {
+            let series = s.nvml_errors.iter().map(|((op, err), n)| {
+                let labels = Labels([("operation", op.label()), ("error", err.label())]);
+                (labels, Value::Int(*n))
+            });
+            Some(series.collect())
+        },
+    },
+    // The HTTP server's and web config's counters, copied into the snapshot
+    // when it was published (crate::telemetry).
+    Family {
+        name: "gpumem_exporter_web_config_reloads",
+        help: "Web config file (--web.config.file) reloads on SIGHUP; a failed one keeps the running config.",
+        kind: MetricType::Counter,
+        series: |s| {
+            Some(by(
+                "result",
+                [
+                    ("success", s.exporter.web_config_reloads_success),
+                    ("failure", s.exporter.web_config_reloads_failure),
+                ],
+            ))
+        },
+    },
+    Family {
+        name: "gpumem_exporter_http_connections",
+        help: "Open HTTP connections.",
+        kind: MetricType::Gauge,
+        series: |s| Some(count(s.exporter.http_connections_open)),
+    },
+    Family {
+        name: "gpumem_exporter_http_connections_evicted",
+        help: "HTTP connections not being answered (slow half-open ones first) closed to make room at a connection cap (http_server_config.max_connections or max_connections_per_ip).",
+        kind: MetricType::Counter,
+        series: |s| Some(count(s.exporter.http_connections_evicted)),
+    },
+    Family {
+        name: "gpumem_exporter_http_connections_refused",
+        help: "HTTP connections closed at once: at a cap with every connection (of that address) busy, or with the cap and its reserve full.",
+        kind: MetricType::Counter,
+        series: |s| Some(count(s.exporter.http_connections_refused)),
+    },
+    Family {
+        name: "gpumem_exporter_http_body_encodes",
+        help: "Response bodies encoded from a snapshot, by body (text, openmetrics, snapshot_json, history_json): at most one per snapshot each (history_json: per snapshot and seconds), however many requests ask.",
+        kind: MetricType::Counter,
+        series: |s| {
+            let counts = HttpBody::ALL.map(|b| (b.label(), *s.exporter.http_body_encodes.get(b)));
+            Some(by("body", counts))
+        },
+    },
+];
+
+impl Family {
+    /// HELP, TYPE and every series, or nothing where the part is off.
+    fn encode(&self, enc: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
+        let Some(series) = (self.series)(s) else {
+            return Ok(());
+        };
+        let mut m = enc.encode_descriptor(self.name, self.help, None, self.kind)?;
+        for (labels, value) in &series {
+            let mut m = m.encode_family(labels)?;
+            match (self.kind, *value) {
+                (MetricType::Counter, Value::Int(n)) => {
+                    m.encode_counter::<NoLabelSet, _, u64>(&n, None)?
+                }
+                (MetricType::Counter, Value::Float(v)) => {
+                    m.encode_counter::<NoLabelSet, _, u64>(&v, None)?
+                }
+                (_, Value::Int(n)) => m.encode_gauge(&n)?,
+                (_, Value::Float(v)) => m.encode_gauge(&v)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A duration histogram without labels: the one shape a row of
+/// [`FAMILIES`] does not have (buckets, sum and count).
 fn histogram(
     enc: &mut DescriptorEncoder,
     name: &str,
@@ -36,14 +349,7 @@ fn histogram(
 }
 
 pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
-    let mut m = gauge(
-        enc,
-        "gpumem_exporter_build_info",
-        "Version and git revision of the running gpumem-exporter; value is always 1.",
-    )?;
-    let labels = Labels([("version", VERSION), ("revision", REVISION)]);
-    m.encode_family(&labels)?.encode_gauge(&1u32)?;
-
+    BUILD_INFO.encode(enc, s)?;
     histogram(
         enc,
         "gpumem_exporter_sample_duration_seconds",
@@ -56,247 +362,8 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         "The part of each full sample spent inside NVML calls; the rest is the exporter's own work.",
         &s.sample_nvml_duration,
     )?;
-    enc.encode_descriptor(
-        "gpumem_exporter_memory_samples",
-        "Memory-only samples taken between full samples (memory_sample_interval).",
-        None,
-        MetricType::Counter,
-    )?
-    .encode_counter::<NoLabelSet, _, u64>(&s.memory_samples, None)?;
-
-    enc.encode_descriptor(
-            "gpumem_exporter_nvml_reinit_attempts",
-            "Times NVML was opened afresh because every GPU kept failing (3 samples in a row, then with backoff).",
-            None,
-            MetricType::Counter,
-        )?
-        .encode_counter::<NoLabelSet, _, u64>(&s.nvml_reinit_attempts, None)?;
-
-    let mut m = enc.encode_descriptor(
-        "gpumem_exporter_config_reloads",
-        "Config file reloads on SIGHUP; a failed one keeps the running config.",
-        None,
-        MetricType::Counter,
-    )?;
-    for (result, n) in [
-        ("success", s.exporter.config_reloads_success),
-        ("failure", s.exporter.config_reloads_failure),
-    ] {
-        m.encode_family(&Labels([("result", result)]))?
-            .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
-    }
-
-    enc.encode_descriptor(
-            "gpumem_exporter_process_lookup_failures",
-            "Pids reported by NVML that were not visible in /proc (exited, or no host PID namespace): their series carry the pid but no name, user or pod.",
-            None,
-            MetricType::Counter,
-        )?
-        .encode_counter::<NoLabelSet, _, u64>(&s.process_lookup_failures, None)?;
-
-    if let Some(t) = &s.torch {
-        enc.encode_descriptor(
-            "gpumem_exporter_torch_reports",
-            "Torch bridge documents read and accepted (at most one per process per full sample).",
-            None,
-            MetricType::Counter,
-        )?
-        .encode_counter::<NoLabelSet, _, u64>(&t.reports, None)?;
-        let mut m = enc.encode_descriptor(
-                "gpumem_exporter_torch_reports_dropped",
-                "Torch bridge documents dropped: malformed (not the v1 JSON, wrong types, not a sealed memfd), oversized (over 64 KiB), permission (the process's fds may not be read; once per process).",
-                None,
-                MetricType::Counter,
-            )?;
-        for (reason, n) in [
-            ("malformed", t.malformed),
-            ("oversized", t.oversized),
-            ("permission", t.permission),
-        ] {
-            m.encode_family(&Labels([("reason", reason)]))?
-                .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
-        }
-    }
-
-    if let Some(c) = &s.containers {
-        let mut m = enc.encode_descriptor(
-            "gpumem_exporter_container_lookups",
-            "Requests to the container engine's API (containers.engine_socket), by result: found, not_found (404: not asked again for 60s), error (no answer: socket missing or refused, timeout, unexpected status, malformed body; retried after 1s doubling to 30s). One per new container, never per scrape.",
-            None,
-            MetricType::Counter,
-        )?;
-        for (result, n) in [
-            ("found", c.found),
-            ("not_found", c.not_found),
-            ("error", c.error),
-        ] {
-            m.encode_family(&Labels([("result", result)]))?
-                .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
-        }
-    }
-
-    if let Some(k) = &s.kubernetes {
-        gauge(
-            enc,
-            "gpumem_exporter_kubernetes_pods",
-            "Pods of this node in the pod watcher's cache.",
-        )?
-        .encode_gauge(&k.pods)?;
-        gauge(
-            enc,
-            "gpumem_exporter_kubernetes_synced",
-            "1 once the pod watcher has listed this node's pods.",
-        )?
-        .encode_gauge(&u32::from(k.synced))?;
-        for (name, help, v) in [
-            (
-                "gpumem_exporter_kubernetes_lists",
-                "Full LISTs of this node's pods (start, and after a watch expired).",
-                k.lists_total,
-            ),
-            (
-                "gpumem_exporter_kubernetes_watch_restarts",
-                "Pod watches re-established after a drop.",
-                k.watch_restarts_total,
-            ),
-            (
-                "gpumem_exporter_kubernetes_errors",
-                "Errors talking to the Kubernetes API or parsing its answers.",
-                k.errors_total,
-            ),
-        ] {
-            enc.encode_descriptor(name, help, None, MetricType::Counter)?
-                .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
-        }
-    }
-
-    if let Some(p) = &s.pod_resources {
-        for (name, help, v) in [
-            (
-                "gpumem_exporter_pod_resources_lists",
-                "Answered List calls to the kubelet's pod-resources API (one every kubernetes.pod_resources_interval).",
-                p.lists_total,
-            ),
-            (
-                "gpumem_exporter_pod_resources_errors",
-                "Failed List calls to the kubelet's pod-resources API (no socket, no answer in time, an error status, an undecodable answer).",
-                p.errors_total,
-            ),
-        ] {
-            enc.encode_descriptor(name, help, None, MetricType::Counter)?
-                .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
-        }
-        // DRA (after the two above, so their order is unchanged).
-        let slices = p.resource_slice_errors_total.map(|v| {
-            (
-                "gpumem_exporter_resource_slice_errors",
-                "Failed requests of the ResourceSlice watcher (resource.k8s.io/v1, this node's slices; a 403 without RBAC for resourceslices included).",
-                v,
-            )
-        });
-        for (name, help, v) in [(
-            "gpumem_exporter_dra_fallbacks",
-            "DRA devices not found in this node's ResourceSlices, placed by the index in their name (gpu-<n>) or not at all; once per device per pod-resources answer.",
-            p.dra_fallbacks_total,
-        )]
-        .into_iter()
-        .chain(slices)
-        {
-            enc.encode_descriptor(name, help, None, MetricType::Counter)?
-                .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
-        }
-    }
-
-    if let Some(j) = &s.job_mapping {
-        enc.encode_descriptor(
-            "gpumem_exporter_slurm_job_mapping_reads",
-            "Reads of the Slurm job-mapping directory (one every slurm.job_mapping_interval).",
-            None,
-            MetricType::Counter,
-        )?
-        .encode_counter::<NoLabelSet, _, u64>(&j.reads_total, None)?;
-        let mut m = enc.encode_descriptor(
-            "gpumem_exporter_slurm_job_mapping_errors",
-            "Slurm job-mapping entries skipped, by reason: read (directory or file unreadable), name (no device of the format), content (no valid job id), too_large (file over 4 KiB), too_many (over 1024 files).",
-            None,
-            MetricType::Counter,
-        )?;
-        for (reason, n) in j.errors.by_reason() {
-            m.encode_family(&Labels([("reason", reason)]))?
-                .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
-        }
-    }
-
-    let ts = s
-        .taken_at
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
-    gauge(
-        enc,
-        "gpumem_exporter_last_sample_timestamp_seconds",
-        "Unix time when the sample served now was taken; its age shows a stuck sampler.",
-    )?
-    .encode_gauge(&ts)?;
-
-    let mut m = enc.encode_descriptor(
-        "gpumem_exporter_nvml_errors",
-        "NVML calls that failed, by operation and error.",
-        None,
-        MetricType::Counter,
-    )?;
-    for ((op, err), n) in s.nvml_errors.iter() {
-        let labels = Labels([("operation", op.label()), ("error", err.label())]);
-        m.encode_family(&labels)?
-            .encode_counter::<NoLabelSet, _, u64>(n, None)?;
-    }
-
-    // The HTTP server's and web config's counters, copied into the snapshot
-    // when it was published (crate::telemetry).
-    let own = &s.exporter;
-    let mut m = enc.encode_descriptor(
-        "gpumem_exporter_web_config_reloads",
-        "Web config file (--web.config.file) reloads on SIGHUP; a failed one keeps the running config.",
-        None,
-        MetricType::Counter,
-    )?;
-    for (result, n) in [
-        ("success", own.web_config_reloads_success),
-        ("failure", own.web_config_reloads_failure),
-    ] {
-        m.encode_family(&Labels([("result", result)]))?
-            .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
-    }
-    gauge(
-        enc,
-        "gpumem_exporter_http_connections",
-        "Open HTTP connections.",
-    )?
-    .encode_gauge(&(own.http_connections_open as i64))?;
-    for (name, help, n) in [
-        (
-            "gpumem_exporter_http_connections_evicted",
-            "HTTP connections not being answered (slow half-open ones first) closed to make room at a connection cap (http_server_config.max_connections or max_connections_per_ip).",
-            own.http_connections_evicted,
-        ),
-        (
-            "gpumem_exporter_http_connections_refused",
-            "HTTP connections closed at once: at a cap with every connection (of that address) busy, or with the cap and its reserve full.",
-            own.http_connections_refused,
-        ),
-    ] {
-        enc.encode_descriptor(name, help, None, MetricType::Counter)?
-            .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
-    }
-    let mut m = enc.encode_descriptor(
-        "gpumem_exporter_http_body_encodes",
-        "Response bodies encoded from a snapshot, by body (text, openmetrics, snapshot_json, history_json): at most one per snapshot each (history_json: per snapshot and seconds), however many requests ask.",
-        None,
-        MetricType::Counter,
-    )?;
-    for body in HttpBody::ALL {
-        m.encode_family(&[("body", body.label())])?
-            .encode_counter::<NoLabelSet, _, u64>(own.http_body_encodes.get(body), None)?;
+    for family in FAMILIES {
+        family.encode(enc, s)?;
     }
     Ok(())
 }

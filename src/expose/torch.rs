@@ -34,6 +34,143 @@ fn each_process(
     Ok(())
 }
 
+/// One family with a series per process for which its pick gives a
+/// figure: name, help, type, pick.
+type Row = (
+    &'static str,
+    &'static str,
+    MetricType,
+    fn(&TorchStats) -> Option<u64>,
+);
+
+/// The figures every bridge document carries (memory_stats()), in output
+/// order.
+const REPORTED: [Row; 8] = [
+    (
+        "gpu_process_torch_allocated_bytes",
+        "Bytes in live tensors of this process on this GPU, from torch.cuda.memory_stats() (allocated_bytes.all.current), published by the process through the torch bridge.",
+        MetricType::Gauge,
+        |t| Some(t.allocated),
+    ),
+    (
+        "gpu_process_torch_reserved_bytes",
+        "Bytes the PyTorch caching allocator holds from CUDA on this GPU: allocated plus cached (reserved_bytes.all.current). gpu_process_memory_used_bytes minus this is the non-torch part (CUDA context, libraries).",
+        MetricType::Gauge,
+        |t| Some(t.reserved),
+    ),
+    (
+        "gpu_process_torch_allocated_peak_bytes",
+        "Peak of gpu_process_torch_allocated_bytes since the process started or reset its peaks (allocated_bytes.all.peak).",
+        MetricType::Gauge,
+        |t| Some(t.allocated_peak),
+    ),
+    (
+        "gpu_process_torch_reserved_peak_bytes",
+        "Peak of gpu_process_torch_reserved_bytes since the process started or reset its peaks (reserved_bytes.all.peak).",
+        MetricType::Gauge,
+        |t| Some(t.reserved_peak),
+    ),
+    (
+        "gpu_process_torch_active_bytes",
+        "Bytes in active memory blocks of the PyTorch allocator, including blocks still used by pending streams (active_bytes.all.current).",
+        MetricType::Gauge,
+        |t| Some(t.active),
+    ),
+    (
+        "gpu_process_torch_inactive_split_bytes",
+        "Bytes in inactive, split blocks of the PyTorch allocator: cached memory that fragmentation keeps from being released (inactive_split_bytes.all.current).",
+        MetricType::Gauge,
+        |t| Some(t.inactive_split),
+    ),
+    (
+        "gpu_process_torch_alloc_retries",
+        "Allocations the PyTorch allocator retried after freeing its cache (num_alloc_retries); a rising count means memory pressure.",
+        MetricType::Counter,
+        |t| Some(t.alloc_retries),
+    ),
+    (
+        "gpu_process_torch_ooms",
+        "Out-of-memory errors the PyTorch allocator raised in this process (num_ooms).",
+        MetricType::Counter,
+        |t| Some(t.ooms),
+    ),
+];
+
+/// One per-pool family: name, help, the pool's figure.
+type PoolRow = (&'static str, &'static str, fn(&TorchPool) -> u64);
+
+/// The per-pool figures (large and small pool).
+const POOLS: [PoolRow; 4] = [
+    (
+        "gpu_process_torch_pool_allocated_bytes",
+        "Bytes in live tensors per allocator pool (pool=\"large\": blocks over 1 MiB, \"small\": the rest), from allocated_bytes.<pool>_pool.current. The two pools sum to gpu_process_torch_allocated_bytes.",
+        |p| p.allocated,
+    ),
+    (
+        "gpu_process_torch_pool_reserved_bytes",
+        "Bytes the PyTorch caching allocator holds from CUDA per pool (reserved_bytes.<pool>_pool.current); reserved minus allocated of a pool is its cache.",
+        |p| p.reserved,
+    ),
+    (
+        "gpu_process_torch_pool_inactive_split_bytes",
+        "Bytes in inactive, split blocks per pool (inactive_split_bytes.<pool>_pool.current): the pool's fragmentation.",
+        |p| p.inactive_split,
+    ),
+    (
+        "gpu_process_torch_pool_segments",
+        "Segments (cudaMalloc allocations) the allocator holds per pool (segment.<pool>_pool.current); many segments with inactive split bytes is fragmentation.",
+        |p| p.segments,
+    ),
+];
+
+/// The optional figures: the memory fraction's limit, OOM snapshots.
+const OPTIONAL: [Row; 2] = [
+    (
+        "gpu_process_torch_memory_limit_bytes",
+        "Bytes the PyTorch allocator may reserve on this GPU: torch.cuda.set_per_process_memory_fraction() times the GPU's memory. Present only while a fraction below 1 is set (torch >= 2.6 tells it).",
+        MetricType::Gauge,
+        |t| t.limit,
+    ),
+    (
+        "gpu_process_torch_oom_snapshots",
+        "Allocator snapshots (torch.cuda.memory._snapshot() pickles, for memory_viz) the torch bridge wrote for out-of-memory errors on this GPU. Present only when the process set GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR.",
+        MetricType::Counter,
+        |t| t.oom_snapshots,
+    ),
+];
+
+/// The step hook's figures (the growth slope, derived, is written apart).
+const STEPS: [Row; 2] = [
+    (
+        "gpu_process_torch_steps",
+        "Training steps this process has taken, counted by the torch bridge's global optimizer step post-hook (every optimizer.step() of every optimizer) and gpumem_bridge.step() calls. Present once the process has the hook or called step().",
+        MetricType::Counter,
+        |t| t.steps.map(|st| st.total),
+    ),
+    (
+        "gpu_process_torch_step_allocated_bytes",
+        "torch.cuda.memory_allocated() of this GPU at the end of the last recorded step (read by the step hook, no device synchronisation).",
+        MetricType::Gauge,
+        |t| t.steps.and_then(|st| st.allocated),
+    ),
+];
+
+/// The in-process warning threshold and its crossings.
+const THRESHOLD: [Row; 2] = [
+    (
+        "gpu_process_torch_threshold_bytes",
+        "The in-process warning threshold on the allocator's reserved bytes (GPUMEM_BRIDGE_WARN_AT, resolved to bytes for this GPU). Present only while it is set and valid.",
+        MetricType::Gauge,
+        |t| t.threshold.map(|th| th.bytes),
+    ),
+    (
+        "gpu_process_torch_threshold_crossings",
+        "Upward crossings of gpu_process_torch_threshold_bytes by the allocator's reserved bytes (each one warning and one on_threshold callback in the process; re-armed below 95% of the threshold).",
+        MetricType::Counter,
+        |t| t.threshold.map(|th| th.crossings),
+    ),
+];
+
 /// PyTorch allocator figures a process published (torch bridge), with the
 /// labels of `gpu_process_memory_used_bytes`. Only processes that publish
 /// have series; there is no `pid="other"` rollup (torch figures of the
@@ -41,85 +178,27 @@ fn each_process(
 /// limit, settings, OOM snapshots) have series only where the bridge sent
 /// them.
 pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
-    type Pick = fn(&TorchStats) -> Option<u64>;
-    let families: [(&str, &str, MetricType, Pick); 8] = [
-        (
-            "gpu_process_torch_allocated_bytes",
-            "Bytes in live tensors of this process on this GPU, from torch.cuda.memory_stats() (allocated_bytes.all.current), published by the process through the torch bridge.",
-            MetricType::Gauge,
-            |t| Some(t.allocated),
-        ),
-        (
-            "gpu_process_torch_reserved_bytes",
-            "Bytes the PyTorch caching allocator holds from CUDA on this GPU: allocated plus cached (reserved_bytes.all.current). gpu_process_memory_used_bytes minus this is the non-torch part (CUDA context, libraries).",
-            MetricType::Gauge,
-            |t| Some(t.reserved),
-        ),
-        (
-            "gpu_process_torch_allocated_peak_bytes",
-            "Peak of gpu_process_torch_allocated_bytes since the process started or reset its peaks (allocated_bytes.all.peak).",
-            MetricType::Gauge,
-            |t| Some(t.allocated_peak),
-        ),
-        (
-            "gpu_process_torch_reserved_peak_bytes",
-            "Peak of gpu_process_torch_reserved_bytes since the process started or reset its peaks (reserved_bytes.all.peak).",
-            MetricType::Gauge,
-            |t| Some(t.reserved_peak),
-        ),
-        (
-            "gpu_process_torch_active_bytes",
-            "Bytes in active memory blocks of the PyTorch allocator, including blocks still used by pending streams (active_bytes.all.current).",
-            MetricType::Gauge,
-            |t| Some(t.active),
-        ),
-        (
-            "gpu_process_torch_inactive_split_bytes",
-            "Bytes in inactive, split blocks of the PyTorch allocator: cached memory that fragmentation keeps from being released (inactive_split_bytes.all.current).",
-            MetricType::Gauge,
-            |t| Some(t.inactive_split),
-        ),
-        (
-            "gpu_process_torch_alloc_retries",
-            "Allocations the PyTorch allocator retried after freeing its cache (num_alloc_retries); a rising count means memory pressure.",
-            MetricType::Counter,
-            |t| Some(t.alloc_retries),
-        ),
-        (
-            "gpu_process_torch_ooms",
-            "Out-of-memory errors the PyTorch allocator raised in this process (num_ooms).",
-            MetricType::Counter,
-            |t| Some(t.ooms),
-        ),
-    ];
-    for (name, help, kind, pick) in families {
+    rows(enc, s, &REPORTED)?;
+    pool_families(enc, s)?;
+    rows(enc, s, &OPTIONAL)?;
+    rows(enc, s, &STEPS)?;
+    step_growth(enc, s)?;
+    rows(enc, s, &THRESHOLD)?;
+    allocator_info(enc, s)
+}
+
+/// A table's families, in its order.
+fn rows(enc: &mut DescriptorEncoder, s: &Snapshot, rows: &[Row]) -> fmt::Result {
+    for &(name, help, kind, pick) in rows {
         simple(enc, s, name, help, kind, pick)?;
     }
+    Ok(())
+}
 
-    type PickPool = fn(&TorchPool) -> u64;
-    let pools: [(&str, &str, PickPool); 4] = [
-        (
-            "gpu_process_torch_pool_allocated_bytes",
-            "Bytes in live tensors per allocator pool (pool=\"large\": blocks over 1 MiB, \"small\": the rest), from allocated_bytes.<pool>_pool.current. The two pools sum to gpu_process_torch_allocated_bytes.",
-            |p| p.allocated,
-        ),
-        (
-            "gpu_process_torch_pool_reserved_bytes",
-            "Bytes the PyTorch caching allocator holds from CUDA per pool (reserved_bytes.<pool>_pool.current); reserved minus allocated of a pool is its cache.",
-            |p| p.reserved,
-        ),
-        (
-            "gpu_process_torch_pool_inactive_split_bytes",
-            "Bytes in inactive, split blocks per pool (inactive_split_bytes.<pool>_pool.current): the pool's fragmentation.",
-            |p| p.inactive_split,
-        ),
-        (
-            "gpu_process_torch_pool_segments",
-            "Segments (cudaMalloc allocations) the allocator holds per pool (segment.<pool>_pool.current); many segments with inactive split bytes is fragmentation.",
-            |p| p.segments,
-        ),
-    ];
-    for (name, help, pick) in pools {
+/// The per-pool families: a series per process and pool (`pool` label),
+/// for the processes whose bridge sent pool figures.
+fn pool_families(enc: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
+    for (name, help, pick) in POOLS {
         let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
         each_process(s, |labels, t| {
             let Some(p) = &t.pools else { return Ok(()) };
@@ -131,40 +210,12 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
             Ok(())
         })?;
     }
+    Ok(())
+}
 
-    simple(
-        enc,
-        s,
-        "gpu_process_torch_memory_limit_bytes",
-        "Bytes the PyTorch allocator may reserve on this GPU: torch.cuda.set_per_process_memory_fraction() times the GPU's memory. Present only while a fraction below 1 is set (torch >= 2.6 tells it).",
-        MetricType::Gauge,
-        |t| t.limit,
-    )?;
-    simple(
-        enc,
-        s,
-        "gpu_process_torch_oom_snapshots",
-        "Allocator snapshots (torch.cuda.memory._snapshot() pickles, for memory_viz) the torch bridge wrote for out-of-memory errors on this GPU. Present only when the process set GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR.",
-        MetricType::Counter,
-        |t| t.oom_snapshots,
-    )?;
-
-    simple(
-        enc,
-        s,
-        "gpu_process_torch_steps",
-        "Training steps this process has taken, counted by the torch bridge's global optimizer step post-hook (every optimizer.step() of every optimizer) and gpumem_bridge.step() calls. Present once the process has the hook or called step().",
-        MetricType::Counter,
-        |t| t.steps.map(|st| st.total),
-    )?;
-    simple(
-        enc,
-        s,
-        "gpu_process_torch_step_allocated_bytes",
-        "torch.cuda.memory_allocated() of this GPU at the end of the last recorded step (read by the step hook, no device synchronisation).",
-        MetricType::Gauge,
-        |t| t.steps.and_then(|st| st.allocated),
-    )?;
+/// The leak signal: a least-squares slope over the last steps, a float
+/// and only once there are enough steps, so not a [`Row`].
+fn step_growth(enc: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
     let mut m = enc.encode_descriptor(
         "gpu_process_torch_step_allocated_growth_bytes",
         "Least-squares slope of allocated-at-step-end over step number across the last <= 64 steps, in bytes per step: steady growth across steps is a leak (memory kept from step to step); a sawtooth within a step is not, since every figure is taken at a step end. Absent with fewer than 16 steps.",
@@ -176,24 +227,11 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
             Some(g) => m.encode_family(&labels)?.encode_gauge(&g),
             None => Ok(()),
         }
-    })?;
-    simple(
-        enc,
-        s,
-        "gpu_process_torch_threshold_bytes",
-        "The in-process warning threshold on the allocator's reserved bytes (GPUMEM_BRIDGE_WARN_AT, resolved to bytes for this GPU). Present only while it is set and valid.",
-        MetricType::Gauge,
-        |t| t.threshold.map(|th| th.bytes),
-    )?;
-    simple(
-        enc,
-        s,
-        "gpu_process_torch_threshold_crossings",
-        "Upward crossings of gpu_process_torch_threshold_bytes by the allocator's reserved bytes (each one warning and one on_threshold callback in the process; re-armed below 95% of the threshold).",
-        MetricType::Counter,
-        |t| t.threshold.map(|th| th.crossings),
-    )?;
+    })
+}
 
+/// The allocator settings as labels of an info series: text, not a figure.
+fn allocator_info(enc: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
     let mut m = enc.encode_descriptor(
         "gpu_process_torch_allocator_info",
         "PyTorch caching-allocator settings of this process, parsed by the torch bridge from PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF: backend, expandable_segments, max_split_size_bytes (\"unlimited\" unless max_split_size_mb is set). Value is always 1; absent when the setting is malformed.",

@@ -189,25 +189,96 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// The rustls server config `tls_server_config` describes, and its client
+/// auth type; checked in the order the settings are read (identity,
+/// versions, client CA, client auth), so the first unusable one is the
+/// error.
 pub(super) fn build_tls(t: &FileTls, base: &Path) -> Result<(ServerConfig, ClientAuth), TlsError> {
-    let required = |v: &Option<String>, name: &'static str| -> Result<PathBuf, TlsError> {
-        match v.as_deref() {
-            Some(p) if !p.is_empty() => Ok(base.join(p)),
-            _ => Err(TlsError::Required { name }),
-        }
+    let identity = Identity::read(t, base)?;
+    let versions = protocol_versions(t)?;
+    let auth = t.client_auth_type.unwrap_or(ClientAuth::NoClientCert);
+    let roots = client_roots(t, base)?;
+    let provider = provider();
+    let verifier = client_verifier(auth, roots, &provider)?;
+
+    let builder = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&versions)
+        .map_err(|source| TlsError::Versions { source })?;
+    let builder = match verifier {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
     };
-    let cert_path = required(&t.cert_file, "cert_file")?;
-    let key_path = required(&t.key_file, "key_file")?;
+    let mut cfg = identity.install(builder)?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok((cfg, auth))
+}
 
-    let certs = read_pem::<CertificateDer<'static>>(TlsFile::Cert, &cert_path)?;
-    if certs.is_empty() {
-        return Err(TlsError::NoCertificate {
-            file: TlsFile::Cert,
-            path: cert_path,
-        });
+/// The server's certificate chain and key, with the paths they came from
+/// (the errors name them).
+struct Identity {
+    cert_path: PathBuf,
+    key_path: PathBuf,
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+impl Identity {
+    /// `cert_file` and `key_file` are required; the certificate file must
+    /// hold at least one certificate.
+    fn read(t: &FileTls, base: &Path) -> Result<Identity, TlsError> {
+        let required = |v: &Option<String>, name: &'static str| -> Result<PathBuf, TlsError> {
+            match v.as_deref() {
+                Some(p) if !p.is_empty() => Ok(base.join(p)),
+                _ => Err(TlsError::Required { name }),
+            }
+        };
+        let cert_path = required(&t.cert_file, "cert_file")?;
+        let key_path = required(&t.key_file, "key_file")?;
+
+        let certs = read_pem::<CertificateDer<'static>>(TlsFile::Cert, &cert_path)?;
+        if certs.is_empty() {
+            return Err(TlsError::NoCertificate {
+                file: TlsFile::Cert,
+                path: cert_path,
+            });
+        }
+        let key = read_key(&key_path)?;
+        Ok(Identity {
+            cert_path,
+            key_path,
+            certs,
+            key,
+        })
     }
-    let key = read_key(&key_path)?;
 
+    /// The last step of the builder: rustls checks here that the key is
+    /// the certificate's, which is said apart from any other refusal.
+    fn install(
+        self,
+        builder: rustls::ConfigBuilder<ServerConfig, rustls::server::WantsServerCert>,
+    ) -> Result<ServerConfig, TlsError> {
+        match builder.with_single_cert(self.certs, self.key) {
+            Ok(cfg) => Ok(cfg),
+            Err(source @ rustls::Error::InconsistentKeys(_)) => Err(TlsError::KeyMismatch {
+                cert: self.cert_path,
+                key: self.key_path,
+                source,
+            }),
+            Err(source) => Err(TlsError::Certificate {
+                cert: self.cert_path,
+                key: self.key_path,
+                source,
+            }),
+        }
+    }
+}
+
+/// `min_version` ..= `max_version` (TLS 1.2 and 1.3 by default) as rustls'
+/// versions: rustls has nothing older than TLS 1.2, so an older bound is
+/// an error rather than a silent raise.
+fn protocol_versions(
+    t: &FileTls,
+) -> Result<Vec<&'static rustls::SupportedProtocolVersion>, TlsError> {
     let min = t.min_version.unwrap_or(TlsVersion::TLS12);
     let max = t.max_version.unwrap_or(TlsVersion::TLS13);
     for (version, bound) in [(min, Bound::Min), (max, Bound::Max)] {
@@ -225,31 +296,42 @@ pub(super) fn build_tls(t: &FileTls, base: &Path) -> Result<(ServerConfig, Clien
     if max >= TlsVersion::TLS13 {
         versions.push(&rustls::version::TLS13);
     }
+    Ok(versions)
+}
 
-    let auth = t.client_auth_type.unwrap_or(ClientAuth::NoClientCert);
-    let roots = match t.client_ca_file.as_deref() {
-        Some(p) if !p.is_empty() => {
-            let path = base.join(p);
-            let cas = read_pem::<CertificateDer<'static>>(TlsFile::ClientCa, &path)?;
-            let mut roots = RootCertStore::empty();
-            for ca in cas {
-                if let Err(source) = roots.add(ca) {
-                    return Err(TlsError::InvalidCa { path, source });
-                }
-            }
-            if roots.is_empty() {
-                return Err(TlsError::NoCertificate {
-                    file: TlsFile::ClientCa,
-                    path,
-                });
-            }
-            Some(Arc::new(roots))
-        }
-        _ => None,
+/// The CAs of `client_ca_file`, when it is set: every certificate in it
+/// must be a usable CA, and there must be at least one.
+fn client_roots(t: &FileTls, base: &Path) -> Result<Option<Arc<RootCertStore>>, TlsError> {
+    let Some(p) = t.client_ca_file.as_deref().filter(|p| !p.is_empty()) else {
+        return Ok(None);
     };
-    let provider = provider();
+    let path = base.join(p);
+    let cas = read_pem::<CertificateDer<'static>>(TlsFile::ClientCa, &path)?;
+    let mut roots = RootCertStore::empty();
+    for ca in cas {
+        if let Err(source) = roots.add(ca) {
+            return Err(TlsError::InvalidCa { path, source });
+        }
+    }
+    if roots.is_empty() {
+        return Err(TlsError::NoCertificate {
+            file: TlsFile::ClientCa,
+            path,
+        });
+    }
+    Ok(Some(Arc::new(roots)))
+}
+
+/// How client certificates are asked for and checked, as Go's
+/// `tls.ClientAuthType` does it: a CA without a type that verifies, or a
+/// verifying type without a CA, is a mistake in the file, not a default.
+fn client_verifier(
+    auth: ClientAuth,
+    roots: Option<Arc<RootCertStore>>,
+    provider: &Arc<CryptoProvider>,
+) -> Result<Option<Arc<dyn ClientCertVerifier>>, TlsError> {
     let verifier_error = |source| TlsError::Verifier { source };
-    let verifier: Option<Arc<dyn ClientCertVerifier>> = match (auth, roots) {
+    Ok(match (auth, roots) {
         (ClientAuth::NoClientCert, Some(_)) => return Err(TlsError::CaWithoutClientAuth),
         (ClientAuth::NoClientCert, None) => None,
         (ClientAuth::RequestClientCert | ClientAuth::RequireAnyClientCert, _) => {
@@ -262,44 +344,17 @@ pub(super) fn build_tls(t: &FileTls, base: &Path) -> Result<(ServerConfig, Clien
             return Err(TlsError::NeedsClientCa { auth });
         }
         (ClientAuth::VerifyClientCertIfGiven, Some(roots)) => Some(
-            WebPkiClientVerifier::builder_with_provider(roots, Arc::clone(&provider))
+            WebPkiClientVerifier::builder_with_provider(roots, Arc::clone(provider))
                 .allow_unauthenticated()
                 .build()
                 .map_err(verifier_error)?,
         ),
         (ClientAuth::RequireAndVerifyClientCert, Some(roots)) => Some(
-            WebPkiClientVerifier::builder_with_provider(roots, Arc::clone(&provider))
+            WebPkiClientVerifier::builder_with_provider(roots, Arc::clone(provider))
                 .build()
                 .map_err(verifier_error)?,
         ),
-    };
-
-    let builder = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&versions)
-        .map_err(|source| TlsError::Versions { source })?;
-    let builder = match verifier {
-        Some(v) => builder.with_client_cert_verifier(v),
-        None => builder.with_no_client_auth(),
-    };
-    let mut cfg = match builder.with_single_cert(certs, key) {
-        Ok(cfg) => cfg,
-        Err(source @ rustls::Error::InconsistentKeys(_)) => {
-            return Err(TlsError::KeyMismatch {
-                cert: cert_path,
-                key: key_path,
-                source,
-            });
-        }
-        Err(source) => {
-            return Err(TlsError::Certificate {
-                cert: cert_path,
-                key: key_path,
-                source,
-            });
-        }
-    };
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok((cfg, auth))
+    })
 }
 
 fn read_pem_bytes(file: TlsFile, path: &Path) -> Result<Vec<u8>, TlsError> {

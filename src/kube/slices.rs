@@ -143,106 +143,163 @@ pub(crate) async fn run_slice_watcher(cfg: KubeConfig, index: Arc<SliceIndex>) {
     if cfg.node_name.is_empty() {
         return;
     }
-    let mut backoff = Backoff::jittered(BACKOFF_MIN, BACKOFF_MAX);
-    let mut said_not_served = false;
-    let mut warnings: LogLimiter<&'static str> = LogLimiter::every(WARN_INTERVAL);
-    let mut error = |kind: &'static str, e: &dyn Display| {
-        index.errors_total.fetch_add(1, Ordering::Relaxed);
-        if let Some(suppressed) = warnings.check(kind) {
-            tracing::warn!(kind, error = %e, suppressed, "kubernetes ResourceSlice watcher");
-        }
+    let mut w = SliceWatcher {
+        cfg,
+        index,
+        local: HashMap::new(),
+        fresh: None,
+        backoff: Backoff::jittered(BACKOFF_MIN, BACKOFF_MAX),
+        said_not_served: false,
+        warnings: LogLimiter::every(WARN_INTERVAL),
     };
     loop {
-        let built = match client::build(&cfg, Arc::new(|| {})).await {
+        let built = match client::build(&w.cfg, Arc::new(|| {})).await {
             Ok(b) => b,
             Err(e) => {
-                error("client", &e);
-                tokio::time::sleep(backoff.next_delay()).await;
+                w.error("client", &e);
+                tokio::time::sleep(w.backoff.next_delay()).await;
                 continue;
             }
         };
-        let api: kube::Api<ResourceSlice> = kube::Api::all(built.client);
-        let selector = format!("spec.nodeName={}", cfg.node_name);
+        w.watch(built.client).await;
+    }
+}
+
+/// The devices of each slice, by slice name.
+type SliceDevices = HashMap<String, Vec<(DeviceKey, AllocatedDevice)>>;
+
+/// The slice watcher's state across its streams, like the pod watcher's
+/// (`watch.rs`).
+struct SliceWatcher {
+    cfg: KubeConfig,
+    index: Arc<SliceIndex>,
+    /// This stream's slices; published after each change.
+    local: SliceDevices,
+    /// Slices of a LIST in progress (between `Init` and `InitDone`).
+    fresh: Option<SliceDevices>,
+    backoff: Backoff,
+    /// The API is not served (before Kubernetes 1.34): said once.
+    said_not_served: bool,
+    /// Per kind of error.
+    warnings: LogLimiter<&'static str>,
+}
+
+impl SliceWatcher {
+    /// One `watcher` stream, from an empty map, until it ends.
+    async fn watch(&mut self, client: kube::Client) {
+        let api: kube::Api<ResourceSlice> = kube::Api::all(client);
+        let selector = format!("spec.nodeName={}", self.cfg.node_name);
         let mut config = watcher::Config::default().fields(&selector).any_semantic();
         config.page_size = None;
         let mut stream = watcher::watcher(api, config).boxed();
-        // Slice name → its devices.
-        let mut local: HashMap<String, Vec<(DeviceKey, AllocatedDevice)>> = HashMap::new();
-        let mut fresh: Option<HashMap<String, Vec<(DeviceKey, AllocatedDevice)>>> = None;
-        let publish = |slices: &HashMap<String, Vec<(DeviceKey, AllocatedDevice)>>| {
-            let map: HashMap<DeviceKey, AllocatedDevice> =
-                slices.values().flatten().cloned().collect();
-            index.devices.store(Arc::new(map));
-        };
-        let ours = |s: &ResourceSlice| s.spec.node_name.as_deref() == Some(cfg.node_name.as_str());
+        self.local = HashMap::new();
+        self.fresh = None;
         while let Some(item) = stream.next().await {
             match item {
-                Ok(Event::Init) => fresh = Some(HashMap::new()),
-                Ok(Event::InitApply(s)) => {
-                    if let (Some(f), Some(name)) = (&mut fresh, s.metadata.name.clone())
-                        && ours(&s)
-                    {
-                        f.insert(name, devices_of(&s));
-                    }
+                Ok(event) => self.apply(event),
+                Err(e) => self.failed(e).await,
+            }
+        }
+    }
+
+    /// One event into the map: a LIST replaces it when done, a change of
+    /// one slice changes its entry. Published whenever it changed.
+    fn apply(&mut self, event: Event<ResourceSlice>) {
+        match event {
+            Event::Init => self.fresh = Some(HashMap::new()),
+            Event::InitApply(s) => {
+                let ours = self.ours(&s);
+                if let (Some(f), Some(name)) = (&mut self.fresh, s.metadata.name.clone())
+                    && ours
+                {
+                    f.insert(name, devices_of(&s));
                 }
-                Ok(Event::InitDone) => {
-                    local = fresh.take().unwrap_or_default();
-                    publish(&local);
-                    if !index.synced.swap(true, Ordering::AcqRel) {
-                        tracing::info!(
-                            slices = local.len(),
-                            node = %cfg.node_name,
-                            "ResourceSlice list synced"
-                        );
-                    }
-                    backoff.reset();
+            }
+            Event::InitDone => {
+                self.local = self.fresh.take().unwrap_or_default();
+                self.publish();
+                if !self.index.synced.swap(true, Ordering::AcqRel) {
+                    tracing::info!(
+                        slices = self.local.len(),
+                        node = %self.cfg.node_name,
+                        "ResourceSlice list synced"
+                    );
                 }
-                Ok(Event::Apply(s)) => {
-                    if let Some(name) = s.metadata.name.clone() {
-                        if ours(&s) {
-                            local.insert(name, devices_of(&s));
-                        } else {
-                            local.remove(&name);
-                        }
-                        publish(&local);
+                self.backoff.reset();
+            }
+            Event::Apply(s) => {
+                if let Some(name) = s.metadata.name.clone() {
+                    if self.ours(&s) {
+                        self.local.insert(name, devices_of(&s));
+                    } else {
+                        self.local.remove(&name);
                     }
+                    self.publish();
                 }
-                Ok(Event::Delete(s)) => {
-                    if let Some(name) = &s.metadata.name
-                        && local.remove(name).is_some()
-                    {
-                        publish(&local);
-                    }
-                }
-                Err(e) if is_not_served(&e) => {
-                    // A cluster before 1.34: said once, counted, asked
-                    // again rarely (an upgrade may bring the API).
-                    error("not served", &e);
-                    if !said_not_served {
-                        said_not_served = true;
-                        tracing::info!(
-                            "resource.k8s.io/v1 ResourceSlices are not served (Kubernetes before 1.34?): DRA devices are placed by the index in their name"
-                        );
-                    }
-                    tokio::time::sleep(NOT_SERVED_RETRY).await;
-                }
-                Err(e) => {
-                    let kind = match &e {
-                        watcher::Error::InitialListFailed(_) => "list",
-                        watcher::Error::WatchStartFailed(_) => "watch start",
-                        watcher::Error::WatchError(s) if s.code == 410 => {
-                            tokio::time::sleep(backoff.next_delay()).await;
-                            continue;
-                        }
-                        watcher::Error::WatchError(_) => "watch error event",
-                        watcher::Error::WatchFailed(_) => "watch",
-                        watcher::Error::NoResourceVersion => "resource version",
-                    };
-                    error(kind, &e);
-                    tokio::time::sleep(backoff.next_delay()).await;
+            }
+            Event::Delete(s) => {
+                if let Some(name) = &s.metadata.name
+                    && self.local.remove(name).is_some()
+                {
+                    self.publish();
                 }
             }
         }
+    }
+
+    /// A failed request: counted, logged by kind, and waited out (a 410
+    /// Gone watch is kube-rs relisting: waited out but not an error).
+    async fn failed(&mut self, e: watcher::Error) {
+        if is_not_served(&e) {
+            return self.not_served(&e).await;
+        }
+        let kind = match &e {
+            watcher::Error::InitialListFailed(_) => "list",
+            watcher::Error::WatchStartFailed(_) => "watch start",
+            watcher::Error::WatchError(s) if s.code == 410 => {
+                tokio::time::sleep(self.backoff.next_delay()).await;
+                return;
+            }
+            watcher::Error::WatchError(_) => "watch error event",
+            watcher::Error::WatchFailed(_) => "watch",
+            watcher::Error::NoResourceVersion => "resource version",
+        };
+        self.error(kind, &e);
+        tokio::time::sleep(self.backoff.next_delay()).await;
+    }
+
+    /// A cluster before 1.34: said once, counted, asked again rarely (an
+    /// upgrade may bring the API).
+    async fn not_served(&mut self, e: &watcher::Error) {
+        self.error("not served", e);
+        if !self.said_not_served {
+            self.said_not_served = true;
+            tracing::info!(
+                "resource.k8s.io/v1 ResourceSlices are not served (Kubernetes before 1.34?): DRA devices are placed by the index in their name"
+            );
+        }
+        tokio::time::sleep(NOT_SERVED_RETRY).await;
+    }
+
+    /// Counted, and logged at most once per [`WARN_INTERVAL`] per kind.
+    fn error(&mut self, kind: &'static str, e: &dyn Display) {
+        self.index.errors_total.fetch_add(1, Ordering::Relaxed);
+        if let Some(suppressed) = self.warnings.check(kind) {
+            tracing::warn!(kind, error = %e, suppressed, "kubernetes ResourceSlice watcher");
+        }
+    }
+
+    /// The field selector asks for this node's slices; a slice that moved
+    /// to another node leaves the map.
+    fn ours(&self, s: &ResourceSlice) -> bool {
+        s.spec.node_name.as_deref() == Some(self.cfg.node_name.as_str())
+    }
+
+    /// The map readers see: every slice's devices, swapped in whole.
+    fn publish(&self) {
+        let map: HashMap<DeviceKey, AllocatedDevice> =
+            self.local.values().flatten().cloned().collect();
+        self.index.devices.store(Arc::new(map));
     }
 }
 

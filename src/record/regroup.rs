@@ -186,14 +186,8 @@ fn spool_runs(
         line,
         what,
     };
-    let mut families: Vec<Family> = Vec::new();
-    let mut by_name: HashMap<Vec<u8>, u32> = HashMap::new();
-    let mut current: Option<u32> = None;
-    let mut arena: Vec<u8> = Vec::new();
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut runs = Vec::new();
-    let mut spooled = 0u64;
-    let mut samples = 0u64;
+    let mut ranks = Ranks::default();
+    let mut runs = Runs::new(spool);
     let mut line = Vec::new();
     let mut number = 0u64;
     let mut eof = false;
@@ -215,67 +209,155 @@ fn spool_runs(
             continue;
         }
         if let Some(meta) = text.strip_prefix(b"# ") {
-            let mut parts = meta.splitn(3, |b| *b == b' ');
-            let (kind, family) = match (parts.next(), parts.next()) {
-                (Some(k), Some(f)) if !f.is_empty() => (k, f),
-                _ => return Err(bad(number, "a comment that is no HELP, TYPE or UNIT")),
-            };
-            let index = match by_name.get(family) {
-                Some(i) => *i,
-                None => {
-                    let i = families.len() as u32;
-                    families.push(Family::default());
-                    by_name.insert(family.to_vec(), i);
-                    i
-                }
-            };
-            current = Some(index);
-            let f = &mut families[index as usize];
-            let slot = match kind {
-                b"HELP" => &mut f.help,
-                b"TYPE" => {
-                    f.group_label = match parts.next() {
-                        Some(b"histogram" | b"gaugehistogram") => Some("le"),
-                        Some(b"summary") => Some("quantile"),
-                        _ => None,
-                    };
-                    &mut f.typ
-                }
-                b"UNIT" => &mut f.unit,
-                _ => return Err(bad(number, "a comment that is no HELP, TYPE or UNIT")),
-            };
-            if slot.is_none() {
-                *slot = Some(line.clone());
-            }
+            ranks
+                .metadata(meta, &line)
+                .map_err(|what| bad(number, what))?;
             continue;
         }
-        let Some(family) = current else {
-            return Err(bad(number, "a sample before any # TYPE line"));
-        };
-        let f = &mut families[family as usize];
-        let key = series_key(text, f.group_label).ok_or_else(|| bad(number, "a bad label set"))?;
-        let next = f.series.len() as u32;
-        let series = *f.series.entry(key).or_insert(next);
-        let start = arena.len();
-        arena.extend_from_slice(&line);
-        entries.push(Entry {
-            family,
-            series,
-            start,
-            end: arena.len(),
-        });
-        samples += 1;
-        if arena.len() >= RUN_BYTES {
-            runs.push(write_run(spool, &mut spooled, &mut entries, &mut arena).map_err(io)?);
-        }
+        let (family, series) = ranks.sample(text).map_err(|what| bad(number, what))?;
+        runs.add(family, series, &line).map_err(io)?;
     }
     if !eof {
         return Err(bad(number, "no # EOF at the end"));
     }
-    if !entries.is_empty() {
-        runs.push(write_run(spool, &mut spooled, &mut entries, &mut arena).map_err(io)?);
+    let (runs, samples) = runs.finish().map_err(io)?;
+    Ok((ranks.families, runs, samples))
+}
+
+/// Pass one's ranks: families in order of first sight (with their
+/// metadata lines and their series' ranks), and the family the last
+/// metadata line named, which the sample lines after it belong to.
+#[derive(Default)]
+struct Ranks {
+    families: Vec<Family>,
+    by_name: HashMap<Vec<u8>, u32>,
+    current: Option<u32>,
+}
+
+impl Ranks {
+    /// A `# HELP`, `# TYPE` or `# UNIT` line (`meta` without its `# `,
+    /// `line` as read): the family it names becomes the current one, and
+    /// keeps the first line of each kind; `TYPE` also says which label
+    /// groups a series' lines. The error is what is wrong with the line.
+    fn metadata(&mut self, meta: &[u8], line: &[u8]) -> Result<(), &'static str> {
+        const NOT_METADATA: &str = "a comment that is no HELP, TYPE or UNIT";
+        let mut parts = meta.splitn(3, |b| *b == b' ');
+        let (kind, family) = match (parts.next(), parts.next()) {
+            (Some(k), Some(f)) if !f.is_empty() => (k, f),
+            _ => return Err(NOT_METADATA),
+        };
+        let index = self.rank(family);
+        self.current = Some(index);
+        let f = &mut self.families[index as usize];
+        let slot = match kind {
+            b"HELP" => &mut f.help,
+            b"TYPE" => {
+                f.group_label = match parts.next() {
+                    Some(b"histogram" | b"gaugehistogram") => Some("le"),
+                    Some(b"summary") => Some("quantile"),
+                    _ => None,
+                };
+                &mut f.typ
+            }
+            b"UNIT" => &mut f.unit,
+            _ => return Err(NOT_METADATA),
+        };
+        if slot.is_none() {
+            *slot = Some(line.to_vec());
+        }
+        Ok(())
     }
-    Ok((families, runs, samples))
+
+    /// The family's rank, given at first sight.
+    fn rank(&mut self, family: &[u8]) -> u32 {
+        if let Some(i) = self.by_name.get(family) {
+            return *i;
+        }
+        let i = self.families.len() as u32;
+        self.families.push(Family::default());
+        self.by_name.insert(family.to_vec(), i);
+        i
+    }
+
+    /// A sample line's (family, series) ranks: the current family, and
+    /// its series by label set, ranked at first sight. The error is what
+    /// is wrong with the line.
+    fn sample(&mut self, text: &[u8]) -> Result<(u32, u32), &'static str> {
+        let Some(family) = self.current else {
+            return Err("a sample before any # TYPE line");
+        };
+        let f = &mut self.families[family as usize];
+        let key = series_key(text, f.group_label).ok_or("a bad label set")?;
+        let next = f.series.len() as u32;
+        let series = *f.series.entry(key).or_insert(next);
+        Ok((family, series))
+    }
+}
+
+/// The sample lines of the run being filled (at most [`RUN_BYTES`] of
+/// them in memory) and the runs already sorted into the spool.
+struct Runs<'a> {
+    spool: &'a File,
+    /// Bytes written to the spool so far: where the next run starts.
+    spooled: u64,
+    arena: Vec<u8>,
+    entries: Vec<Entry>,
+    /// (offset, length) of each run in the spool.
+    runs: Vec<(u64, u64)>,
+    samples: u64,
+}
+
+impl<'a> Runs<'a> {
+    fn new(spool: &'a File) -> Self {
+        Runs {
+            spool,
+            spooled: 0,
+            arena: Vec::new(),
+            entries: Vec::new(),
+            runs: Vec::new(),
+            samples: 0,
+        }
+    }
+
+    /// One sample line (`line` as read, newline included) of
+    /// (`family`, `series`); the run is spooled once it is full.
+    fn add(&mut self, family: u32, series: u32, line: &[u8]) -> std::io::Result<()> {
+        let start = self.arena.len();
+        self.arena.extend_from_slice(line);
+        self.entries.push(Entry {
+            family,
+            series,
+            start,
+            end: self.arena.len(),
+        });
+        self.samples += 1;
+        if self.arena.len() >= RUN_BYTES {
+            self.spool_run()?;
+        }
+        Ok(())
+    }
+
+    /// The last run spooled (if it has a line); the runs and the number
+    /// of sample lines.
+    fn finish(mut self) -> std::io::Result<(Vec<(u64, u64)>, u64)> {
+        if !self.entries.is_empty() {
+            self.spool_run()?;
+        }
+        Ok((self.runs, self.samples))
+    }
+
+    /// The run being filled, sorted, to the end of the spool; memory holds
+    /// the next one.
+    fn spool_run(&mut self) -> std::io::Result<()> {
+        let run = write_run(
+            self.spool,
+            &mut self.spooled,
+            &mut self.entries,
+            &mut self.arena,
+        )?;
+        self.runs.push(run);
+        Ok(())
+    }
 }
 
 /// The series a sample line belongs to: its label set as written, less
