@@ -1,21 +1,20 @@
 //! The registry's machinery: a row ([`Def`]), the choice of which rows
 //! run ([`Collectors`], built by config validation), and the running
 //! instances beside their rows ([`Running`], the sampler's). The table
-//! itself, [`REGISTRY`](super::REGISTRY), stands beside the collectors'
-//! module lines in `collectors/mod.rs`.
+//! itself, [`REGISTRY`](super::REGISTRY), and [`find`](super::find) stand
+//! beside the collectors' module lines in `collectors/mod.rs`; this file
+//! imports nothing from there (no module loop).
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::Collector;
+use super::collector::Collector;
 use crate::gpu::Operation;
 use crate::model::Snapshot;
 
-use super::REGISTRY;
-
-/// One collector: its row of [`REGISTRY`].
+/// One collector: its row of [`REGISTRY`](super::REGISTRY).
 #[derive(Debug, Clone, Copy)]
 pub struct Def {
     /// The name in `--collector.<name>` and `collectors.<name>`.
@@ -53,11 +52,6 @@ pub(crate) type Encode = fn(&mut DescriptorEncoder, &Snapshot) -> Result<(), fmt
 pub(super) const MEMORY: &str = "memory";
 pub(super) const PROCESSES: &str = "processes";
 
-/// The row of `name`, if there is one.
-pub(crate) fn find(name: &str) -> Option<&'static Def> {
-    REGISTRY.iter().find(|d| d.name == name)
-}
-
 /// Which collectors run: the choices made (file keys, flags), each
 /// collector's registry default for the rest. Built by config validation,
 /// which refuses unknown names and switching off an unswitchable one.
@@ -81,20 +75,6 @@ impl Collectors {
     /// Whether `def` runs.
     pub fn is_on(&self, def: &Def) -> bool {
         !def.switchable || self.chosen.get(def.name).copied().unwrap_or(def.default)
-    }
-
-    /// Whether the process lists are read (the `processes` collector).
-    pub fn processes(&self) -> bool {
-        find(PROCESSES).is_some_and(|d| self.is_on(d))
-    }
-
-    /// The names of the collectors that run, in registry order (for logs).
-    pub fn enabled(&self) -> Vec<&'static str> {
-        REGISTRY
-            .iter()
-            .filter(|d| self.is_on(d))
-            .map(|d| d.name)
-            .collect()
     }
 }
 

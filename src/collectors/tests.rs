@@ -6,6 +6,7 @@ use crate::attribute::ProcessLookup;
 use crate::config::{SamplerConfig, Selection, Timing};
 use crate::gpu::fake::{FakeDevice, FakeGpu};
 use crate::model::ProcIdentity;
+use crate::model::Reading;
 use crate::sample::Sampler;
 
 const GIB: u64 = 1 << 30;

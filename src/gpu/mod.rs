@@ -8,7 +8,7 @@
 //! it, in its own folder (`collectors/<name>/calls.rs`). The handle is as
 //! narrow as NVML allows: the device, the library (for the few calls that
 //! take it), and a slot for state that must not outlive the library
-//! (`nvml::Handle::state`). Only the sampler thread holds a source, so
+//! (`handle::NvmlHandle::state`). Only the sampler thread holds a source, so
 //! every call is still made on that one thread.
 //!
 //! The error labels sit below this module (`crate::gpu_error`); mapping
@@ -17,9 +17,12 @@
 pub(crate) mod error;
 #[cfg(test)]
 pub(crate) mod fake;
+mod handle;
 pub(crate) mod nvml;
 
 use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
+
+pub(crate) use handle::{Handle, keep};
 
 pub(crate) use error::GpuError;
 pub use error::{ErrorKind, Operation};
@@ -43,14 +46,6 @@ pub enum Virtualization {
     /// A vGPU guest: some calls misbehave there (row remapping queries
     /// spam the kernel log, nvidia_gpu_exporter #384).
     VgpuGuest,
-}
-
-/// What a collector's calls are made on: NVML's handle, or (unit tests)
-/// the in-process fake's scripted device.
-pub enum Handle<'a> {
-    Nvml(nvml::Handle<'a>),
-    #[cfg(test)]
-    Fake(fake::Handle<'a>),
 }
 
 /// What the sampler needs from a GPU driver. Implementations are owned by

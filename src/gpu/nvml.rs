@@ -1,10 +1,8 @@
 //! [`GpuSource`] over NVML through `nvml-wrapper` (which dlopens
 //! `libnvidia-ml.so.1` at run time, so the binary starts on hosts without a
-//! driver and fails with a clear message instead), and the [`Handle`] the
-//! collectors make their own calls on.
+//! driver and fails with a clear message instead); the handle the
+//! collectors make their own calls on is `handle.rs`'s.
 
-use std::any::{Any, TypeId};
-use std::collections::HashMap;
 use std::ffi::OsStr;
 
 use nvml_wrapper::enum_wrappers::device::GpuVirtualizationMode;
@@ -12,6 +10,7 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::{Device, Nvml};
 
+use super::handle::{NvmlHandle, State};
 use super::{ErrorKind, GpuError, GpuSource, Operation, RawProcess, Virtualization, merge_process};
 use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
 
@@ -63,67 +62,6 @@ fn load_advice(in_container: bool) -> String {
 
 fn gpu_err(operation: Operation) -> impl Fn(NvmlError) -> GpuError {
     move |e| GpuError::nvml(operation, &e)
-}
-
-/// The value of a collector's call, or `None` with its error pushed (a
-/// collector that makes several calls per GPU keeps the rest).
-pub(crate) fn keep<T>(
-    r: Result<T, NvmlError>,
-    operation: Operation,
-    failed: &mut Vec<GpuError>,
-) -> Option<T> {
-    r.map_err(|e| failed.push(GpuError::nvml(operation, &e)))
-        .ok()
-}
-
-/// The collectors' state that holds NVML allocations (a GPM sample, an
-/// event set): one value per type, made on first use, dropped with the
-/// handles, before the library shuts down.
-#[derive(Default)]
-pub(crate) struct State(HashMap<TypeId, Box<dyn Any>>);
-
-impl State {
-    /// The value of type `T`, made with `Default` when first asked.
-    fn of<T: Default + 'static>(&mut self) -> &mut T {
-        let slot = self
-            .0
-            .entry(TypeId::of::<T>())
-            .or_insert_with(|| Box::new(T::default()));
-        match slot.downcast_mut::<T>() {
-            Some(t) => t,
-            // The key is the type's own id, so the value is always a `T`.
-            None => unreachable!("nvml::State slot of another type"),
-        }
-    }
-}
-
-/// One GPU (or the whole library, for event sets) for a collector's
-/// calls: nvml-wrapper's `Device` and `Nvml`, and [`State`] for what must
-/// be freed before the library is.
-pub struct Handle<'a> {
-    nvml: &'static Nvml,
-    device: Option<&'a Device<'static>>,
-    state: &'a mut State,
-}
-
-impl<'a> Handle<'a> {
-    /// The GPU asked for; `operation` fails with `invalid_device_index` on
-    /// the source-wide handle.
-    pub fn device(&self, operation: Operation) -> Result<&'a Device<'static>, GpuError> {
-        self.device
-            .ok_or(GpuError::new(operation, ErrorKind::InvalidDeviceIndex))
-    }
-
-    /// The library, for the calls that take it (GPM metrics, event sets).
-    pub fn nvml(&self) -> &'static Nvml {
-        self.nvml
-    }
-
-    /// The collector's state of type `T` (see [`State`]). `T` holds only
-    /// values made from this library instance, hence `'static` handles.
-    pub fn state<T: Default + 'static>(&mut self) -> &mut T {
-        self.state.of::<T>()
-    }
 }
 
 /// NVML plus the device handles it hands out, or nothing after
@@ -462,7 +400,7 @@ impl GpuSource for NvmlSource {
                     .ok_or(GpuError::new(operation, ErrorKind::InvalidDeviceIndex))?,
             ),
         };
-        Ok(super::Handle::Nvml(Handle {
+        Ok(super::Handle::Nvml(NvmlHandle {
             nvml,
             device,
             state: &mut opened.state,

@@ -376,11 +376,15 @@ fn dashboard_variables_are_found() {
 
 // ------------------------------------------------------------------ schemas
 
-/// The files ARCHITECTURE.md's code map names under `src/`: a row whose
-/// path is a folder names its files relative to it (`tick/tests.rs`).
+/// The files ARCHITECTURE.md's code map names under `src/` and
+/// `tests/e2e/`: a row whose path is a folder names its files relative to
+/// it (`tick/tests.rs`).
 fn code_map_files(markdown: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    for line in markdown.lines().filter(|l| l.starts_with("| `src/")) {
+    let rows = markdown
+        .lines()
+        .filter(|l| l.starts_with("| `src/") || l.starts_with("| `tests/e2e/"));
+    for line in rows {
         let cells: Vec<&str> = line.split(" | ").collect();
         let path = cells[0].trim_start_matches("| ").trim_matches('`');
         if !path.ends_with('/') {
@@ -415,15 +419,16 @@ fn files_under(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
 }
 
 #[test]
-fn the_code_map_lists_every_file_of_src() {
+fn the_code_map_lists_every_file_of_src_and_tests_e2e() {
     let named = code_map_files(&read("ARCHITECTURE.md"));
     let root = repo_file("");
     let mut present = BTreeSet::new();
     files_under(&root.join("src"), &root, &mut present);
+    files_under(&root.join("tests/e2e"), &root, &mut present);
     let missing: Vec<_> = present.difference(&named).collect();
     let gone: Vec<_> = named.difference(&present).collect();
     assert!(
         missing.is_empty() && gone.is_empty(),
-        "ARCHITECTURE.md's code map: not named {missing:?}; named but not in src/ {gone:?}"
+        "ARCHITECTURE.md's code map: not named {missing:?}; named but not in src/ or tests/e2e/ {gone:?}"
     );
 }

@@ -13,7 +13,7 @@ use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::{Device, EventSet};
 
 use super::{EccCounter, Health, RemappedRows, RetiredPages};
-use crate::gpu::nvml::keep;
+use crate::gpu::keep;
 use crate::gpu::{ErrorKind, GpuError, Handle, Operation};
 
 pub(crate) const ECC_MODE: Operation = Operation::new("ecc_mode");

@@ -20,6 +20,14 @@ fn any(s: &Snapshot, has: impl Fn(&Health) -> bool) -> bool {
 
 /// Every family of this collector; each is absent when no GPU has it.
 pub(crate) fn encode(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    ecc(enc, s)?;
+    row_remapping(enc, s)?;
+    retired_pages(enc, s)?;
+    xid_errors(enc, s)
+}
+
+/// `gpu_memory_ecc_enabled` and `gpu_memory_ecc_errors`.
+fn ecc(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
     if any(s, |h| h.ecc_enabled.is_some()) {
         let mut m = gauge(
             enc,
@@ -52,7 +60,16 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fm
             }
         }
     }
-    if any(s, |h| h.remapped_rows.is_some()) {
+    Ok(())
+}
+
+/// Row remapping (Ampere and later): the rows and the pending / failed
+/// flags.
+fn row_remapping(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    if !any(s, |h| h.remapped_rows.is_some()) {
+        return Ok(());
+    }
+    {
         let mut m = gauge(
             enc,
             "gpu_memory_remapped_rows",
@@ -93,6 +110,11 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fm
             }
         }
     }
+    Ok(())
+}
+
+/// Page retirement (GPUs before Ampere): the pages and the pending flag.
+fn retired_pages(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
     if any(s, |h| {
         h.retired_pages
             .is_some_and(|p| p.single_bit_ecc.is_some() || p.double_bit_ecc.is_some())
@@ -133,6 +155,11 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fm
             }
         }
     }
+    Ok(())
+}
+
+/// `gpu_xid_errors`: critical Xid events by Xid.
+fn xid_errors(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
     if any(s, |h| h.xid_errors.is_some()) {
         let mut m = enc.encode_descriptor(
             "gpu_xid_errors",

@@ -8,7 +8,7 @@ use nvml_wrapper::enum_wrappers::device::{self, PerformanceState, TemperatureSen
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 
 use super::{Clock, PowerThermal};
-use crate::gpu::nvml::keep;
+use crate::gpu::keep;
 use crate::gpu::{GpuError, Handle, Operation};
 
 pub(crate) const TEMPERATURE: Operation = Operation::new("temperature");

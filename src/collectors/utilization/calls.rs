@@ -3,7 +3,7 @@
 //! `not_supported`).
 
 use super::Utilization;
-use crate::gpu::nvml::keep;
+use crate::gpu::keep;
 use crate::gpu::{GpuError, Handle, Operation};
 
 pub(crate) const UTILIZATION_RATES: Operation = Operation::new("utilization_rates");
