@@ -289,7 +289,7 @@ fn the_docs_table_is_the_registry() {
     assert_eq!(
         rows,
         want,
-        "docs/metrics.md's collector table differs from sample::collectors::REGISTRY; the table should read:\n{}",
+        "docs/metrics.md's collector table differs from collectors::REGISTRY; the table should read:\n{}",
         want.join("\n")
     );
 }

@@ -113,7 +113,7 @@ pub struct DeviceSample {
     pub other: Option<OtherProcesses>,
     /// MIG instances with their memory (empty without MIG).
     pub mig: Arc<[MigSample]>,
-    /// What the switchable collectors (`sample/collectors/`) read of this
+    /// What the switchable collectors (`collectors/`) read of this
     /// GPU, one reading per collector that is on and answered; empty while
     /// the GPU is down.
     pub readings: Readings,
