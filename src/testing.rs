@@ -38,12 +38,15 @@ pub mod sample {
 }
 
 pub mod config {
-    pub use crate::config::{Config, KubeConfig, Overrides, SamplerConfig, Timing, load, parse};
+    pub use crate::config::{Config, KubeConfig, Overrides, SamplerConfig, Timing, load};
 }
 
 pub mod attribute {
     pub use crate::attribute::{ProcCache, ProcessLookup};
-    pub use crate::attribute::{cgroup, containers, passwd, procfs, redact, slurm, torch};
+
+    pub mod procfs {
+        pub use crate::attribute::procfs::ProcRoot;
+    }
 }
 
 pub mod kube {
@@ -52,7 +55,10 @@ pub mod kube {
 
 pub mod http {
     pub use crate::http::cache::BodyCache;
-    pub use crate::http::{negotiate, web_config};
+
+    pub mod web_config {
+        pub use crate::http::web_config::{ClientAuth, Limits, WebConfig};
+    }
 }
 
 /// The fuzz targets' checks (`fuzz/`, and their proptest twins in

@@ -4,23 +4,11 @@
 
 /// The container runtime named by a cgroup path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Runtime {
+pub(crate) enum Runtime {
     Docker,
     Containerd,
     CriO,
     Podman,
-}
-
-impl Runtime {
-    /// Stable label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Runtime::Docker => "docker",
-            Runtime::Containerd => "containerd",
-            Runtime::CriO => "cri-o",
-            Runtime::Podman => "podman",
-        }
-    }
 }
 
 /// Who a process belongs to, as far as its cgroup path tells.
@@ -30,7 +18,7 @@ impl Runtime {
 /// could come from any runtime. `systemd_unit` is only set when there is no
 /// container: it answers "which service is this" for processes on the host.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CgroupIdentity {
+pub(crate) struct CgroupIdentity {
     pub container_id: Option<String>,
     pub pod_uid: Option<String>,
     pub runtime: Option<Runtime>,
@@ -58,7 +46,7 @@ impl CgroupIdentity {
 /// own and the most informative line wins (first one on ties). Lines without
 /// two colons are skipped; malformed input gives an empty identity, never a
 /// panic.
-pub fn parse_cgroup(content: &str) -> CgroupIdentity {
+pub(crate) fn parse_cgroup(content: &str) -> CgroupIdentity {
     let mut best = CgroupIdentity::default();
     for line in content.lines() {
         let mut parts = line.splitn(3, ':');
@@ -101,7 +89,7 @@ const SCOPE_PREFIXES: [(&str, Runtime); 4] = [
 /// container describe the process, so later segments overwrite earlier ones,
 /// and entering a pod forgets any container seen above it (that was the node,
 /// not the workload).
-pub fn parse_cgroup_path(path: &str) -> CgroupIdentity {
+pub(crate) fn parse_cgroup_path(path: &str) -> CgroupIdentity {
     let path = path.trim();
     // The kernel appends this when the cgroup was removed while the process
     // still sat in it; the path before it is still the right one.
@@ -186,11 +174,11 @@ fn pod_uid_of_segment(segment: &str) -> Option<String> {
 }
 
 /// The container id's form is the pod index's key, so it is defined there.
-pub use crate::kube::index::is_container_id;
+pub(crate) use crate::kube::index::is_container_id;
 
 /// A UUID in its 36-character 8-4-4-4-12 hex form, which is what Kubernetes
 /// pod UIDs are.
-pub fn is_pod_uid(s: &str) -> bool {
+pub(crate) fn is_pod_uid(s: &str) -> bool {
     let groups: Vec<&str> = s.split('-').collect();
     groups.len() == 5
         && groups
@@ -514,19 +502,6 @@ pub(crate) mod tests {
                 })
                 .collect();
             let _ = parse_cgroup(&s);
-        }
-    }
-
-    #[test]
-    fn runtime_labels() {
-        let cases = [
-            (Runtime::Docker, "docker"),
-            (Runtime::Containerd, "containerd"),
-            (Runtime::CriO, "cri-o"),
-            (Runtime::Podman, "podman"),
-        ];
-        for (runtime, label) in cases {
-            assert_eq!(runtime.as_str(), label);
         }
     }
 

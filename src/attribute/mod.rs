@@ -7,13 +7,13 @@
 //! [`ProcCache`] puts them together for the sampler, cached by (pid, start
 //! time).
 
-pub mod cgroup;
-pub mod containers;
-pub mod passwd;
-pub mod procfs;
-pub mod redact;
-pub mod slurm;
-pub mod torch;
+pub(crate) mod cgroup;
+pub(crate) mod containers;
+pub(crate) mod passwd;
+pub(crate) mod procfs;
+pub(crate) mod redact;
+pub(crate) mod slurm;
+pub(crate) mod torch;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

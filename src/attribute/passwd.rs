@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 /// uid → user name from passwd-format content. Comments, blank lines, NIS
 /// compat entries (`+`/`-`) and lines without a numeric uid are skipped; when
 /// a uid appears twice the first name wins, as with `getpwuid`.
-pub fn parse_passwd(content: &str) -> HashMap<u32, String> {
+pub(crate) fn parse_passwd(content: &str) -> HashMap<u32, String> {
     let mut names = HashMap::new();
     for line in content.lines() {
         let line = line.trim();

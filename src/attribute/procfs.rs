@@ -86,7 +86,7 @@ impl ProcRoot {
 /// (`Uid:\treal\teffective\tsaved\tfs`). The real uid is who started the
 /// process, which is what "whose job is using the GPU" means; the effective
 /// uid differs only for setuid programs.
-pub fn parse_status_uid(status: &str) -> Option<u32> {
+pub(crate) fn parse_status_uid(status: &str) -> Option<u32> {
     status
         .lines()
         .find_map(|line| line.strip_prefix("Uid:"))?
@@ -103,7 +103,7 @@ pub fn parse_status_uid(status: &str) -> Option<u32> {
 /// line on whitespace miscounts. The kernel prints nothing after comm that can
 /// contain `)`, so everything after the LAST `)` is the fixed numeric fields,
 /// starting with field 3 (state).
-pub fn parse_stat_start_time(stat: &str) -> Option<u64> {
+pub(crate) fn parse_stat_start_time(stat: &str) -> Option<u64> {
     const FIRST_FIELD_AFTER_COMM: usize = 3;
     const START_TIME_FIELD: usize = 22;
     let (_, after_comm) = stat.rsplit_once(')')?;
@@ -121,7 +121,7 @@ pub fn parse_stat_start_time(stat: &str) -> Option<u64> {
 /// those are not arguments. The cost is that genuinely empty trailing
 /// arguments vanish. Kernel threads and zombies have an empty cmdline, which
 /// gives an empty vector.
-pub fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
+pub(crate) fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
     let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
     if end == 0 {
         return Vec::new();

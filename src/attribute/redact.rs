@@ -1,7 +1,7 @@
 //! Command-line redaction: what may end up in a metric label.
 
 /// What a redacted value is replaced with.
-pub const REDACTED: &str = "<redacted>";
+pub(crate) const REDACTED: &str = "<redacted>";
 
 /// Joins a command line with spaces for display, with secret-looking values
 /// replaced by [`REDACTED`], then cut to at most `max_len` characters.
@@ -21,7 +21,7 @@ pub const REDACTED: &str = "<redacted>";
 /// Control characters become spaces so a label stays one line. The result,
 /// including the trailing `…` that marks a cut, is at most `max_len`
 /// characters (not bytes), so label size is bounded.
-pub fn redact_cmdline(args: &[String], max_len: usize) -> String {
+pub(crate) fn redact_cmdline(args: &[String], max_len: usize) -> String {
     let mut out = Vec::with_capacity(args.len());
     let mut value_expected = false;
     for arg in args {

@@ -22,7 +22,7 @@
 
 /// A process's Slurm job, as far as its cgroup path tells.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SlurmCgroup {
+pub(crate) struct SlurmCgroup {
     /// `job_<id>`'s id, or the SLUID (26.05 v2 layout), as written.
     pub job: String,
     /// `step_<step>`'s step; `None` for a process in the job's own cgroup.
@@ -40,7 +40,7 @@ impl SlurmCgroup {
 /// The Slurm job of a `/proc/<pid>/cgroup`, if any line's path is in one:
 /// the most informative line wins (v1 controllers a job does not use sit
 /// elsewhere, e.g. under `slurmd.service`), the first one on ties.
-pub fn parse_slurm_cgroup(content: &str) -> Option<SlurmCgroup> {
+pub(crate) fn parse_slurm_cgroup(content: &str) -> Option<SlurmCgroup> {
     let mut best: Option<SlurmCgroup> = None;
     for line in content.lines() {
         let mut parts = line.splitn(3, ':');
@@ -57,7 +57,7 @@ pub fn parse_slurm_cgroup(content: &str) -> Option<SlurmCgroup> {
 }
 
 /// The Slurm job of one cgroup path, `None` outside Slurm's hierarchy.
-pub fn parse_slurm_path(path: &str) -> Option<SlurmCgroup> {
+pub(crate) fn parse_slurm_path(path: &str) -> Option<SlurmCgroup> {
     let path = path.trim();
     let path = path.strip_suffix(" (deleted)").unwrap_or(path);
     let mut segments = path.split('/').filter(|s| !s.is_empty());

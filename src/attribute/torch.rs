@@ -71,18 +71,18 @@ use crate::ratelimit::LogLimiter;
 use crate::trend;
 
 /// What `/proc/<pid>/fd/<n>` reads for the bridge's memfd.
-pub const LINK_TARGET: &str = "/memfd:gpumem-bridge (deleted)";
+pub(crate) const LINK_TARGET: &str = "/memfd:gpumem-bridge (deleted)";
 /// Larger documents are dropped (reason `oversized`) without being parsed.
-pub const MAX_DOCUMENT_BYTES: u64 = 64 * 1024;
+pub(crate) const MAX_DOCUMENT_BYTES: u64 = 64 * 1024;
 /// At most this many entries of `/proc/<pid>/fd` are looked at per scan.
-pub const MAX_FDS_SCANNED: usize = 4096;
+pub(crate) const MAX_FDS_SCANNED: usize = 4096;
 /// A process without the bridge's memfd is scanned again after this long
 /// (a process may start the bridge after it started using the GPU).
-pub const RESCAN_AFTER: Duration = Duration::from_secs(5);
+pub(crate) const RESCAN_AFTER: Duration = Duration::from_secs(5);
 /// A step ring longer than this is malformed (the bridge keeps 128).
-pub const MAX_RING: usize = 1024;
+pub(crate) const MAX_RING: usize = 1024;
 /// The `v` field this reader understands.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub(crate) const PROTOCOL_VERSION: u32 = 1;
 
 /// Seals a published document must carry: it can no longer change.
 const REQUIRED_SEALS: libc::c_int = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK;
@@ -90,7 +90,7 @@ const REQUIRED_SEALS: libc::c_int = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | lib
 /// Why a document was dropped: the `reason` label of
 /// `gpumem_exporter_torch_reports_dropped_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DropReason {
+pub(crate) enum DropReason {
     /// Not JSON, wrong types, a missing field, an unknown version, or the
     /// file is not a memfd.
     Malformed,
@@ -102,7 +102,7 @@ pub enum DropReason {
 }
 
 impl DropReason {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DropReason::Malformed => "malformed",
             DropReason::Oversized => "oversized",
@@ -114,14 +114,14 @@ impl DropReason {
 /// A parsed document: allocator figures per device UUID, in the
 /// document's order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Document {
+pub(crate) struct Document {
     pub devices: Vec<(String, TorchStats)>,
 }
 
 impl Document {
     /// The figures of the first entry naming one of `uuids` (a MIG
     /// instance's UUID and its GPU's, or just the GPU's).
-    pub fn stats_for(&self, uuids: &[&str]) -> Option<TorchStats> {
+    pub(crate) fn stats_for(&self, uuids: &[&str]) -> Option<TorchStats> {
         uuids.iter().find_map(|want| {
             self.devices
                 .iter()
@@ -254,7 +254,7 @@ fn steps(w: WireSteps) -> Option<TorchSteps> {
 /// Parse a document strictly: every device field is required and must be a
 /// non-negative integer; unknown fields (such as a claimed `pid`) are
 /// ignored.
-pub fn parse(bytes: &[u8]) -> Result<Document, DropReason> {
+pub(crate) fn parse(bytes: &[u8]) -> Result<Document, DropReason> {
     if bytes.len() as u64 > MAX_DOCUMENT_BYTES {
         return Err(DropReason::Oversized);
     }
@@ -319,7 +319,7 @@ fn bare_uuid(u: &str) -> &str {
 /// 8-4-4-4-12 form (the bridge prefixes `GPU-`); under MIG the same bytes
 /// are the instance's UUID, which NVML spells `MIG-…`: compare what follows
 /// the prefix, ignoring case.
-pub fn same_uuid(a: &str, b: &str) -> bool {
+pub(crate) fn same_uuid(a: &str, b: &str) -> bool {
     let (a, b) = (bare_uuid(a), bare_uuid(b));
     !a.is_empty() && a.eq_ignore_ascii_case(b)
 }
@@ -350,7 +350,7 @@ struct Tracked {
 /// the sampler thread; its only state across ticks is the fd number per
 /// (pid, start time) and the counters.
 #[derive(Debug)]
-pub struct TorchReader {
+pub(crate) struct TorchReader {
     root: ProcRoot,
     tracked: HashMap<u32, Tracked>,
     /// Documents read in the current tick (a process on two GPUs is read
@@ -364,7 +364,7 @@ pub struct TorchReader {
 impl TorchReader {
     /// Read `/proc/<pid>/fd` under `root` (the same root as every other
     /// /proc lookup: the host's, with hostPID).
-    pub fn new(root: ProcRoot) -> Self {
+    pub(crate) fn new(root: ProcRoot) -> Self {
         TorchReader {
             root,
             tracked: HashMap::new(),
@@ -375,13 +375,13 @@ impl TorchReader {
     }
 
     /// Documents accepted and dropped so far.
-    pub fn counters(&self) -> TorchCounters {
+    pub(crate) fn counters(&self) -> TorchCounters {
         self.counters
     }
 
     /// The figures process `pid` (whose start time the caller just read
     /// from /proc) published for the device named by `uuids`, if any.
-    pub fn stats(&mut self, pid: u32, start: u64, uuids: &[&str]) -> Option<TorchStats> {
+    pub(crate) fn stats(&mut self, pid: u32, start: u64, uuids: &[&str]) -> Option<TorchStats> {
         if !self.this_tick.contains_key(&(pid, start)) {
             let doc = self.read(pid, start);
             self.this_tick.insert((pid, start), doc);
@@ -394,7 +394,7 @@ impl TorchReader {
 
     /// End of a full tick: forget this tick's documents, and the processes
     /// no longer on any GPU.
-    pub fn end_tick(&mut self, live: &dyn Fn(u32) -> bool) {
+    pub(crate) fn end_tick(&mut self, live: &dyn Fn(u32) -> bool) {
         self.this_tick.clear();
         self.tracked.retain(|pid, _| live(*pid));
     }

@@ -214,7 +214,7 @@ pub fn load(
 }
 
 /// Parse YAML text; `origin` names it in errors.
-pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
     build(parse_yaml(text, origin)?, &Overrides::default(), &|_| None)
         .map_err(|e| locate(e, text, origin))
 }

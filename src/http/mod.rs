@@ -12,11 +12,11 @@ pub(crate) mod auth;
 pub(crate) mod cache;
 pub(crate) mod connection;
 pub(crate) mod listener;
-pub mod negotiate;
+pub(crate) mod negotiate;
 pub(crate) mod page;
 pub(crate) mod routes;
 pub(crate) mod tls;
-pub mod web_config;
+pub(crate) mod web_config;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -8,7 +8,7 @@ use crate::expose::Format;
 /// `application/openmetrics-text` with a q-value that is positive and
 /// not lower than the best other acceptable type; the classic text
 /// format otherwise (also for a missing or malformed header).
-pub fn format(accept: Option<&str>) -> Format {
+pub(crate) fn format(accept: Option<&str>) -> Format {
     let Some(accept) = accept else {
         return Format::Text;
     };
@@ -44,7 +44,7 @@ pub fn format(accept: Option<&str>) -> Format {
 }
 
 /// True when the `Accept-Encoding` header accepts gzip (q > 0).
-pub fn accepts_gzip(accept_encoding: Option<&str>) -> bool {
+pub(crate) fn accepts_gzip(accept_encoding: Option<&str>) -> bool {
     accept_encoding.is_some_and(|h| {
         h.split(',').any(|part| {
             let mut it = part.split(';');

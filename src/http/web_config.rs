@@ -25,17 +25,17 @@ use crate::config::yaml::{self, ReadError, YamlError};
 
 /// Default cap on open connections; beyond it the slowest one that is not
 /// being answered is closed.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 2048;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 2048;
 /// Default cap on open connections from one client address (an IPv6 /64),
 /// so one client cannot fill the whole cap. Prometheus keeps one or two
 /// connections per target; 256 leaves room for many clients behind one NAT.
-pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 256;
+pub(crate) const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 256;
 /// Default time a client has to send a request's headers (TLS handshake
 /// included), and the most a keep-alive connection may sit idle. Prometheus
 /// sends its ~6 headers in one packet right after connecting, so 5 s leaves
 /// a wide margin even over a slow link, and a slowloris connection is gone
 /// twice as fast as with Go's customary 10 s.
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// A web config error: one line naming the file, line and key.
 #[derive(Debug, thiserror::Error)]
 pub enum WebConfigError {
@@ -232,7 +232,7 @@ impl WebConfig {
 
 /// Parse web config `text`; `origin` names it in errors, `base` is where
 /// relative file paths start.
-pub fn parse(text: &str, origin: &str, base: &Path) -> Result<WebConfig, WebConfigError> {
+pub(crate) fn parse(text: &str, origin: &str, base: &Path) -> Result<WebConfig, WebConfigError> {
     let file = parse_yaml(text, origin)?;
     let at = |key: &str, msg: String| locate(text, origin, key, msg);
 

@@ -199,7 +199,7 @@ impl Pod {
 /// that joins a process's cgroup to its pod. Anything shorter is a
 /// truncated or unrelated name, and reporting it would produce ids that
 /// match nothing in `docker ps` or `crictl ps`.
-pub fn is_container_id(s: &str) -> bool {
+pub(crate) fn is_container_id(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 

@@ -1,4 +1,4 @@
-//! AFL++ target: see `gpumem_exporter_fuzz::accept`.
+//! AFL++ target: see `gpumem_exporter::testing::fuzzing::accept` (src/fuzzing.rs).
 fn main() {
-    afl::fuzz!(|data: &[u8]| gpumem_exporter_fuzz::accept(data));
+    afl::fuzz!(|data: &[u8]| gpumem_exporter::testing::fuzzing::accept(data));
 }

@@ -1,4 +1,4 @@
-//! AFL++ target: see `gpumem_exporter_fuzz::cgroup`.
+//! AFL++ target: see `gpumem_exporter::testing::fuzzing::cgroup` (src/fuzzing.rs).
 fn main() {
-    afl::fuzz!(|data: &[u8]| gpumem_exporter_fuzz::cgroup(data));
+    afl::fuzz!(|data: &[u8]| gpumem_exporter::testing::fuzzing::cgroup(data));
 }

@@ -1,4 +1,4 @@
-//! AFL++ target: see `gpumem_exporter_fuzz::config`.
+//! AFL++ target: see `gpumem_exporter::testing::fuzzing::config` (src/fuzzing.rs).
 fn main() {
-    afl::fuzz!(|data: &[u8]| gpumem_exporter_fuzz::config(data));
+    afl::fuzz!(|data: &[u8]| gpumem_exporter::testing::fuzzing::config(data));
 }

@@ -1,4 +1,4 @@
-//! AFL++ target: see `gpumem_exporter_fuzz::container`.
+//! AFL++ target: see `gpumem_exporter::testing::fuzzing::container` (src/fuzzing.rs).
 fn main() {
-    afl::fuzz!(|data: &[u8]| gpumem_exporter_fuzz::container(data));
+    afl::fuzz!(|data: &[u8]| gpumem_exporter::testing::fuzzing::container(data));
 }

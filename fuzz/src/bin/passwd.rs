@@ -1,4 +1,4 @@
-//! AFL++ target: see `gpumem_exporter_fuzz::passwd`.
+//! AFL++ target: see `gpumem_exporter::testing::fuzzing::passwd` (src/fuzzing.rs).
 fn main() {
-    afl::fuzz!(|data: &[u8]| gpumem_exporter_fuzz::passwd(data));
+    afl::fuzz!(|data: &[u8]| gpumem_exporter::testing::fuzzing::passwd(data));
 }

@@ -1,4 +1,4 @@
-//! AFL++ target: see `gpumem_exporter_fuzz::pod_resources`.
+//! AFL++ target: see `gpumem_exporter::testing::fuzzing::pod_resources` (src/fuzzing.rs).
 fn main() {
-    afl::fuzz!(|data: &[u8]| gpumem_exporter_fuzz::pod_resources(data));
+    afl::fuzz!(|data: &[u8]| gpumem_exporter::testing::fuzzing::pod_resources(data));
 }

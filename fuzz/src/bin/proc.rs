@@ -1,4 +1,4 @@
-//! AFL++ target: see `gpumem_exporter_fuzz::proc`.
+//! AFL++ target: see `gpumem_exporter::testing::fuzzing::proc` (src/fuzzing.rs).
 fn main() {
-    afl::fuzz!(|data: &[u8]| gpumem_exporter_fuzz::proc(data));
+    afl::fuzz!(|data: &[u8]| gpumem_exporter::testing::fuzzing::proc(data));
 }

@@ -1,4 +1,4 @@
-//! AFL++ target: see `gpumem_exporter_fuzz::resource_slice`.
+//! AFL++ target: see `gpumem_exporter::testing::fuzzing::resource_slice` (src/fuzzing.rs).
 fn main() {
-    afl::fuzz!(|data: &[u8]| gpumem_exporter_fuzz::resource_slice(data));
+    afl::fuzz!(|data: &[u8]| gpumem_exporter::testing::fuzzing::resource_slice(data));
 }

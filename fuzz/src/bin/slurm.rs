@@ -1,4 +1,4 @@
-//! AFL++ target: see `gpumem_exporter_fuzz::slurm`.
+//! AFL++ target: see `gpumem_exporter::testing::fuzzing::slurm` (src/fuzzing.rs).
 fn main() {
-    afl::fuzz!(|data: &[u8]| gpumem_exporter_fuzz::slurm(data));
+    afl::fuzz!(|data: &[u8]| gpumem_exporter::testing::fuzzing::slurm(data));
 }

@@ -1,4 +1,4 @@
-//! AFL++ target: see `gpumem_exporter_fuzz::torch`.
+//! AFL++ target: see `gpumem_exporter::testing::fuzzing::torch` (src/fuzzing.rs).
 fn main() {
-    afl::fuzz!(|data: &[u8]| gpumem_exporter_fuzz::torch(data));
+    afl::fuzz!(|data: &[u8]| gpumem_exporter::testing::fuzzing::torch(data));
 }

@@ -18,16 +18,16 @@ use crate::model::ContainerInfo;
 
 /// The most of an inspect answer read (a container's full inspect is a
 /// few KiB; its labels and environment are bounded by the engine only).
-pub const MAX_BODY_BYTES: usize = 1 << 20;
+pub(crate) const MAX_BODY_BYTES: usize = 1 << 20;
 /// Longest label value kept, in characters.
-pub const MAX_VALUE_CHARS: usize = 256;
+pub(crate) const MAX_VALUE_CHARS: usize = 256;
 
 const COMPOSE_PROJECT: &str = "com.docker.compose.project";
 const COMPOSE_SERVICE: &str = "com.docker.compose.service";
 
 /// What the engine said about an id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
+pub(crate) enum Answer {
     Found(ContainerInfo),
     /// 404: the engine does not know this id.
     NotFound,
@@ -35,7 +35,7 @@ pub enum Answer {
 
 /// Why there was no answer.
 #[derive(Debug, thiserror::Error)]
-pub enum LookupError {
+pub(crate) enum LookupError {
     #[error("container id {0:?} is not hex")]
     BadId(String),
     #[error("connect to {socket}: {source}")]
@@ -60,7 +60,7 @@ pub enum LookupError {
 
 impl LookupError {
     /// A stable key for rate-limited logging, one per kind.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             LookupError::BadId(_) => "bad_id",
             LookupError::Connect { .. } => "connect",
@@ -74,7 +74,7 @@ impl LookupError {
 }
 
 /// Ask the engine at `socket` about container `id` (one connection).
-pub async fn inspect(socket: &Path, id: &str) -> Result<Answer, LookupError> {
+pub(crate) async fn inspect(socket: &Path, id: &str) -> Result<Answer, LookupError> {
     if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(LookupError::BadId(id.to_string()));
     }
@@ -127,7 +127,7 @@ struct InspectConfig {
 }
 
 /// The fields we export from an inspect answer; the rest is ignored.
-pub fn parse(body: &[u8]) -> Result<ContainerInfo, LookupError> {
+pub(crate) fn parse(body: &[u8]) -> Result<ContainerInfo, LookupError> {
     let doc: Inspect = serde_json::from_slice(body)?;
     let value = |v: Option<&str>| -> Arc<str> {
         let v = v.unwrap_or("");

@@ -18,7 +18,7 @@ use crate::config::ContainerEngine;
 use crate::ratelimit::LogLimiter;
 
 /// Start the lookup thread for `cache`, reading `queue`.
-pub fn spawn(
+pub(crate) fn spawn(
     cfg: &ContainerEngine,
     cache: Arc<ContainerCache>,
     queue: mpsc::Receiver<Arc<str>>,

@@ -32,25 +32,25 @@
 //! already here for the server and kube-rs), one connection per lookup: a
 //! lookup happens once per new container, so there is nothing to pool.
 
-pub mod cache;
-pub mod client;
-pub mod lookup;
+pub(crate) mod cache;
+pub(crate) mod client;
+pub(crate) mod lookup;
 
 use std::time::Duration;
 
-pub use cache::ContainerCache;
+pub(crate) use cache::ContainerCache;
 
 /// Container ids the cache holds at most; a new id beyond it is not asked
 /// for (its processes keep their container id, without names).
-pub const MAX_ENTRIES: usize = 4096;
+pub(crate) const MAX_ENTRIES: usize = 4096;
 /// Ids waiting for the lookup thread at most; a miss that finds the queue
 /// full is asked for again in the next tick.
-pub const QUEUE_LEN: usize = 1024;
+pub(crate) const QUEUE_LEN: usize = 1024;
 /// A 404 is believed this long.
-pub const NOT_FOUND_RETRY: Duration = Duration::from_secs(60);
+pub(crate) const NOT_FOUND_RETRY: Duration = Duration::from_secs(60);
 /// The first retry after a failed lookup.
-pub const ERROR_RETRY_MIN: Duration = Duration::from_secs(1);
+pub(crate) const ERROR_RETRY_MIN: Duration = Duration::from_secs(1);
 /// The longest wait between retries while lookups keep failing.
-pub const ERROR_RETRY_MAX: Duration = Duration::from_secs(30);
+pub(crate) const ERROR_RETRY_MAX: Duration = Duration::from_secs(30);
 /// One lookup (connect, request, body) takes at most this long.
-pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
