@@ -5,11 +5,12 @@
 //! - `mod.rs`: its reading type (what it leaves in a GPU's or process's
 //!   sample, a [`Reading`](crate::model::Reading)), its per-GPU state, its
 //!   read interval and its [`Collector`] impl;
-//! - `calls.rs`: its NVML calls on a [`Handle`] (nvml-wrapper's device
-//!   through `gpu::nvml::Handle`, state that must die with the library in
-//!   `Handle::state`), its [`Operation`]s (the `operation` label of each
-//!   call), and, for unit tests, the in-process fake's answers from a
-//!   script type of its own (`gpu::fake::Scripts`);
+//! - `calls.rs`: its NVML calls on a [`Handle`](crate::gpu::Handle)
+//!   (nvml-wrapper's device and library through the NVML handle, state
+//!   that must die with the library in its `state`), its `Operation`s
+//!   (the `operation` label of each call), and, for unit tests, the
+//!   in-process fake's answers from a script type of its own
+//!   (`gpu::fake::Scripts`);
 //! - `families.rs`: its metric families, encoded from the snapshot with
 //!   the shared vocabulary of `crate::encoding`.
 //!
@@ -20,10 +21,14 @@
 //! registry and names no collector) and its operations (a test checks
 //! that no two share a label).
 //!
-//! **A new collector is its folder and one row in [`REGISTRY`]**, plus an
-//! answer in `tests/fake-nvml` only where it makes a call that fake
-//! library lacks. `collectors/tests.rs` holds a toy collector that joins
-//! through the registry alone and is encoded by the scrape path.
+//! **A new collector is its folder, its `mod` line and its row in
+//! [`REGISTRY`] here**, plus its docs (its row of docs/metrics.md's
+//! collector table, which `tests.rs` holds to the registry, its families'
+//! lines there, its key in config.example.yaml), and an answer in
+//! `tests/fake-nvml` only where it makes a call that fake library lacks.
+//! `collectors/tests.rs` holds a toy collector written this way: it joins
+//! through its row alone, makes its own call on the handle, and its
+//! family lands in the scrape body.
 //!
 //! `memory` and `processes` are rows too (their flags, keys and doc lines
 //! come from the table) but no folder: device memory is what the sampler
