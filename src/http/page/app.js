@@ -15,6 +15,13 @@
     hist: null,
     histAt: 0,
     started: 0,
+    // The last snapshot's answer: the server's clock then (its HTTP Date,
+    // whole seconds; NaN without one) and this page's monotonic clock
+    // (performance.now(), ms) when it came, and when this page last saw
+    // taken_at change.
+    answer: { server: NaN, at: 0 },
+    takenAt: null,
+    changedAt: 0,
   };
 
   function el(tag, cls, ...children) {
@@ -61,7 +68,19 @@
     } catch (e) {
       body = null;
     }
-    return { ok: r.ok, status: r.status, body };
+    const date = Date.parse(r.headers.get('Date') || '');
+    return { ok: r.ok, status: r.status, body, server: date / 1000, at: performance.now() };
+  }
+
+  // How old the sample is, by the server's clock only: taken_at against the
+  // server's own time when it answered (plus the time since, by this page's
+  // monotonic clock), never against the browser's wall clock, which may be
+  // off by minutes. Without a Date header: how long taken_at has not moved.
+  function sampleAge(s) {
+    const now = performance.now();
+    const a = state.answer;
+    if (Number.isFinite(a.server)) return Math.max(0, a.server + (now - a.at) / 1000 - s.taken_at);
+    return Math.max(0, (now - state.changedAt) / 1000);
   }
 
   async function refresh() {
@@ -79,9 +98,14 @@
         document.getElementById('health').replaceChildren();
       } else {
         state.snap = r.body;
+        state.answer = { server: r.server, at: r.at };
+        if (r.body.taken_at !== state.takenAt) {
+          state.takenAt = r.body.taken_at;
+          state.changedAt = r.at;
+        }
         delay = clamp((r.body.sample_interval_seconds || 1) * 1000, 100, 60000);
-        if (Date.now() - state.histAt >= 1000) {
-          state.histAt = Date.now();
+        if (performance.now() - state.histAt >= 1000) {
+          state.histAt = performance.now();
           const h = await getJSON('api/v1/history?seconds=' + HISTORY_SECONDS);
           if (h.ok && h.body && Array.isArray(h.body.gpus)) state.hist = h.body;
         }
@@ -101,7 +125,7 @@
 
   function render() {
     const s = state.snap;
-    const age = Math.max(0, Date.now() / 1000 - s.taken_at);
+    const age = sampleAge(s);
     const stale = Math.max(3 * s.sample_interval_seconds, 5);
     const lines = [];
     if (s.gpus.length === 0) lines.push('NVML lists no GPU on this host.');

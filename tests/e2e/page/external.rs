@@ -392,3 +392,95 @@ fn the_page_forecasts_a_growing_gpu_and_names_a_leak_but_not_for_a_flat_one() {
     b.pump(Duration::from_millis(300));
     assert_eq!(b.errors, Vec::<String>::new());
 }
+
+/// One GPU whose every NVML call takes `delay_ms` (0: none; 20 s: the
+/// sampler stalls in the call).
+fn one_gpu(delay_ms: u64) -> String {
+    format!(
+        "devices:\n  - uuid: {GPU0}\n    name: NVIDIA H200\n    memory: {{total: 150754820096, reserved: 644939776, used: {}}}\n    delay_ms: {delay_ms}\n    processes: []\n",
+        1024 * MIB
+    )
+}
+
+/// Run before the page's own script: the browser's wall clock (`Date`)
+/// moved by `seconds`, as on a laptop whose clock is off.
+fn skewed_clock(seconds: f64) -> String {
+    format!(
+        "(() => {{
+  const off = {seconds} * 1000;
+  const D = Date;
+  class Skewed extends D {{
+    constructor(...a) {{ if (a.length === 0) super(D.now() + off); else super(...a); }}
+    static now() {{ return D.now() + off; }}
+  }}
+  globalThis.Date = Skewed;
+}})();"
+    )
+}
+
+/// "Last sample N s old" is the server's clock against the server's
+/// clock: with the browser's clock 10 minutes ahead or behind, a live
+/// exporter shows a sample well under a second or two old and no "may be
+/// stuck" banner (the page used to subtract `taken_at` from the
+/// browser's clock and cried wolf); an NVML call that really hangs still
+/// raises the banner within a few seconds.
+#[test]
+fn the_sample_age_is_read_from_the_servers_clock_not_the_browsers() {
+    let sc = Scenario::new(&one_gpu(0));
+    let ex = Exporter::start(
+        &sc,
+        &["--sample-interval", "200ms", "--memory-sample-interval", "100ms"],
+    );
+    let url = format!("http://{}/", ex.addr);
+    let last_sample = |d: &Value| -> Option<f64> {
+        let h = d["health"].as_str()?;
+        let rest = h.split("last sample: ").nth(1)?;
+        rest.split(" s ago").next()?.parse().ok()
+    };
+    let mut browsers = Vec::new();
+    for skew in [600.0, -600.0] {
+        let mut b = Browser::start(1024, 600);
+        b.call(
+            "Page.addScriptToEvaluateOnNewDocument",
+            serde_json::json!({ "source": skewed_clock(skew) }),
+        );
+        b.navigate(&url);
+        let dom = b.wait_until(Duration::from_secs(20), "a few renders", READ_DOM, |d| {
+            d["rendered"].as_u64().is_some_and(|n| n >= 5)
+        });
+        let browser_now = b.eval("Date.now() / 1000").as_f64().unwrap_or(0.0);
+        let host_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        assert!(
+            (browser_now - host_now - skew).abs() < 5.0,
+            "the browser's clock is {:.0} s off, not {skew}",
+            browser_now - host_now
+        );
+        assert_eq!(dom["problems"], serde_json::json!([]), "skew {skew}: {dom}");
+        let age = last_sample(&dom);
+        assert!(
+            age.is_some_and(|a| a < 2.5),
+            "skew {skew}: the page says the last sample is {age:?} s old: {}",
+            dom["health"]
+        );
+        browsers.push((skew, b));
+    }
+    // A real stall: the sampler hangs in an NVML call; both pages say so.
+    sc.write(&one_gpu(20_000));
+    for (skew, b) in &mut browsers {
+        let dom = b.wait_until(Duration::from_secs(15), "the stuck banner", READ_DOM, |d| {
+            d["problems"].as_array().is_some_and(|p| {
+                p.iter()
+                    .any(|l| l.as_str().is_some_and(|l| l.contains("the sampler may be stuck")))
+            })
+        });
+        let age = last_sample(&dom);
+        assert!(
+            age.is_some_and(|a| (4.0..60.0).contains(&a)),
+            "skew {skew}: stalled, the page says {age:?} s: {}",
+            dom["health"]
+        );
+        assert!(b.errors.is_empty(), "skew {skew}: {:?}", b.errors);
+    }
+}
