@@ -429,7 +429,12 @@ fn the_sample_age_is_read_from_the_servers_clock_not_the_browsers() {
     let sc = Scenario::new(&one_gpu(0));
     let ex = Exporter::start(
         &sc,
-        &["--sample-interval", "200ms", "--memory-sample-interval", "100ms"],
+        &[
+            "--sample-interval",
+            "200ms",
+            "--memory-sample-interval",
+            "100ms",
+        ],
     );
     let url = format!("http://{}/", ex.addr);
     let last_sample = |d: &Value| -> Option<f64> {
@@ -471,8 +476,10 @@ fn the_sample_age_is_read_from_the_servers_clock_not_the_browsers() {
     for (skew, b) in &mut browsers {
         let dom = b.wait_until(Duration::from_secs(15), "the stuck banner", READ_DOM, |d| {
             d["problems"].as_array().is_some_and(|p| {
-                p.iter()
-                    .any(|l| l.as_str().is_some_and(|l| l.contains("the sampler may be stuck")))
+                p.iter().any(|l| {
+                    l.as_str()
+                        .is_some_and(|l| l.contains("the sampler may be stuck"))
+                })
             })
         });
         let age = last_sample(&dom);
