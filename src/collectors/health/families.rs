@@ -69,6 +69,7 @@ fn row_remapping(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::E
     if !any(s, |h| h.remapped_rows.is_some()) {
         return Ok(());
     }
+    // `m` writes `enc` until the block ends; the flags below write it next.
     {
         let mut m = gauge(
             enc,
