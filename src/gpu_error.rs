@@ -171,8 +171,9 @@ impl fmt::Display for ErrorKind {
 /// Which NVML call failed: the `operation` label. Made only through
 /// named constants ([`Operation::new`] is `const` so that a collector can
 /// declare its own beside its calls); two operations are the same when
-/// their labels are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// their labels are, and they order by label (the derived order of the
+/// one field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Operation(&'static str);
 
 impl Operation {
@@ -240,19 +241,6 @@ impl Operation {
         Operation::MPS_RUNNING_COMPUTE_PROCESSES,
         Operation::VIRTUALIZATION_MODE,
     ];
-}
-
-/// Orders by label (see the module doc).
-impl Ord for Operation {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.label().cmp(other.label())
-    }
-}
-
-impl PartialOrd for Operation {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
 }
 
 impl fmt::Display for Operation {
