@@ -33,6 +33,12 @@ pub mod readings {
     pub use crate::collectors::utilization::Utilization;
 }
 
+/// The latest snapshot's owner (the wake-cost tool publishes through it).
+pub mod publish {
+    pub use crate::publish::Shared;
+    pub use crate::telemetry::Telemetry;
+}
+
 pub mod sample {
     pub use crate::sample::{SAMPLE_DURATION_BUCKETS, Sampler, select};
 }

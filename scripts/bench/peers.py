@@ -227,7 +227,7 @@ def render(r):
                    f"{f(m['p50'] / m['floor_p50'], 2)} | {f(m['p99'] / m['floor_p99'], 2)} | {rr} | {m['bytes']} | "
                    f"{e['families']} | {f(e['idle_cpu_pct'])} | {f(e['rss'][1], 1)} ({f(e['rss'][0], 1)}) |")
     out.append("")
-    ours = [n for n in r["exporters"] if n.startswith("ours")]
+    ours = [n for n in r["exporters"] if "endpoints" in r["exporters"][n]]
     if ours:
         out.append("Our other endpoints (same interleaving, floor = /healthz):")
         out.append("")
@@ -277,6 +277,10 @@ def main():
     exporters.append(("ours", "gpumem-exporter (this build)",
                       Proc("ours", lambda port: [args.ours, "--web.listen-address", f"127.0.0.1:{port}"],
                            dict(os.environ), ours_ready, outdir)))
+    exporters.append(("ours-pu", "gpumem-exporter (this build) --collector.process_utilization",
+                      Proc("ours-pu", lambda port: [args.ours, "--web.listen-address", f"127.0.0.1:{port}",
+                                                    "--collector.process_utilization"],
+                           dict(os.environ), ours_ready, outdir)))
     if args.before:
         exporters.append(("ours-before", "gpumem-exporter (before)",
                           Proc("ours-before", lambda port: [args.before, "--web.listen-address", f"127.0.0.1:{port}"],
@@ -292,6 +296,10 @@ def main():
         exporters.append(("all-smi", "all-smi 0.22.0 (api)",
                           Proc("all-smi", lambda port: [args.all_smi, "api", "--port", str(port)], env,
                                lambda body: b"memory" in body and len(body) > 1000, outdir)))
+        exporters.append(("all-smi-processes", "all-smi 0.22.0 (api --processes)",
+                          Proc("all-smi-processes",
+                               lambda port: [args.all_smi, "api", "--port", str(port), "--processes"], env,
+                               lambda body: b"memory" in body and len(body) > 1000, outdir)))
     try:
         for _, _, e in exporters:
             e.start()
@@ -304,7 +312,7 @@ def main():
         wall = time.monotonic() - t0
         for name, _, e in exporters:
             report["exporters"][name]["idle_cpu_pct"] = (cpu_seconds(e.proc.pid)[1] - before[name]) / wall * 100
-        floor_of = {"ours": "ours", "ours-before": "ours-before"}
+        floor_of = {"ours": "ours", "ours-pu": "ours-pu", "ours-before": "ours-before"}
         ports = {name: e.port for name, _, e in exporters}
         for name, _, e in exporters:
             floor_port = ports[floor_of.get(name, "ours")]
@@ -316,7 +324,7 @@ def main():
             if outdir:
                 with open(os.path.join(outdir, f"{name}-metrics.txt"), "wb") as fh:
                     fh.write(body)
-            if name.startswith("ours"):
+            if name in ("ours", "ours-before"):
                 rep["endpoints"] = {p: interleaved(e.port, p, e.port, args.rounds, args.pairs // 2)
                                     for p in ("/api/v1/snapshot", "/")}
             rep["rss_after"] = proc_status(e.proc.pid)
