@@ -1,7 +1,7 @@
 //! `process_utilization`: per-process SM, memory, encoder and decoder
 //! busy percentages, like `nvidia-smi pmon -s um`, from NVML's process
-//! utilisation samples newer than the last seen (1.4–2.8 ms a call on the
-//! H200, hence off by default). Runs on the process list, so only while
+//! utilisation samples newer than the last seen (one call of 0.7–1.4 ms
+//! on the H200, hence off by default). Runs on the process list, so only while
 //! `processes` is on.
 
 pub(crate) mod calls;
