@@ -10,11 +10,15 @@ use std::time::Duration;
 use super::values::{JobMappingFormat, LogFormat, LogLevel};
 pub(crate) use crate::collectors::Collectors;
 
-/// The HTTP server's address and metrics path.
+/// The HTTP server's address, metrics path, and the `Host` names the page
+/// and API answer to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Http {
     pub listen_address: SocketAddr,
     pub telemetry_path: String,
+    /// `web.allowed_hosts`, lower-cased (IPv6 in brackets); empty: any
+    /// `Host`.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Timing of the loop.

@@ -10,7 +10,7 @@ use crate::collectors;
 
 use super::values::{
     ApiUrl, CmdlineLength, Interval, JobMappingFormat, KubeMode, ListenAddress, LogFormat,
-    LogLevel, TelemetryPath,
+    AllowedHost, LogLevel, TelemetryPath,
 };
 
 #[derive(Debug, Default, Deserialize)]
@@ -124,6 +124,7 @@ pub(super) struct FileSlurm {
 pub(super) struct FileWeb {
     pub(super) listen_address: Option<ListenAddress>,
     pub(super) telemetry_path: Option<TelemetryPath>,
+    pub(super) allowed_hosts: Option<Vec<AllowedHost>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -146,6 +146,7 @@ impl Default for Config {
             http: Http {
                 listen_address: SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)),
                 telemetry_path: DEFAULT_TELEMETRY_PATH.to_string(),
+                allowed_hosts: Vec::new(),
             },
             timing: Timing {
                 sample_interval: DEFAULT_SAMPLE_INTERVAL,
@@ -342,6 +343,13 @@ fn build(
         http: Http {
             listen_address: listen,
             telemetry_path: path,
+            allowed_hosts: file
+                .web
+                .allowed_hosts
+                .unwrap_or_default()
+                .into_iter()
+                .map(|h| h.0)
+                .collect(),
         },
         timing: Timing {
             sample_interval: interval,
@@ -621,6 +629,10 @@ pub(crate) fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
     check(
         old.http.telemetry_path != new.http.telemetry_path,
         "web.telemetry_path",
+    );
+    check(
+        old.http.allowed_hosts != new.http.allowed_hosts,
+        "web.allowed_hosts",
     );
     check(old.nvml_library != new.nvml_library, "nvml.library");
     check(old.log.level != new.log.level, "log.level");

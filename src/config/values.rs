@@ -119,6 +119,34 @@ impl FromStr for TelemetryPath {
     }
 }
 
+/// One entry of `web.allowed_hosts`: a host name or an IP address as a
+/// client writes it in `Host` (without the port), lower-cased; an IPv6
+/// address with or without its brackets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AllowedHost(pub String);
+
+impl FromStr for AllowedHost {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bare = s.strip_prefix('[').and_then(|v| v.strip_suffix(']'));
+        if let Some(v6) = bare.or(Some(s)).filter(|v| v.contains(':'))
+            && let Ok(ip) = v6.parse::<std::net::Ipv6Addr>()
+        {
+            return Ok(AllowedHost(format!("[{ip}]")));
+        }
+        let name_ok = !s.is_empty()
+            && s.len() <= 253
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+        if !name_ok {
+            return Err(format!(
+                "invalid allowed host {s:?} (a host name or IP address as clients write it in Host, without a port: letters, digits and -._, or an IPv6 address)"
+            ));
+        }
+        Ok(AllowedHost(s.to_ascii_lowercase()))
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogLevel {
     Error,
@@ -191,6 +219,7 @@ deserialize_via_from_str!(
     Interval,
     ListenAddress,
     TelemetryPath,
+    AllowedHost,
     LogLevel,
     LogFormat,
     KubeMode,
@@ -346,6 +375,23 @@ mod tests {
         assert!(ListenAddress::from_str("localhost:9877").is_ok());
         for bad in ["", "9877", ":99999", "host", "1.2.3.4:", "a:b"] {
             assert!(ListenAddress::from_str(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn allowed_hosts() {
+        for (good, want) in [
+            ("gpu-node-1.example.org", "gpu-node-1.example.org"),
+            ("GPU-Node", "gpu-node"),
+            ("10.0.0.7", "10.0.0.7"),
+            ("localhost", "localhost"),
+            ("::1", "[::1]"),
+            ("[2001:DB8::1]", "[2001:db8::1]"),
+        ] {
+            assert_eq!(AllowedHost::from_str(good).map(|h| h.0), Ok(want.to_string()));
+        }
+        for bad in ["", "node:9877", "http://node", "a b", "[node]", "node/x", "*"] {
+            assert!(AllowedHost::from_str(bad).is_err(), "{bad:?}");
         }
     }
 

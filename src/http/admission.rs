@@ -3,7 +3,10 @@
 //! about each; admission never waits, and at a cap (overall, or per client
 //! address) the slowest connection makes room, so idle, slowloris or
 //! slow-reading clients cannot starve a scraper. The connection driver
-//! ([`super::connection`]) marks requests busy and closes when told to.
+//! ([`super::connection`]) marks requests busy and closes when told to;
+//! the auth middleware marks a request that only waits for a password check
+//! as waiting (not busy: evictable at once) and a connection whose request
+//! passed auth as authorized (evicted after every unauthorized one).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
@@ -32,11 +35,15 @@ const HALF_OPEN_SLOW: Duration = Duration::from_secs(1);
 ///   connection that is not being answered (of that address, for the
 ///   per-address cap) is told to close: first those that have not sent a
 ///   whole request within [`HALF_OPEN_SLOW`] of connecting (slowloris,
-///   idle, a stalled TLS handshake), oldest first, then any other, longest
-///   idle first (slow readers, keep-alive). So the newest connection, a
-///   scraper's that has just connected, is the last candidate. A scrape
-///   being answered is never closed. With no candidate the new one is
-///   refused.
+///   idle, a stalled TLS handshake), oldest first, then those that never
+///   passed basic auth (a wrong-password flood, a request waiting for its
+///   password check), then any other, longest idle first within each
+///   group (slow readers, keep-alive). So the newest connection, a
+///   scraper's that has just connected, is the last candidate of its
+///   group, and a scraper that logged in is closed only after every
+///   connection that did not. A scrape being answered is never closed; a
+///   request waiting for its password check is not being answered. With no
+///   candidate the new one is refused.
 /// - Evicted connections take a moment to close, so admission keeps a
 ///   reserve above the cap ([`reserve`]) for the connections admitted
 ///   meanwhile; beyond cap + reserve a new connection is refused.
@@ -67,8 +74,14 @@ struct Entry {
 }
 
 struct ConnState {
-    /// Requests being handled now.
+    /// Requests being handled now, not counting those that only wait for
+    /// their password check.
     busy: AtomicUsize,
+    /// Requests waiting for their password check (or its refusal's pause):
+    /// nothing is being written, so an evicted connection closes at once.
+    waiting: AtomicUsize,
+    /// A request of this connection passed basic auth.
+    authorized: AtomicBool,
     /// Requests received whole so far; 0: half-open (headers or the TLS
     /// handshake never finished).
     served: AtomicU64,
@@ -156,6 +169,8 @@ impl Conns {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ConnState {
             busy: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            authorized: AtomicBool::new(false),
             served: AtomicU64::new(0),
             idle_since: AtomicU64::new(self.now()),
             closing: AtomicBool::new(false),
@@ -175,6 +190,7 @@ impl Conns {
         Some(Registration {
             conns: Arc::clone(self),
             id,
+            ip,
             state,
             _slot: permit,
         })
@@ -196,7 +212,8 @@ impl Conns {
                 let since = e.state.idle_since.load(Ordering::Relaxed);
                 let slow_half_open =
                     e.state.served.load(Ordering::Relaxed) == 0 && since < slow_before;
-                (!slow_half_open, since)
+                let authorized = e.state.authorized.load(Ordering::Relaxed);
+                (!slow_half_open, authorized, since)
             })
             .map(|e| (e.ip, Arc::clone(&e.state)));
         let Some((victim_ip, state)) = victim else {
@@ -249,6 +266,8 @@ impl Table {
 pub(super) struct Registration {
     conns: Arc<Conns>,
     id: u64,
+    /// The client's address as the caps count it ([`client_key`]).
+    ip: IpAddr,
     state: Arc<ConnState>,
     _slot: OwnedSemaphorePermit,
 }
@@ -275,21 +294,32 @@ impl Registration {
         self.state.close.notified().await;
     }
 
+    /// Whether a request of this connection only waits for its password
+    /// check: nothing is being written, so an evicted connection can close
+    /// at once.
+    pub(super) fn only_waiting(&self) -> bool {
+        self.state.waiting.load(Ordering::Acquire) > 0
+            && self.state.busy.load(Ordering::Acquire) == 0
+    }
+
     /// What the connection's service marks each of its requests with.
     pub(super) fn requests(&self) -> Requests {
         Requests {
             state: Arc::clone(&self.state),
             conns: Arc::clone(&self.conns),
+            ip: self.ip,
         }
     }
 }
 
 /// A connection's requests, as admission ranks them: one clone per
-/// request handler.
+/// request handler, and in each request's extensions for the auth
+/// middleware.
 #[derive(Clone)]
-pub(super) struct Requests {
+pub(crate) struct Requests {
     state: Arc<ConnState>,
     conns: Arc<Conns>,
+    ip: IpAddr,
 }
 
 impl Requests {
@@ -297,6 +327,40 @@ impl Requests {
     /// evicted) until the returned guard is dropped.
     pub(super) fn start(&self) -> Busy {
         Busy::new(Arc::clone(&self.state), Arc::clone(&self.conns))
+    }
+
+    /// The client's address as the caps count it (IPv4, or an IPv6 /64).
+    pub(crate) fn client(&self) -> IpAddr {
+        self.ip
+    }
+
+    /// The request only waits (for its password check) until the guard is
+    /// dropped: meanwhile the connection counts as idle, so admission may
+    /// evict it.
+    pub(crate) fn waiting(&self) -> Waiting {
+        self.state.waiting.fetch_add(1, Ordering::AcqRel);
+        self.state.busy.fetch_sub(1, Ordering::AcqRel);
+        Waiting {
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// A request of this connection passed basic auth: admission closes it
+    /// only after every connection that did not.
+    pub(crate) fn authorized(&self) {
+        self.state.authorized.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A request that waits (see [`Requests::waiting`]); busy again on drop.
+pub(crate) struct Waiting {
+    state: Arc<ConnState>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.state.busy.fetch_add(1, Ordering::AcqRel);
+        self.state.waiting.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

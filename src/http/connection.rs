@@ -99,9 +99,12 @@ async fn http1<I>(
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let requests = conn.requests();
-    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         let mut app = app.clone();
         let busy = requests.start();
+        // For the auth middleware: the client's address (its budget) and
+        // the connection's marks (waiting, authorized).
+        req.extensions_mut().insert(requests.clone());
         // Only GET and HEAD are served, and they have no body: a request
         // with one (or another method) is answered, then the connection is
         // closed rather than drained, so a body trickled in (slowhttptest
@@ -139,7 +142,12 @@ async fn http1<I>(
             // Idle: closes now. Mid-request: the response is finished first
             // (within the shutdown grace when the server stops; within
             // EVICT_GRACE when evicted, so a slow reader cannot keep the
-            // slot it lost).
+            // slot it lost). Evicted while its request only waits for a
+            // password check: nothing is being written, so it closes now
+            // (its place in the check queue is given up).
+            if !*stop.borrow() && conn.only_waiting() {
+                return;
+            }
             served.as_mut().graceful_shutdown();
             if *stop.borrow() {
                 let _ = served.await;

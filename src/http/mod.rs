@@ -3,7 +3,8 @@
 //! per-address caps ([`admission`]), driving one connection with its header
 //! limits and TLS handshake deadline ([`connection`]), routes
 //! ([`routes`]), content negotiation ([`negotiate`]), the per-snapshot body
-//! cache ([`cache`]), the live page and its JSON ([`page`]), the web config file ([`web_config`]) with TLS
+//! cache ([`cache`]), the live page and its JSON ([`page`]), the opt-in
+//! `Host` check ([`host`]), the web config file ([`web_config`]) with TLS
 //! ([`tls`]) and basic auth ([`auth`]). Nothing here calls NVML; a scrape is
 //! a cache lookup, or one encode per new snapshot and format.
 
@@ -11,6 +12,7 @@ pub(crate) mod admission;
 pub(crate) mod auth;
 pub(crate) mod cache;
 pub(crate) mod connection;
+pub(crate) mod host;
 pub(crate) mod listener;
 pub(crate) mod negotiate;
 pub(crate) mod page;
@@ -44,6 +46,8 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot start the basic-auth check threads: {0}")]
+    AuthThreads(#[source] std::io::Error),
 }
 
 /// Serve HTTP(S) until SIGTERM or SIGINT; then let in-flight requests finish
@@ -70,15 +74,28 @@ pub async fn serve(
         path = %cfg.telemetry_path,
         tls = config.tls.is_some(),
         basic_auth = config.users.is_some(),
+        allowed_hosts = ?cfg.allowed_hosts,
         max_connections = max,
         max_connections_per_ip = limits.max_connections_per_ip,
         header_read_timeout = ?limits.header_read_timeout,
         "listening"
     );
     let current = Arc::new(ArcSwap::from_pointee(config));
-    let app = routes::router(shared, &cfg.telemetry_path).layer(
-        axum::middleware::from_fn_with_state(Arc::clone(&current), routes::require_auth),
-    );
+    let auth = routes::Auth {
+        web: Arc::clone(&current),
+        checks: Arc::new(auth::checks::Checks::start().map_err(ServeError::AuthThreads)?),
+    };
+    let hosts = Arc::new(host::AllowedHosts::new(
+        cfg.allowed_hosts.clone(),
+        &cfg.telemetry_path,
+    ));
+    // The last layer runs first: the Host check, then basic auth.
+    let app = routes::router(shared, &cfg.telemetry_path)
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            routes::require_auth,
+        ))
+        .layer(axum::middleware::from_fn_with_state(hosts, host::check_host));
     let conns = Arc::new(Conns::new(limits, Arc::clone(&telemetry)));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut hangups = signals.clone();
@@ -143,6 +160,10 @@ fn reload(
     match WebConfig::load(path) {
         Ok(new) => {
             Telemetry::bump(&telemetry.web_config_reloads_success);
+            // Logins that still hold stay cached (see auth).
+            if let (Some(new_users), Some(old_users)) = (&new.users, &current.load().users) {
+                new_users.inherit(old_users);
+            }
             if new.limits.max_connections != max_connections {
                 tracing::warn!(
                     "web config: a new http_server_config.max_connections takes effect only after a restart"

@@ -4,15 +4,16 @@
 //! published snapshot, the history and the body cache; none of them calls
 //! NVML.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use axum::Router;
 use axum::extract::{RawQuery, Request, State};
 use axum::http::header::{
     ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CACHE_CONTROL, CONTENT_ENCODING,
-    CONTENT_SECURITY_POLICY, CONTENT_TYPE, REFERRER_POLICY, VARY, WWW_AUTHENTICATE,
+    CONTENT_SECURITY_POLICY, CONTENT_TYPE, REFERRER_POLICY, RETRY_AFTER, VARY, WWW_AUTHENTICATE,
     X_CONTENT_TYPE_OPTIONS,
 };
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -20,6 +21,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
+use super::admission::Requests;
+use super::auth::Verdict;
+use super::auth::checks::Checks;
 use super::cache::BodyCache;
 use super::negotiate;
 use super::page;
@@ -222,23 +226,63 @@ async fn not_found() -> (StatusCode, &'static str) {
 
 const UNAUTHORIZED: &str = "Basic realm=\"gpumem-exporter\", charset=\"UTF-8\"";
 
-/// Basic auth, when the web config lists users; every path is covered.
-pub(crate) async fn require_auth(
-    State(web): State<Arc<ArcSwap<WebConfig>>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let Some(users) = web.load().users.clone() else {
+/// How long a refused login attempt (429, 503) is held before it is
+/// answered: a keep-alive flood then costs one cheap answer per connection
+/// per second, not as many as it can send. Meanwhile the connection is
+/// idle to admission (evictable).
+const REFUSAL_PAUSE: Duration = Duration::from_secs(1);
+
+/// What the basic-auth middleware reads: the web config (its users) and the
+/// password checks' queue, which outlives reloads.
+#[derive(Clone)]
+pub(crate) struct Auth {
+    pub(crate) web: Arc<ArcSwap<WebConfig>>,
+    pub(crate) checks: Arc<Checks>,
+}
+
+/// Basic auth, when the web config lists users; every path is covered. A
+/// request waiting for its password check is not busy (admission may
+/// evict its connection); one that passes marks its connection authorized.
+pub(crate) async fn require_auth(State(auth): State<Auth>, req: Request, next: Next) -> Response {
+    let Some(users) = auth.web.load().users.clone() else {
         return next.run(req).await;
     };
-    let header = req.headers().get(AUTHORIZATION).map(HeaderValue::as_bytes);
-    if users.authorize(header).await {
-        return next.run(req).await;
-    }
+    let conn = req.extensions().get::<Requests>().cloned();
+    let client = conn
+        .as_ref()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), Requests::client);
+    let verdict = {
+        let _waiting = conn.as_ref().map(Requests::waiting);
+        let header = req.headers().get(AUTHORIZATION).map(HeaderValue::as_bytes);
+        let verdict = users.authorize(&auth.checks, header, client).await;
+        if matches!(verdict, Verdict::TooMany { .. } | Verdict::Unavailable { .. }) {
+            tokio::time::sleep(REFUSAL_PAUSE).await;
+        }
+        verdict
+    };
+    let (status, retry_after) = match verdict {
+        Verdict::Allowed => {
+            if let Some(conn) = &conn {
+                conn.authorized();
+            }
+            return next.run(req).await;
+        }
+        Verdict::Denied => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(WWW_AUTHENTICATE, UNAUTHORIZED)],
+                "unauthorized\n",
+            )
+                .into_response();
+        }
+        Verdict::TooMany { retry_after } => (StatusCode::TOO_MANY_REQUESTS, retry_after),
+        Verdict::Unavailable { retry_after } => (StatusCode::SERVICE_UNAVAILABLE, retry_after),
+    };
+    let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
     (
-        StatusCode::UNAUTHORIZED,
-        [(WWW_AUTHENTICATE, UNAUTHORIZED)],
-        "unauthorized\n",
+        status,
+        [(RETRY_AFTER, seconds.max(1).to_string())],
+        "too many failed logins; try again later\n",
     )
         .into_response()
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use rustls::server::ServerConfig;
 use serde::Deserialize;
 
-use super::auth::Users;
+use super::auth::{self, Users};
 use super::tls::{FileTls, MAX_FILE_BYTES, TlsError, build_tls};
 
 pub use super::tls::ClientAuth;
@@ -289,6 +289,16 @@ pub(crate) fn parse(text: &str, origin: &str, base: &Path) -> Result<WebConfig, 
                         "web config: bcrypt cost above 12 makes each first login slow (successful logins are cached)"
                     );
                 }
+            }
+            let costs: Vec<u32> = map.values().map(|h| auth::cost(&h.0)).collect();
+            if let (Some(lo), Some(hi)) = (costs.iter().min(), costs.iter().max())
+                && lo != hi
+            {
+                tracing::warn!(
+                    lowest = lo,
+                    highest = hi,
+                    "web config: basic_auth_users have different bcrypt costs; an unknown user name costs what the highest does, so a user of lower cost can be told from an unknown name by timing: give every user the same cost"
+                );
             }
             Some(Arc::new(Users::new(
                 map.iter().map(|(u, h)| (u.clone(), h.0.clone())).collect(),
