@@ -13,6 +13,8 @@
 //!   an `openssl s_server` that offers TLS 1.0 and CBC suites must fail (so
 //!   the check can fail), and a web config asking for TLS 1.0 or 1.1 is
 //!   refused at start (exit 2, one line).
+//! - a wrong-password flood of 300 keep-alive connections against basic
+//!   auth inside a 100m CPU cgroup, as root ([`login_flood`]).
 //!
 //! The figures of a run are printed (`--nocapture`) and recorded in
 //! RELIABILITY.md. The tools are installed by scripts/ci/test; a missing one
@@ -26,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use crate::harness::tools::{require_on_path, require_tool};
 use crate::harness::*;
+
+mod login_flood;
 
 const SCENARIO: &str = r#"devices:
   - uuid: GPU-aaaaaaaa-1717-0000-0000-000000000000

@@ -37,7 +37,10 @@ use super::budget::{Budgets, Refusal};
 pub(super) const QUEUED: usize = 64;
 /// Checks waiting at most in the previously-good lane.
 pub(super) const PREVIOUSLY_GOOD: usize = 16;
-/// Checks waiting at most per client address (clean and dirty lanes).
+/// Checks waiting or running at most per client address (clean and dirty
+/// lanes): before the first of them has failed (and been charged), no more
+/// can start, so one address cannot put the total budget out of reach of
+/// the others.
 pub(super) const PER_ADDRESS: usize = 2;
 /// The longest a caller waits for its check's answer.
 pub(super) const WAIT_MAX: Duration = Duration::from_secs(10);
@@ -77,7 +80,8 @@ struct State {
     previously_good: VecDeque<Job>,
     clean: VecDeque<Job>,
     dirty: VecDeque<Job>,
-    /// Waiting checks per client address (clean and dirty lanes).
+    /// Checks waiting or running per client address (clean and dirty
+    /// lanes).
     per_address: HashMap<IpAddr, usize>,
     budgets: Budgets,
     stopping: bool,
@@ -229,17 +233,12 @@ impl State {
                     Worker::Scrapers => None,
                 })?;
             if job.lane != Lane::PreviouslyGood {
-                let client = job.client;
-                if let Some(n) = self.per_address.get_mut(&client) {
-                    *n = n.saturating_sub(1);
-                    if *n == 0 {
-                        self.per_address.remove(&client);
-                    }
-                }
                 if job.reply.is_closed() {
+                    self.done(job.lane, job.client);
                     continue;
                 }
-                if let Err(refused) = self.budgets.admits(client, Instant::now()) {
+                if let Err(refused) = self.budgets.admits(job.client, Instant::now()) {
+                    self.done(job.lane, job.client);
                     let _ = job.reply.send(Outcome::Refused(refused));
                     continue;
                 }
@@ -247,6 +246,19 @@ impl State {
                 continue;
             }
             return Some(job);
+        }
+    }
+
+    /// `job` no longer waits or runs.
+    fn done(&mut self, lane: Lane, client: IpAddr) {
+        if lane == Lane::PreviouslyGood {
+            return;
+        }
+        if let Some(n) = self.per_address.get_mut(&client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_address.remove(&client);
+            }
         }
     }
 }
@@ -275,16 +287,25 @@ fn work(shared: &Shared, worker: Worker) {
                 };
             }
         };
+        let Job {
+            client,
+            lane,
+            run,
+            reply,
+        } = job;
         let (wall, cpu) = (Instant::now(), thread_cpu());
-        let passed = (job.run)();
+        let passed = run();
         let spent = match (cpu, thread_cpu()) {
             (Some(before), Some(after)) => after.saturating_sub(before),
             _ => wall.elapsed(),
         };
-        if !passed && let Ok(mut st) = shared.state.lock() {
-            st.budgets.charge(job.client, spent, Instant::now());
+        if let Ok(mut st) = shared.state.lock() {
+            if !passed {
+                st.budgets.charge(client, spent, Instant::now());
+            }
+            st.done(lane, client);
         }
-        let _ = job.reply.send(if passed {
+        let _ = reply.send(if passed {
             Outcome::Passed
         } else {
             Outcome::Failed
@@ -372,8 +393,12 @@ pub(super) mod tests {
             .collect();
         assert_eq!(order, [Lane::PreviouslyGood, Lane::Clean]);
         assert!(st.next(Worker::Scrapers).is_none());
-        assert_eq!(st.next(Worker::Everyone).map(|j| j.lane), Some(Lane::Dirty));
-        assert!(st.per_address.is_empty());
+        let dirty = st.next(Worker::Everyone);
+        assert_eq!(dirty.as_ref().map(|j| j.lane), Some(Lane::Dirty));
+        // Taken, but still running: it counts until done.
+        assert_eq!(st.per_address.get(&ip("10.0.0.9")), Some(&1));
+        st.done(Lane::Dirty, ip("10.0.0.9"));
+        assert_eq!(st.per_address.get(&ip("10.0.0.9")), None);
     }
 
     #[test]

@@ -176,20 +176,34 @@ impl Users {
             Known::PreviouslyGood => true,
             Known::No => false,
         };
+        // The check records its own outcome, so a check whose caller left
+        // (timed out, evicted) still caches a right password for the next
+        // attempt; and a check whose key was cached meanwhile (the same
+        // scraper trying again) runs no bcrypt.
         let users = Arc::clone(self);
-        let check_user = user.clone();
-        let check = move || users.verify(&check_user, &password);
+        let check = move || {
+            if matches!(users.known(&key), Known::Good) {
+                return true;
+            }
+            let passed = users.verify(&user, &password);
+            if passed {
+                users.remember(key, user);
+            } else {
+                users.forget_previous(&key);
+            }
+            passed
+        };
         match checks.check(client, previously_good, check).await {
-            Outcome::Passed => {
-                self.remember(key, user);
-                Verdict::Allowed
-            }
-            Outcome::Failed => {
-                self.forget_previous(&key);
-                Verdict::Denied
-            }
+            Outcome::Passed => Verdict::Allowed,
+            Outcome::Failed => Verdict::Denied,
             Outcome::Refused(r) => r.into(),
         }
+    }
+
+    /// One blocking check of an `Authorization` header value, outside the
+    /// queue and the cache (for a test of a shipped file).
+    pub fn check_header(&self, header: &[u8]) -> bool {
+        parse_basic(header).is_some_and(|(user, password)| self.verify(&user, &password))
     }
 
     /// The hash `user`'s password is checked against: its own, or the
