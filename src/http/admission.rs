@@ -37,8 +37,9 @@ const HALF_OPEN_SLOW: Duration = Duration::from_secs(1);
 ///   whole request within [`HALF_OPEN_SLOW`] of connecting (slowloris,
 ///   idle, a stalled TLS handshake), oldest first, then those that never
 ///   passed basic auth (a wrong-password flood, a request waiting for its
-///   password check), then any other, longest idle first within each
-///   group (slow readers, keep-alive). So the newest connection, a
+///   password check), then any other; within each group, of the address
+///   holding the most connections, longest idle first (slow readers,
+///   keep-alive). So the newest connection, a
 ///   scraper's that has just connected, is the last candidate of its
 ///   group, and a scraper that logged in is closed only after every
 ///   connection that did not. A scrape being answered is never closed; a
@@ -46,7 +47,11 @@ const HALF_OPEN_SLOW: Duration = Duration::from_secs(1);
 ///   candidate the new one is refused.
 /// - Evicted connections take a moment to close, so admission keeps a
 ///   reserve above the cap ([`reserve`]) for the connections admitted
-///   meanwhile; beyond cap + reserve a new connection is refused.
+///   meanwhile; beyond cap + reserve a new connection is refused. Once half
+///   the reserve is taken by connections still closing, an address that
+///   holds half its per-address cap or more is refused, so a reconnecting
+///   flood cannot fill the reserve and lock out another address's new
+///   connection.
 pub(super) struct Conns {
     slots: Arc<Semaphore>,
     total_slots: usize,
@@ -157,7 +162,18 @@ impl Conns {
             return refused();
         };
         let from_ip = table.per_ip.get(&ip).copied().unwrap_or(0);
-        if from_ip >= self.per_ip.load(Ordering::Relaxed) {
+        let per_ip = self.per_ip.load(Ordering::Relaxed);
+        // Connections told to close that have not yet (this one's slot not
+        // counted): past half the reserve, an address that already holds
+        // half its cap is refused rather than let churn more connections,
+        // so the rest of the reserve stays for the other addresses.
+        let closing = (self.total_slots - self.slots.available_permits())
+            .saturating_sub(table.live + 1);
+        if closing >= reserve(self.max) / 2 && from_ip >= (per_ip / 2).max(1) {
+            tracing::debug!(peer = %peer, "connection refused: a busy address while evicted connections close");
+            return refused();
+        }
+        if from_ip >= per_ip {
             if !self.evict(&mut table, Some(ip)) {
                 tracing::debug!(peer = %peer, "connection refused: per-address cap, all busy");
                 return refused();
@@ -213,7 +229,9 @@ impl Conns {
                 let slow_half_open =
                     e.state.served.load(Ordering::Relaxed) == 0 && since < slow_before;
                 let authorized = e.state.authorized.load(Ordering::Relaxed);
-                (!slow_half_open, authorized, since)
+                // Of the rest, the address holding the most goes first.
+                let holds = table.per_ip.get(&e.ip).copied().unwrap_or(0);
+                (!slow_half_open, authorized, std::cmp::Reverse(holds), since)
             })
             .map(|e| (e.ip, Arc::clone(&e.state)));
         let Some((victim_ip, state)) = victim else {
@@ -488,6 +506,25 @@ mod tests {
         drop(closed);
         assert!(c.admit(ip("10.0.2.1")).is_some());
         assert_eq!(reserve(2048), 256);
+    }
+
+    /// An address churning at its cap uses half the reserve at most;
+    /// another address still gets in.
+    #[test]
+    fn churn_at_the_per_address_cap_leaves_reserve_for_others() {
+        let c = conns(16, 16);
+        let mut held: Vec<Registration> = (0..16).map(|_| c.admit(ip("10.0.0.1")).unwrap()).collect();
+        let mut refused = 0;
+        for _ in 0..40 {
+            match c.admit(ip("10.0.0.1")) {
+                Some(r) => held.push(r),
+                None => refused += 1,
+            }
+        }
+        let closing = held.iter().filter(|r| evicted(r)).count();
+        assert_eq!(closing, reserve(16) / 2, "closing at most half the reserve");
+        assert_eq!(refused, 40 - closing);
+        assert!(c.admit(ip("10.0.0.2")).is_some(), "another address gets in");
     }
 
     #[test]

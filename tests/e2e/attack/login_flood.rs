@@ -18,7 +18,7 @@
 //! - the flood's failed checks within the per-address budget.
 //!
 //! Then the same flood with `max_connections: 32`: the keep-alive scraper
-//! sees no reset. The figures are printed (`--nocapture`).
+//! sees no reset, nor do logins with cached credentials on new connections. The figures are printed (`--nocapture`).
 //!
 //! The binary is `GPUMEM_IMAGE_BINARY` when set (scripts/ci/test: the
 //! release binary the image ships), else the debug build (each check
@@ -510,7 +510,24 @@ fn a_wrong_password_flood_at_the_connection_cap_resets_no_scraper() {
     let counts = Arc::new(FloodCounts::default());
     let scraping = scraper(ex.addr, alice.clone(), Arc::clone(&stop));
     let flooding = flood(ex.addr, Arc::clone(&stop), Arc::clone(&counts));
-    std::thread::sleep(Duration::from_secs(8));
+    // Meanwhile logins with cached credentials, each on a new connection.
+    let mut fresh = Scrapes::default();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(8) {
+        let t = Instant::now();
+        let once = || -> Result<u16, String> {
+            let mut s = connect_from(GOOD_FROM, ex.addr).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(SCRAPE_DEADLINE)).ok();
+            s.write_all(request(&alice, true).as_bytes())
+                .map_err(|e| e.to_string())?;
+            read_response(&mut s).map(|(status, _)| status)
+        };
+        match once() {
+            Ok(200) => fresh.latencies.push(t.elapsed()),
+            other => fresh.failures.push(format!("at {:?}: {other:?}", t0.elapsed())),
+        }
+        std::thread::sleep(Duration::from_millis(400));
+    }
     stop.store(true, Ordering::Relaxed);
     let seen = scraping.join().expect("scraper");
     flooding.join().expect("flood");
@@ -523,7 +540,9 @@ fn a_wrong_password_flood_at_the_connection_cap_resets_no_scraper() {
         m.get("gpumem_exporter_http_connections_refused_total", &[]),
     );
     print_scrapes("keep-alive scraper at the cap", &seen);
+    print_scrapes("logins on new connections at the cap", &fresh);
     assert!(seen.failures.is_empty(), "{:?}", seen.failures);
+    assert!(fresh.failures.is_empty(), "{:?}", fresh.failures);
     assert!(seen.latencies.len() >= 20, "{} scrapes", seen.latencies.len());
 }
 
