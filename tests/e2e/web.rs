@@ -78,6 +78,25 @@ fn get_with(addr: SocketAddr, path: &str, auth: Option<&str>) -> Response {
     }
 }
 
+/// `send` again after the `Retry-After` of a 429 (an address that failed a
+/// password check waits until that check's CPU is paid off), at most 3
+/// times: the answer once the budget allows a check.
+fn after_retry(mut send: impl FnMut() -> Response) -> Response {
+    for _ in 0..3 {
+        let r = send();
+        if r.status != 429 {
+            return r;
+        }
+        assert!(!r.body.contains("gpu_memory"), "{}", r.body);
+        let wait: u64 = r
+            .header("retry-after")
+            .and_then(|s| s.parse().ok())
+            .expect("429 with Retry-After");
+        std::thread::sleep(Duration::from_secs(wait));
+    }
+    send()
+}
+
 /// A cheap bcrypt hash (cost 4) so debug builds verify it quickly.
 fn bcrypt_hash(password: &str) -> String {
     bcrypt::hash_with_salt(password, 4, [42; 16])
@@ -608,7 +627,9 @@ fn tls_with_basic_auth() {
         Some(basic("mallory", "s3cret")),
         Some("Bearer abc".to_string()),
     ] {
-        let r = tls_get(ex.addr, Arc::clone(&client), "/metrics", auth.as_deref()).expect("TLS");
+        let r = after_retry(|| {
+            tls_get(ex.addr, Arc::clone(&client), "/metrics", auth.as_deref()).expect("TLS")
+        });
         assert_eq!(r.status, 401, "{auth:?}");
         assert_eq!(
             r.header("www-authenticate"),
@@ -720,7 +741,10 @@ fn sighup_reloads_users_and_a_bad_file_keeps_the_old_one() {
     });
     assert_eq!(failures("success"), 1.0);
     assert_eq!(get_with(ex.addr, "/metrics", Some(&bob)).status, 200);
-    assert_eq!(get_with(ex.addr, "/metrics", Some(&alice)).status, 401);
+    assert_eq!(
+        after_retry(|| get_with(ex.addr, "/metrics", Some(&alice))).status,
+        401
+    );
     let log = ex.stderr();
     let line = log
         .lines()
@@ -822,4 +846,66 @@ fn the_example_web_config_loads() {
     assert!(users.check_header(header.as_bytes()));
     eprintln!("bcrypt cost 10 check (debug build): {:?}", t.elapsed());
     assert!(!users.check_header(basic("prometheus", "nope").as_bytes()));
+}
+
+// ------------------------------------------------------------ Host check
+
+/// GET `path` with `host` as the Host header (or none).
+fn get_with_host(addr: SocketAddr, path: &str, host: Option<&str>) -> Response {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    let host = host.map(|h| format!("Host: {h}\r\n")).unwrap_or_default();
+    s.write_all(format!("GET {path} HTTP/1.1\r\n{host}Connection: close\r\n\r\n").as_bytes())
+        .expect("send");
+    parse_response(&read_all(&mut s))
+}
+
+/// `web.allowed_hosts`: the page and API answer only to the listed names
+/// (421 otherwise, or without Host); /metrics, /healthz and /readyz to any.
+/// Without the key, any Host is answered.
+#[test]
+fn allowed_hosts_guard_the_page_and_api_but_not_metrics() {
+    let sc = Scenario::new(SCENARIO);
+    let ex = Exporter::with_config(
+        &sc,
+        "web:\n  allowed_hosts: [gpu-node-1.example.org, \"::1\", 127.0.0.1]\n",
+        &["--sample-interval", "100ms"],
+    );
+    wait_for(Duration::from_secs(5), "a sample", || {
+        (ex.get("/metrics").status == 200).then_some(())
+    });
+    for host in ["gpu-node-1.example.org:9877", "GPU-NODE-1.example.org", "[::1]:9877", "127.0.0.1"] {
+        for path in ["/", "/api/v1/snapshot", "/api/v1/history"] {
+            let r = get_with_host(ex.addr, path, Some(host));
+            assert_eq!(r.status, 200, "{host} {path}: {}", r.body);
+        }
+    }
+    for host in [Some("evil.example"), Some("evil.example:9877"), Some("127.0.0.2"), None] {
+        for path in ["/", "/api/v1/snapshot", "/api/v1/history", "/nope"] {
+            let r = get_with_host(ex.addr, path, host);
+            assert_eq!(r.status, 421, "{host:?} {path}: {}", r.body);
+            assert!(!r.body.contains("gpu_memory") && !r.body.contains("GPU-"), "{}", r.body);
+        }
+        for path in ["/metrics", "/healthz", "/readyz"] {
+            assert_eq!(get_with_host(ex.addr, path, host).status, 200, "{host:?} {path}");
+        }
+    }
+    // Off by default: any Host.
+    let open = Exporter::start(&sc, &["--sample-interval", "100ms"]);
+    wait_for(Duration::from_secs(5), "a sample", || {
+        (get_with_host(open.addr, "/api/v1/snapshot", Some("evil.example")).status == 200)
+            .then_some(())
+    });
+    assert_eq!(get_with_host(open.addr, "/", Some("evil.example")).status, 200);
+}
+
+#[test]
+fn a_bad_allowed_host_is_refused_with_its_key() {
+    let sc = Scenario::new(SCENARIO);
+    assert_file_refused(
+        "--config.file",
+        &sc.file("bad.yaml", b"web:\n  allowed_hosts: [\"node:9877\"]\n"),
+        &[],
+        "key web.allowed_hosts",
+    );
 }
