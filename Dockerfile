@@ -29,8 +29,14 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked -p gpumem-exporter \
  && cp target/release/gpumem-exporter /gpumem-exporter
 
-# distroless/cc: glibc, libgcc, CA certificates, tzdata, no shell; the
-# :nonroot tag runs as uid/gid 65532, matching runAsUser in deploy/kubernetes.
+# distroless/cc: glibc, libgcc, CA certificates, tzdata, no shell. Its
+# :nonroot tag's uid/gid 65532 is shared by many images: under hostPID,
+# processes of one uid can read each other's files through
+# /proc/<pid>/root (service-account tokens included), so the exporter runs
+# as a uid of its own, 60877, matching runAsUser in deploy/kubernetes. It
+# lies in 60578-61183, the range systemd leaves unused (between systemd-
+# homed's and nspawn's host-user range and DynamicUser's 61184-65519): no
+# distribution, regular user (1000-60000) or dynamic service user gets it.
 FROM gcr.io/distroless/cc-debian12:nonroot
 # The version is Cargo.toml's (a test keeps the two equal); the revision is
 # the one build.rs stamps into gpumem_exporter_build_info.
@@ -44,6 +50,6 @@ LABEL org.opencontainers.image.title="gpumem-exporter" \
       org.opencontainers.image.revision="${GPUMEM_EXPORTER_REVISION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /gpumem-exporter /gpumem-exporter
-USER 65532:65532
+USER 60877:60877
 EXPOSE 9877
 ENTRYPOINT ["/gpumem-exporter"]

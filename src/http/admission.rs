@@ -49,9 +49,10 @@ const HALF_OPEN_SLOW: Duration = Duration::from_secs(1);
 ///   reserve above the cap ([`reserve`]) for the connections admitted
 ///   meanwhile; beyond cap + reserve a new connection is refused. Once half
 ///   the reserve is taken by connections still closing, an address that
-///   holds half its per-address cap or more is refused, so a reconnecting
-///   flood cannot fill the reserve and lock out another address's new
-///   connection.
+///   holds half its per-address cap or more, none of them authorized and
+///   some refused by basic auth (a wrong-password flood), is refused, so a
+///   reconnecting flood cannot fill the reserve and lock out another
+///   address's new connection.
 pub(super) struct Conns {
     slots: Arc<Semaphore>,
     total_slots: usize,
@@ -87,6 +88,9 @@ struct ConnState {
     waiting: AtomicUsize,
     /// A request of this connection passed basic auth.
     authorized: AtomicBool,
+    /// A request of this connection was refused by basic auth (401, 429,
+    /// 503).
+    refused_login: AtomicBool,
     /// Requests received whole so far; 0: half-open (headers or the TLS
     /// handshake never finished).
     served: AtomicU64,
@@ -164,12 +168,16 @@ impl Conns {
         let from_ip = table.per_ip.get(&ip).copied().unwrap_or(0);
         let per_ip = self.per_ip.load(Ordering::Relaxed);
         // Connections told to close that have not yet (this one's slot not
-        // counted): past half the reserve, an address that already holds
-        // half its cap is refused rather than let churn more connections,
-        // so the rest of the reserve stays for the other addresses.
+        // counted): past half the reserve, an address that holds half its
+        // cap and whose requests basic auth only refused is refused rather
+        // than let churn more connections, so the rest of the reserve
+        // stays for the other addresses.
         let closing = (self.total_slots - self.slots.available_permits())
             .saturating_sub(table.live + 1);
-        if closing >= reserve(self.max) / 2 && from_ip >= (per_ip / 2).max(1) {
+        if closing >= reserve(self.max) / 2
+            && from_ip >= (per_ip / 2).max(1)
+            && Table::only_refused_logins(&table, ip)
+        {
             tracing::debug!(peer = %peer, "connection refused: a busy address while evicted connections close");
             return refused();
         }
@@ -187,6 +195,7 @@ impl Conns {
             busy: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
             authorized: AtomicBool::new(false),
+            refused_login: AtomicBool::new(false),
             served: AtomicU64::new(0),
             idle_since: AtomicU64::new(self.now()),
             closing: AtomicBool::new(false),
@@ -267,6 +276,19 @@ impl Conns {
 }
 
 impl Table {
+    /// Whether `ip`'s open connections include one that basic auth refused
+    /// and none that it let in.
+    fn only_refused_logins(table: &Table, ip: IpAddr) -> bool {
+        let mut refused = false;
+        for e in table.conns.values().filter(|e| e.ip == ip) {
+            if e.state.authorized.load(Ordering::Relaxed) {
+                return false;
+            }
+            refused |= e.state.refused_login.load(Ordering::Relaxed);
+        }
+        refused
+    }
+
     /// `ip`'s connection no longer counts against the caps.
     fn forget(table: &mut Table, ip: IpAddr) {
         table.live = table.live.saturating_sub(1);
@@ -367,6 +389,12 @@ impl Requests {
     /// only after every connection that did not.
     pub(crate) fn authorized(&self) {
         self.state.authorized.store(true, Ordering::Relaxed);
+    }
+
+    /// Basic auth refused a request of this connection (see
+    /// [`Conns`]: such an address may not fill the reserve).
+    pub(crate) fn refused_login(&self) {
+        self.state.refused_login.store(true, Ordering::Relaxed);
     }
 }
 
@@ -508,12 +536,16 @@ mod tests {
         assert_eq!(reserve(2048), 256);
     }
 
-    /// An address churning at its cap uses half the reserve at most;
-    /// another address still gets in.
+    /// An address whose logins fail, churning at its cap, uses half the
+    /// reserve at most; another address still gets in. Without failed
+    /// logins (a slowloris, say) it may use it all.
     #[test]
     fn churn_at_the_per_address_cap_leaves_reserve_for_others() {
         let c = conns(16, 16);
         let mut held: Vec<Registration> = (0..16).map(|_| c.admit(ip("10.0.0.1")).unwrap()).collect();
+        for r in &held {
+            r.requests().refused_login();
+        }
         let mut refused = 0;
         for _ in 0..40 {
             match c.admit(ip("10.0.0.1")) {
@@ -525,6 +557,10 @@ mod tests {
         assert_eq!(closing, reserve(16) / 2, "closing at most half the reserve");
         assert_eq!(refused, 40 - closing);
         assert!(c.admit(ip("10.0.0.2")).is_some(), "another address gets in");
+
+        let c = conns(16, 16);
+        let held: Vec<Registration> = (0..32).filter_map(|_| c.admit(ip("10.0.0.1"))).collect();
+        assert_eq!(held.iter().filter(|r| evicted(r)).count(), reserve(16));
     }
 
     #[test]

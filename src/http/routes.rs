@@ -268,6 +268,9 @@ pub(crate) async fn require_auth(State(auth): State<Auth>, req: Request, next: N
             return next.run(req).await;
         }
         Verdict::Denied => {
+            if let Some(conn) = &conn {
+                conn.refused_login();
+            }
             return (
                 StatusCode::UNAUTHORIZED,
                 [(WWW_AUTHENTICATE, UNAUTHORIZED)],
@@ -275,7 +278,12 @@ pub(crate) async fn require_auth(State(auth): State<Auth>, req: Request, next: N
             )
                 .into_response();
         }
-        Verdict::TooMany { retry_after } => (StatusCode::TOO_MANY_REQUESTS, retry_after),
+        Verdict::TooMany { retry_after } => {
+            if let Some(conn) = &conn {
+                conn.refused_login();
+            }
+            (StatusCode::TOO_MANY_REQUESTS, retry_after)
+        }
         Verdict::Unavailable { retry_after } => (StatusCode::SERVICE_UNAVAILABLE, retry_after),
     };
     let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);

@@ -637,7 +637,7 @@ fn the_image_runs_as_the_daemonset_runs_it() {
     // ---- the image: user, entrypoint, labels, size, layers
     let image = inspect(&podman, "image", &spec.image);
     let config = &image["Config"];
-    assert_eq!(config["User"], "65532:65532", "{config}");
+    assert_eq!(config["User"], "60877:60877", "{config}");
     assert_eq!(
         config["Entrypoint"],
         serde_json::json!(["/gpumem-exporter"])
@@ -953,7 +953,7 @@ fn a_daemonset_setting_the_container_test_does_not_run_fails_it() {
     // The rendered DaemonSet itself is accepted.
     let spec = Spec::of(&objects);
     assert_eq!(spec.image, "ghcr.io/gpumem-exporter/gpumem-exporter:0.1.0");
-    assert_eq!((spec.user, spec.group, spec.port), (65532, 65532, 9877));
+    assert_eq!((spec.user, spec.group, spec.port), (60877, 60877, 9877));
     let cases: [(&str, &str, Value); 4] = [
         (
             "/spec/template/spec/containers/0/securityContext",

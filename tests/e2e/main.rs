@@ -43,7 +43,7 @@
 //! - `arm64`: the aarch64 cross build of the exporter and the fake NVML
 //!   under qemu-user: the same GPU bytes as the host build, SIGTERM.
 //! - `image`: the container image built from the Dockerfile (nothing
-//!   pulled) and run with Podman as the DaemonSet runs it: uid 65532,
+//!   pulled) and run with Podman as the DaemonSet runs it: uid 60877,
 //!   read-only root, no capabilities, the toolkit's NVML mount, in-cluster
 //!   API; SIGTERM, and no library mounted.
 //! - `ops_artifacts`: rules, manifests, systemd unit, Dockerfile, dashboard,

@@ -251,8 +251,8 @@ fn dockerfile_builds_a_nonroot_glibc_image() {
     assert!(
         lines
             .iter()
-            .any(|l| *l == "USER 65532" || l.starts_with("USER 65532:")),
-        "Dockerfile: USER 65532"
+            .any(|l| *l == "USER 60877:60877"),
+        "Dockerfile: USER 60877:60877 (the exporter's own uid, not distroless' shared 65532)"
     );
     // The image's OCI labels; its version is Cargo.toml's.
     for label in ["source", "version", "revision", "licenses"] {

@@ -276,6 +276,14 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
         uid.is_some_and(|u| u > 0),
         "fixed non-zero runAsUser, got {uid:?}"
     );
+    // Not a uid other images share (distroless nonroot, nobody), nor one
+    // of the host's regular users: the exporter's own.
+    assert_eq!(uid, Some(60877), "the exporter's own uid");
+    assert_eq!(
+        pod["securityContext"]["runAsGroup"].as_u64(),
+        Some(60877),
+        "the exporter's own gid"
+    );
     assert_eq!(
         pod["securityContext"]["seccompProfile"]["type"].as_str(),
         Some("RuntimeDefault")
@@ -514,6 +522,74 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
     }
 }
 
+/// The NetworkPolicy covers the exporter's pods, both ways: in, only pods
+/// labelled as Prometheus and only on the metrics port; out, only the API
+/// server's ports and DNS to the cluster's resolver.
+fn check_network_policy(objects: &[Value]) {
+    let np = only(objects, "NetworkPolicy");
+    let ds = only(objects, "DaemonSet");
+    let pod_labels = ds
+        .pointer("/spec/template/metadata/labels")
+        .and_then(Value::as_object)
+        .expect("pod labels");
+    let selects = np
+        .pointer("/spec/podSelector/matchLabels")
+        .and_then(Value::as_object)
+        .expect("podSelector.matchLabels");
+    assert!(!selects.is_empty(), "the policy selects by label");
+    for (k, v) in selects {
+        assert_eq!(pod_labels.get(k), Some(v), "podSelector {k} matches the pods");
+    }
+    assert_eq!(
+        strings(np.pointer("/spec/policyTypes")),
+        ["Ingress", "Egress"],
+        "both directions are restricted"
+    );
+    let ingress = list(&np["spec"]["ingress"]);
+    assert_eq!(ingress.len(), 1, "one ingress rule");
+    let from = list(&ingress[0]["from"]);
+    assert!(!from.is_empty(), "ingress names who may come in");
+    for peer in from {
+        assert!(
+            peer.pointer("/podSelector/matchLabels").is_some() && peer.get("ipBlock").is_none(),
+            "ingress from selected pods only: {peer}"
+        );
+    }
+    let ports = list(&ingress[0]["ports"]);
+    let container_ports = list(
+        &ds.pointer("/spec/template/spec/containers/0/ports")
+            .cloned()
+            .unwrap_or(Value::Null),
+    )
+    .to_vec();
+    assert_eq!(ports.len(), 1, "one port in");
+    assert_eq!(ports[0]["port"].as_str(), Some("metrics"));
+    assert!(
+        container_ports
+            .iter()
+            .any(|p| p["name"].as_str() == Some("metrics") && p["containerPort"] == 9877),
+        "the metrics port is the container's 9877"
+    );
+    let mut out_ports: Vec<(u64, String)> = list(&np["spec"]["egress"])
+        .iter()
+        .flat_map(|r| list(&r["ports"]).to_vec())
+        .map(|p| {
+            (
+                p["port"].as_u64().expect("numeric egress port"),
+                p["protocol"].as_str().unwrap_or("TCP").to_string(),
+            )
+        })
+        .collect();
+    out_ports.sort();
+    let want: Vec<(u64, String)> = [(53, "TCP"), (53, "UDP"), (443, "TCP"), (6443, "TCP")]
+        .map(|(p, s)| (p, s.to_string()))
+        .to_vec();
+    assert_eq!(out_ports, want, "out: the API server and DNS only");
+    for rule in list(&np["spec"]["egress"]) {
+        assert!(!list(&rule["ports"]).is_empty(), "every egress rule names its ports");
+    }
+}
+
 #[test]
 fn kustomize_base_renders_a_locked_down_daemonset() {
     let objects = render("deploy/kubernetes");
@@ -525,6 +601,7 @@ fn kustomize_base_renders_a_locked_down_daemonset() {
         "ConfigMap",
         "Service",
         "DaemonSet",
+        "NetworkPolicy",
         "ServiceMonitor",
         "PrometheusRule",
     ]
@@ -532,6 +609,7 @@ fn kustomize_base_renders_a_locked_down_daemonset() {
     .into();
     assert_eq!(kinds(&objects), want);
     check_daemonset(&objects, Variant::Plain);
+    check_network_policy(&objects);
 
     let sm = only(&objects, "ServiceMonitor");
     let endpoints = list(&sm["spec"]["endpoints"]);
@@ -583,6 +661,7 @@ fn plain_annotations_overlay_swaps_operator_objects_for_annotations() {
         "{kinds:?}"
     );
     check_daemonset(&objects, Variant::Plain);
+    check_network_policy(&objects);
     let ds = only(&objects, "DaemonSet");
     let ann = ds
         .pointer("/spec/template/metadata/annotations")
@@ -1021,6 +1100,63 @@ fn systemd_torch_bridge_drop_in_adds_exactly_two_capabilities() {
         exposed[1].starts_with("CapabilityBoundingSet=~CAP_(DAC_")
             && exposed[2] == "CapabilityBoundingSet=~CAP_SYS_PTRACE",
         "the bounding set adds CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE only: {exposed:?}"
+    );
+}
+
+/// deploy/systemd/tls.conf hands the TLS key (and certificate) to the
+/// exporter as systemd credentials (`LoadCredential=`), and the web config
+/// it starts with, deploy/systemd/web-config.yml, reads them from the unit's
+/// credentials directory; `systemd-analyze verify` of the unit with the
+/// drop-in is silent.
+#[test]
+fn systemd_tls_drop_in_loads_the_key_as_a_credential() {
+    let conf = read("deploy/systemd/tls.conf");
+    let settings = unit_settings(&conf);
+    let credentials: Vec<(String, String)> = settings
+        .iter()
+        .filter(|(k, _)| k == "LoadCredential")
+        .filter_map(|(_, v)| v.split_once(':'))
+        .map(|(name, path)| (name.to_string(), path.to_string()))
+        .collect();
+    let exec: Vec<&String> = settings
+        .iter()
+        .filter(|(k, _)| k == "ExecStart")
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(exec.len(), 2, "ExecStart= reset, then set: {exec:?}");
+    assert!(exec[0].is_empty());
+    assert!(
+        exec[1].contains("--web.config.file=/etc/gpumem-exporter/web-config.yml"),
+        "{}",
+        exec[1]
+    );
+    let web = yaml_tree("deploy/systemd/web-config.yml");
+    let dir = "/run/credentials/gpumem-exporter.service/";
+    for key in ["key_file", "cert_file"] {
+        let path = web["tls_server_config"][key].as_str().expect(key);
+        let name = path
+            .strip_prefix(dir)
+            .unwrap_or_else(|| panic!("{key} {path} is not in {dir}"));
+        assert!(
+            credentials.iter().any(|(n, src)| n == name && src.starts_with('/')),
+            "{key}: no LoadCredential={name}:/… in tls.conf ({credentials:?})"
+        );
+    }
+
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let unit = write_in(&scratch, "gpumem-exporter.service", &unit_for_analysis());
+    let dropins = scratch.path().join("gpumem-exporter.service.d");
+    std::fs::create_dir_all(&dropins).expect("create the drop-in folder");
+    std::fs::write(
+        dropins.join("tls.conf"),
+        conf.replace("ExecStart=/usr/local/bin/gpumem-exporter ", "ExecStart=/bin/true "),
+    )
+    .expect("write the drop-in");
+    let out = run_tool("systemd-analyze", &["verify", unit.to_str().unwrap()], None);
+    let text = output_text(&out);
+    assert!(
+        out.status.success() && text.trim().is_empty(),
+        "systemd-analyze verify complains about the unit with tls.conf:\n{text}"
     );
 }
 
