@@ -255,6 +255,11 @@ pub(crate) async fn require_auth(State(auth): State<Auth>, req: Request, next: N
         let _waiting = conn.as_ref().map(Requests::waiting);
         let header = req.headers().get(AUTHORIZATION).map(HeaderValue::as_bytes);
         let verdict = users.authorize(&auth.checks, header, client).await;
+        if let Some(conn) = &conn
+            && matches!(verdict, Verdict::Denied | Verdict::TooMany { .. })
+        {
+            conn.refused_login();
+        }
         if matches!(verdict, Verdict::TooMany { .. } | Verdict::Unavailable { .. }) {
             tokio::time::sleep(REFUSAL_PAUSE).await;
         }
@@ -268,9 +273,6 @@ pub(crate) async fn require_auth(State(auth): State<Auth>, req: Request, next: N
             return next.run(req).await;
         }
         Verdict::Denied => {
-            if let Some(conn) = &conn {
-                conn.refused_login();
-            }
             return (
                 StatusCode::UNAUTHORIZED,
                 [(WWW_AUTHENTICATE, UNAUTHORIZED)],
@@ -278,12 +280,7 @@ pub(crate) async fn require_auth(State(auth): State<Auth>, req: Request, next: N
             )
                 .into_response();
         }
-        Verdict::TooMany { retry_after } => {
-            if let Some(conn) = &conn {
-                conn.refused_login();
-            }
-            (StatusCode::TOO_MANY_REQUESTS, retry_after)
-        }
+        Verdict::TooMany { retry_after } => (StatusCode::TOO_MANY_REQUESTS, retry_after),
         Verdict::Unavailable { retry_after } => (StatusCode::SERVICE_UNAVAILABLE, retry_after),
     };
     let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
