@@ -9,8 +9,8 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use crate::collectors;
 
 use super::values::{
-    ApiUrl, CmdlineLength, Interval, JobMappingFormat, KubeMode, ListenAddress, LogFormat,
-    AllowedHost, LogLevel, TelemetryPath,
+    AllowedHost, ApiUrl, CmdlineLength, Interval, JobMappingFormat, KubeMode, ListenAddress,
+    LogFormat, LogLevel, TelemetryPath,
 };
 
 #[derive(Debug, Default, Deserialize)]

@@ -388,9 +388,20 @@ mod tests {
             ("::1", "[::1]"),
             ("[2001:DB8::1]", "[2001:db8::1]"),
         ] {
-            assert_eq!(AllowedHost::from_str(good).map(|h| h.0), Ok(want.to_string()));
+            assert_eq!(
+                AllowedHost::from_str(good).map(|h| h.0),
+                Ok(want.to_string())
+            );
         }
-        for bad in ["", "node:9877", "http://node", "a b", "[node]", "node/x", "*"] {
+        for bad in [
+            "",
+            "node:9877",
+            "http://node",
+            "a b",
+            "[node]",
+            "node/x",
+            "*",
+        ] {
             assert!(AllowedHost::from_str(bad).is_err(), "{bad:?}");
         }
     }

@@ -172,8 +172,8 @@ impl Conns {
         // cap and whose requests basic auth only refused is refused rather
         // than let churn more connections, so the rest of the reserve
         // stays for the other addresses.
-        let closing = (self.total_slots - self.slots.available_permits())
-            .saturating_sub(table.live + 1);
+        let closing =
+            (self.total_slots - self.slots.available_permits()).saturating_sub(table.live + 1);
         if closing >= reserve(self.max) / 2
             && from_ip >= (per_ip / 2).max(1)
             && Table::only_refused_logins(&table, ip)
@@ -542,7 +542,8 @@ mod tests {
     #[test]
     fn churn_at_the_per_address_cap_leaves_reserve_for_others() {
         let c = conns(16, 16);
-        let mut held: Vec<Registration> = (0..16).map(|_| c.admit(ip("10.0.0.1")).unwrap()).collect();
+        let mut held: Vec<Registration> =
+            (0..16).map(|_| c.admit(ip("10.0.0.1")).unwrap()).collect();
         for r in &held {
             r.requests().refused_login();
         }

@@ -99,30 +99,32 @@ async fn http1<I>(
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let requests = conn.requests();
-    let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-        let mut app = app.clone();
-        let busy = requests.start();
-        // For the auth middleware: the client's address (its budget) and
-        // the connection's marks (waiting, authorized).
-        req.extensions_mut().insert(requests.clone());
-        // Only GET and HEAD are served, and they have no body: a request
-        // with one (or another method) is answered, then the connection is
-        // closed rather than drained, so a body trickled in (slowhttptest
-        // -B, "R-U-Dead-Yet") holds nothing.
-        let close_after = has_body(&req) || !matches!(*req.method(), Method::GET | Method::HEAD);
-        async move {
-            let _busy = busy;
-            // Router is always ready, so `call` needs no `poll_ready` first.
-            let mut response = tower_service::Service::call(&mut app, req).await;
-            if let Ok(r) = &mut response
-                && close_after
-            {
-                r.headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    let service =
+        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            let mut app = app.clone();
+            let busy = requests.start();
+            // For the auth middleware: the client's address (its budget) and
+            // the connection's marks (waiting, authorized).
+            req.extensions_mut().insert(requests.clone());
+            // Only GET and HEAD are served, and they have no body: a request
+            // with one (or another method) is answered, then the connection is
+            // closed rather than drained, so a body trickled in (slowhttptest
+            // -B, "R-U-Dead-Yet") holds nothing.
+            let close_after =
+                has_body(&req) || !matches!(*req.method(), Method::GET | Method::HEAD);
+            async move {
+                let _busy = busy;
+                // Router is always ready, so `call` needs no `poll_ready` first.
+                let mut response = tower_service::Service::call(&mut app, req).await;
+                if let Ok(r) = &mut response
+                    && close_after
+                {
+                    r.headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                response
             }
-            response
-        }
-    });
+        });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())

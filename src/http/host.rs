@@ -14,8 +14,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::header::HOST;
 use axum::http::StatusCode;
+use axum::http::header::HOST;
 use axum::http::uri::Authority;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};

@@ -95,7 +95,10 @@ pub async fn serve(
             auth,
             routes::require_auth,
         ))
-        .layer(axum::middleware::from_fn_with_state(hosts, host::check_host));
+        .layer(axum::middleware::from_fn_with_state(
+            hosts,
+            host::check_host,
+        ));
     let conns = Arc::new(Conns::new(limits, Arc::clone(&telemetry)));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut hangups = signals.clone();

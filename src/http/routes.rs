@@ -260,7 +260,10 @@ pub(crate) async fn require_auth(State(auth): State<Auth>, req: Request, next: N
         {
             conn.refused_login();
         }
-        if matches!(verdict, Verdict::TooMany { .. } | Verdict::Unavailable { .. }) {
+        if matches!(
+            verdict,
+            Verdict::TooMany { .. } | Verdict::Unavailable { .. }
+        ) {
             tokio::time::sleep(REFUSAL_PAUSE).await;
         }
         verdict

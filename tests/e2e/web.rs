@@ -874,20 +874,38 @@ fn allowed_hosts_guard_the_page_and_api_but_not_metrics() {
     wait_for(Duration::from_secs(5), "a sample", || {
         (ex.get("/metrics").status == 200).then_some(())
     });
-    for host in ["gpu-node-1.example.org:9877", "GPU-NODE-1.example.org", "[::1]:9877", "127.0.0.1"] {
+    for host in [
+        "gpu-node-1.example.org:9877",
+        "GPU-NODE-1.example.org",
+        "[::1]:9877",
+        "127.0.0.1",
+    ] {
         for path in ["/", "/api/v1/snapshot", "/api/v1/history"] {
             let r = get_with_host(ex.addr, path, Some(host));
             assert_eq!(r.status, 200, "{host} {path}: {}", r.body);
         }
     }
-    for host in [Some("evil.example"), Some("evil.example:9877"), Some("127.0.0.2"), None] {
+    for host in [
+        Some("evil.example"),
+        Some("evil.example:9877"),
+        Some("127.0.0.2"),
+        None,
+    ] {
         for path in ["/", "/api/v1/snapshot", "/api/v1/history", "/nope"] {
             let r = get_with_host(ex.addr, path, host);
             assert_eq!(r.status, 421, "{host:?} {path}: {}", r.body);
-            assert!(!r.body.contains("gpu_memory") && !r.body.contains("GPU-"), "{}", r.body);
+            assert!(
+                !r.body.contains("gpu_memory") && !r.body.contains("GPU-"),
+                "{}",
+                r.body
+            );
         }
         for path in ["/metrics", "/healthz", "/readyz"] {
-            assert_eq!(get_with_host(ex.addr, path, host).status, 200, "{host:?} {path}");
+            assert_eq!(
+                get_with_host(ex.addr, path, host).status,
+                200,
+                "{host:?} {path}"
+            );
         }
     }
     // Off by default: any Host.
@@ -896,7 +914,10 @@ fn allowed_hosts_guard_the_page_and_api_but_not_metrics() {
         (get_with_host(open.addr, "/api/v1/snapshot", Some("evil.example")).status == 200)
             .then_some(())
     });
-    assert_eq!(get_with_host(open.addr, "/", Some("evil.example")).status, 200);
+    assert_eq!(
+        get_with_host(open.addr, "/", Some("evil.example")).status,
+        200
+    );
 }
 
 #[test]

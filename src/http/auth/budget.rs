@@ -191,7 +191,10 @@ mod tests {
                 retry_after: Duration::from_secs(5)
             })
         );
-        assert_eq!(b.admits(ip("10.0.0.3"), t0 + Duration::from_secs(5)), Ok(()));
+        assert_eq!(
+            b.admits(ip("10.0.0.3"), t0 + Duration::from_secs(5)),
+            Ok(())
+        );
         // Over CPU time: a long flood of addresses spends at most the rate
         // (plus the tolerance and one check).
         let mut now = t0;

@@ -362,7 +362,11 @@ pub(super) mod tests {
         s.parse().unwrap()
     }
 
-    fn job(st: &mut State, client: &str, previously_good: bool) -> Result<oneshot::Receiver<Outcome>, Refusal> {
+    fn job(
+        st: &mut State,
+        client: &str,
+        previously_good: bool,
+    ) -> Result<oneshot::Receiver<Outcome>, Refusal> {
         let (tx, rx) = oneshot::channel();
         st.enqueue(ip(client), previously_good, Box::new(|| true), tx)?;
         Ok(rx)

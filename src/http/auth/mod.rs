@@ -294,7 +294,9 @@ pub(super) mod tests {
 
     fn users(list: &[(&str, String)]) -> Arc<Users> {
         Arc::new(Users::new(
-            list.iter().map(|(u, h)| (u.to_string(), h.clone())).collect(),
+            list.iter()
+                .map(|(u, h)| (u.to_string(), h.clone()))
+                .collect(),
         ))
     }
 
@@ -306,17 +308,28 @@ pub(super) mod tests {
         let ask = |h: Option<String>, c| {
             let users = Arc::clone(&users);
             let checks = &checks;
-            async move { users.authorize(checks, h.as_deref().map(str::as_bytes), c).await }
+            async move {
+                users
+                    .authorize(checks, h.as_deref().map(str::as_bytes), c)
+                    .await
+            }
         };
         assert_eq!(ask(Some(good.clone()), client(1)).await, Verdict::Allowed);
         assert_eq!(users.cache.lock().unwrap().good.len(), 1);
         assert_eq!(ask(Some(good.clone()), client(1)).await, Verdict::Allowed);
-        for (n, bad) in ["alice:nope", "bob:pw", "alice:pw2"].into_iter().enumerate() {
+        for (n, bad) in ["alice:nope", "bob:pw", "alice:pw2"]
+            .into_iter()
+            .enumerate()
+        {
             let v = ask(Some(b64(bad)), client(10 + n as u8)).await;
             assert_eq!(v, Verdict::Denied, "{bad}");
         }
         assert_eq!(ask(None, client(1)).await, Verdict::Denied);
-        assert_eq!(users.cache.lock().unwrap().good.len(), 1, "failures are not cached");
+        assert_eq!(
+            users.cache.lock().unwrap().good.len(),
+            1,
+            "failures are not cached"
+        );
         // A failed address is refused until its failure is paid off; the
         // cached scraper on the same address is not.
         let v = ask(Some(b64("alice:nope")), client(10)).await;
@@ -352,8 +365,12 @@ pub(super) mod tests {
     /// time), not the first user's.
     #[test]
     fn an_unknown_user_costs_what_the_dearest_user_does() {
-        let cheap = bcrypt::hash_with_salt("pw", 4, [1; 16]).unwrap().to_string();
-        let dear = bcrypt::hash_with_salt("pw", 8, [2; 16]).unwrap().to_string();
+        let cheap = bcrypt::hash_with_salt("pw", 4, [1; 16])
+            .unwrap()
+            .to_string();
+        let dear = bcrypt::hash_with_salt("pw", 8, [2; 16])
+            .unwrap()
+            .to_string();
         // "alice" sorts first: the old dummy check used her cost.
         let u = users(&[("alice", cheap), ("zed", dear)]);
         assert_eq!(cost(u.target("nobody").0), 8);

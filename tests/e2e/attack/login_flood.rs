@@ -85,7 +85,8 @@ impl CpuCgroup {
             write(&dir, "cpu.cfs_quota_us", "10000");
             return CpuCgroup(dir);
         }
-        let controllers = std::fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
+        let controllers =
+            std::fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
         assert!(
             controllers.split_whitespace().any(|c| c == "cpu"),
             "the login flood needs cgroup v1's cpu controller at {} or v2's at {} (and root)",
@@ -186,7 +187,10 @@ fn read_response(s: &mut TcpStream) -> Result<(u16, String), String> {
                 .and_then(|l| l.parse().ok())
                 .ok_or("no content-length")?;
             if body.len() >= want {
-                return Ok((r.status, String::from_utf8_lossy(&body[..want]).into_owned()));
+                return Ok((
+                    r.status,
+                    String::from_utf8_lossy(&body[..want]).into_owned(),
+                ));
             }
         }
         match s.read(&mut chunk) {
@@ -313,7 +317,11 @@ fn percentile(l: &[Duration], q: f64) -> Duration {
 /// Scrape every 250 ms on one keep-alive connection with cached
 /// credentials; a failure (reset, close, timeout, not 200) is counted and
 /// the connection made again.
-fn scraper(addr: SocketAddr, auth: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Scrapes> {
+fn scraper(
+    addr: SocketAddr,
+    auth: String,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Scrapes> {
     std::thread::spawn(move || {
         let mut seen = Scrapes::default();
         let mut conn: Option<TcpStream> = None;
@@ -343,7 +351,8 @@ fn scraper(addr: SocketAddr, auth: String, stop: Arc<AtomicBool>) -> std::thread
                 Ok(took) => seen.latencies.push(took),
                 Err(e) => {
                     conn = None;
-                    seen.failures.push(format!("at {:?}: {e}", started.elapsed()));
+                    seen.failures
+                        .push(format!("at {:?}: {e}", started.elapsed()));
                 }
             }
             std::thread::sleep(Duration::from_millis(250).saturating_sub(t.elapsed()));
@@ -378,7 +387,10 @@ fn wait_reloads(ex: &Exporter, auth: &str, n: f64) {
         s.write_all(request(auth, true).as_bytes()).ok()?;
         let (_, body) = read_response(&mut s).ok()?;
         let m = Metrics::parse(&body);
-        (m.get("gpumem_exporter_web_config_reloads_total", &[("result", "success")])? >= n)
+        (m.get(
+            "gpumem_exporter_web_config_reloads_total",
+            &[("result", "success")],
+        )? >= n)
             .then_some(())
     });
 }
@@ -393,7 +405,10 @@ fn a_wrong_password_flood_at_100m_cpu_delays_no_correct_login() {
     // All 300 flood connections stay open (the per-address cap is 256 by
     // default: churn at a cap is the next test's).
     let limits = "http_server_config:\n  max_connections_per_ip: 300\n";
-    let web = sc.file("web.yml", web_text(&[("alice", &alice_hash)], limits).as_bytes());
+    let web = sc.file(
+        "web.yml",
+        web_text(&[("alice", &alice_hash)], limits).as_bytes(),
+    );
     let ex = start_in(&cg, &sc, &web);
     let pid = ex.child.id();
     let alice = basic("alice", "s3cret");
@@ -402,7 +417,9 @@ fn a_wrong_password_flood_at_100m_cpu_delays_no_correct_login() {
     // One check alone in the cgroup: the scraper's first login.
     let cpu0 = cpu_of(pid);
     let (status, solo) = login(ex.addr, GOOD_FROM, &alice);
-    let check_cpu = cpu_of(pid).saturating_sub(cpu0).max(Duration::from_millis(10));
+    let check_cpu = cpu_of(pid)
+        .saturating_sub(cpu0)
+        .max(Duration::from_millis(10));
     assert_eq!(status, 200);
     eprintln!("one bcrypt check (cost {COST}) alone at 100m: {solo:?}, about {check_cpu:?} of CPU");
     let bound = solo * 2 + LOGIN_BOUND;
@@ -446,7 +463,11 @@ fn a_wrong_password_flood_at_100m_cpu_delays_no_correct_login() {
     // cached login no longer holds; it is checked first.
     sc.file(
         "web.yml",
-        web_text(&[("alice", &alice_hash), ("carol", &hash("c4rol", 3))], limits).as_bytes(),
+        web_text(
+            &[("alice", &alice_hash), ("carol", &hash("c4rol", 3))],
+            limits,
+        )
+        .as_bytes(),
     );
     ex.signal_only("HUP");
     wait_reloads(&ex, &alice, 2.0);
@@ -478,14 +499,24 @@ fn a_wrong_password_flood_at_100m_cpu_delays_no_correct_login() {
         "{carol_took:?}, {rotated_took:?} > {bound:?}"
     );
     assert!(seen.failures.is_empty(), "{:?}", seen.failures);
-    assert!(seen.latencies.len() >= 40, "{} scrapes", seen.latencies.len());
+    assert!(
+        seen.latencies.len() >= 40,
+        "{} scrapes",
+        seen.latencies.len()
+    );
     // The flood's failed checks (its 401s) within its address's budget:
     // the first, then one per check's CPU / rate, and one over.
     let failed = by_status.get(&401).copied().unwrap_or(0);
     let allowed = 2 + (flood_secs * PER_ADDRESS_RATE / check_cpu.as_secs_f64()).ceil() as u64;
     eprintln!("flood's failed checks: {failed} (budget allows {allowed})");
-    assert!(failed >= 1 && failed <= allowed, "{failed} failed checks > {allowed}");
-    assert!(by_status.get(&429).copied().unwrap_or(0) > 0, "{by_status:?}");
+    assert!(
+        failed >= 1 && failed <= allowed,
+        "{failed} failed checks > {allowed}"
+    );
+    assert!(
+        by_status.get(&429).copied().unwrap_or(0) > 0,
+        "{by_status:?}"
+    );
     assert_eq!(by_status.get(&200), None, "{by_status:?}");
 }
 
@@ -524,7 +555,9 @@ fn a_wrong_password_flood_at_the_connection_cap_resets_no_scraper() {
         };
         match once() {
             Ok(200) => fresh.latencies.push(t.elapsed()),
-            other => fresh.failures.push(format!("at {:?}: {other:?}", t0.elapsed())),
+            other => fresh
+                .failures
+                .push(format!("at {:?}: {other:?}", t0.elapsed())),
         }
         std::thread::sleep(Duration::from_millis(400));
     }
@@ -543,7 +576,11 @@ fn a_wrong_password_flood_at_the_connection_cap_resets_no_scraper() {
     print_scrapes("logins on new connections at the cap", &fresh);
     assert!(seen.failures.is_empty(), "{:?}", seen.failures);
     assert!(fresh.failures.is_empty(), "{:?}", fresh.failures);
-    assert!(seen.latencies.len() >= 20, "{} scrapes", seen.latencies.len());
+    assert!(
+        seen.latencies.len() >= 20,
+        "{} scrapes",
+        seen.latencies.len()
+    );
 }
 
 fn login_body(addr: SocketAddr, auth: &str) -> String {

@@ -538,7 +538,11 @@ fn check_network_policy(objects: &[Value]) {
         .expect("podSelector.matchLabels");
     assert!(!selects.is_empty(), "the policy selects by label");
     for (k, v) in selects {
-        assert_eq!(pod_labels.get(k), Some(v), "podSelector {k} matches the pods");
+        assert_eq!(
+            pod_labels.get(k),
+            Some(v),
+            "podSelector {k} matches the pods"
+        );
     }
     assert_eq!(
         strings(np.pointer("/spec/policyTypes")),
@@ -586,7 +590,10 @@ fn check_network_policy(objects: &[Value]) {
         .to_vec();
     assert_eq!(out_ports, want, "out: the API server and DNS only");
     for rule in list(&np["spec"]["egress"]) {
-        assert!(!list(&rule["ports"]).is_empty(), "every egress rule names its ports");
+        assert!(
+            !list(&rule["ports"]).is_empty(),
+            "every egress rule names its ports"
+        );
     }
 }
 
@@ -1138,7 +1145,9 @@ fn systemd_tls_drop_in_loads_the_key_as_a_credential() {
             .strip_prefix(dir)
             .unwrap_or_else(|| panic!("{key} {path} is not in {dir}"));
         assert!(
-            credentials.iter().any(|(n, src)| n == name && src.starts_with('/')),
+            credentials
+                .iter()
+                .any(|(n, src)| n == name && src.starts_with('/')),
             "{key}: no LoadCredential={name}:/… in tls.conf ({credentials:?})"
         );
     }
@@ -1149,7 +1158,10 @@ fn systemd_tls_drop_in_loads_the_key_as_a_credential() {
     std::fs::create_dir_all(&dropins).expect("create the drop-in folder");
     std::fs::write(
         dropins.join("tls.conf"),
-        conf.replace("ExecStart=/usr/local/bin/gpumem-exporter ", "ExecStart=/bin/true "),
+        conf.replace(
+            "ExecStart=/usr/local/bin/gpumem-exporter ",
+            "ExecStart=/bin/true ",
+        ),
     )
     .expect("write the drop-in");
     let out = run_tool("systemd-analyze", &["verify", unit.to_str().unwrap()], None);
