@@ -47,7 +47,7 @@ impl AllowedHosts {
             return true;
         }
         host.and_then(host_name)
-            .is_some_and(|name| self.hosts.iter().any(|h| *h == name))
+            .is_some_and(|name| self.hosts.contains(&name))
     }
 }
 

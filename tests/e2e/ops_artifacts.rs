@@ -249,7 +249,7 @@ fn dockerfile_builds_a_nonroot_glibc_image() {
     }
     assert!(dockerfile.contains("cargo build --release --locked -p gpumem-exporter"));
     assert!(
-        lines.iter().any(|l| *l == "USER 60877:60877"),
+        lines.contains(&"USER 60877:60877"),
         "Dockerfile: USER 60877:60877 (the exporter's own uid, not distroless' shared 65532)"
     );
     // The image's OCI labels; its version is Cargo.toml's.
