@@ -66,6 +66,9 @@ struct Cli {
     /// Where /proc is, e.g. /host/proc when the host's is mounted there [default: /proc]
     #[arg(long = "path.procfs", global = true, value_name = "PATH")]
     procfs: Option<String>,
+    /// Where the cgroup filesystem is, e.g. /host/sys/fs/cgroup (who owns each cgroup on a process's path) [default: /sys/fs/cgroup]
+    #[arg(long = "path.cgroupfs", global = true, value_name = "PATH")]
+    cgroupfs: Option<String>,
     /// Slurm job-mapping directory a prolog writes (GPU → job) [default: off]
     #[arg(long = "slurm.job-mapping-dir", global = true, value_name = "DIR")]
     job_mapping_dir: Option<String>,
@@ -208,6 +211,7 @@ impl Cli {
             log_level: self.log_level.clone(),
             log_format: self.log_format.clone(),
             procfs: self.procfs.clone(),
+            cgroupfs: self.cgroupfs.clone(),
             job_mapping_dir: self.job_mapping_dir.clone(),
             job_mapping_format: self.job_mapping_format.clone(),
             engine_socket: self.engine_socket.clone(),

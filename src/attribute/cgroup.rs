@@ -1,6 +1,19 @@
 //! cgroup → container id, pod UID, runtime and systemd unit: pure `&str →
 //! value` parsers, table-tested with real-world lines from Docker,
-//! containerd, CRI-O, Podman and systemd, on cgroup v1 and v2.
+//! containerd, CRI-O, Podman and systemd, on cgroup v1 and v2, and with
+//! forged ones.
+//!
+//! Architecture invariant: **a name counts only at its real place.** Any
+//! process that can create cgroups (a systemd user manager delegates
+//! `user@UID.service`; rootless Podman and privileged pods can too) can
+//! name a directory `kubepods-pod<uid>.slice` or `cri-containerd-<id>.scope`
+//! wherever it may write. So a pod is recognised only where the kubelet puts
+//! it (`/kubepods…` at the top of the hierarchy, or inside a kind/k3d node
+//! container at the top), a container only where its engine puts it, and
+//! the first (outermost) match at such a place wins: whatever sits below a
+//! container's cgroup is that container's own business, never another
+//! container or pod. The owner of each directory is checked apart from this
+//! ([`super::cgroupfs`]).
 
 /// The container runtime named by a cgroup path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,6 +49,44 @@ impl CgroupIdentity {
             self.systemd_unit.is_some(),
         )
     }
+
+    /// Whether the path named a container or a pod (what a forger wants).
+    pub(crate) fn names_workload(&self) -> bool {
+        self.container_id.is_some() || self.pod_uid.is_some()
+    }
+}
+
+/// One line of `/proc/<pid>/cgroup`: `hierarchy-id:controllers:path`.
+/// `controllers` is empty on the cgroup v2 line (`0::/path`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CgroupLine<'a> {
+    pub controllers: &'a str,
+    pub path: &'a str,
+}
+
+/// The lines of a `/proc/<pid>/cgroup`; lines without two colons are
+/// skipped.
+pub(crate) fn lines(content: &str) -> impl Iterator<Item = CgroupLine<'_>> {
+    content.lines().filter_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_hierarchy), Some(controllers), Some(path)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return None;
+        };
+        Some(CgroupLine { controllers, path })
+    })
+}
+
+/// What a whole `/proc/<pid>/cgroup` told: the identity, the line it came
+/// from (whose directories the caller checks the owners of), and whether
+/// some line named a pod or container only at a place where the kubelet
+/// and the engines never put one (a forgery, or a nesting we do not know).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ParsedCgroup<'a> {
+    pub identity: CgroupIdentity,
+    pub line: Option<CgroupLine<'a>>,
+    pub misplaced: bool,
 }
 
 /// Parses `/proc/<pid>/cgroup` into container id, pod UID, runtime and
@@ -47,25 +98,34 @@ impl CgroupIdentity {
 /// two colons are skipped; malformed input gives an empty identity, never a
 /// panic.
 pub(crate) fn parse_cgroup(content: &str) -> CgroupIdentity {
-    let mut best = CgroupIdentity::default();
-    for line in content.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(_hierarchy), Some(_controllers), Some(path)) =
-            (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        let identity = parse_cgroup_path(path);
-        if identity.rank() > best.rank() {
-            best = identity;
+    parse_cgroup_lines(content).identity
+}
+
+/// [`parse_cgroup`], with the line the identity came from and whether a
+/// workload was named out of place.
+pub(crate) fn parse_cgroup_lines(content: &str) -> ParsedCgroup<'_> {
+    let mut best = ParsedCgroup::default();
+    let mut misplaced = false;
+    for line in lines(content) {
+        let identity = parse_cgroup_path(line.path);
+        if !identity.names_workload() && names_workload_anywhere(line.path) {
+            misplaced = true;
+        }
+        if identity.rank() > best.identity.rank() {
+            best = ParsedCgroup {
+                identity,
+                line: Some(line),
+                misplaced: false,
+            };
         }
     }
+    best.misplaced = misplaced && !best.identity.names_workload();
     best
 }
 
 /// One path segment, classified.
 enum Segment {
-    Pod(String),
+    Pod,
     Container(String, Option<Runtime>),
     Unit(String),
     Other,
@@ -81,44 +141,211 @@ const SCOPE_PREFIXES: [(&str, Runtime); 4] = [
     ("libpod-", Runtime::Podman),
 ];
 
-/// Parses one cgroup path, walking from the root to the leaf.
-///
-/// Nesting is real: kind and k3d run Kubernetes inside Docker containers, so a
-/// host sees `/docker/<node>/kubepods/...` or
-/// `/system.slice/docker-<node>.scope/kubelet.slice/...`. The innermost pod and
-/// container describe the process, so later segments overwrite earlier ones,
-/// and entering a pod forgets any container seen above it (that was the node,
-/// not the workload).
-pub(crate) fn parse_cgroup_path(path: &str) -> CgroupIdentity {
+/// The path's segments, the kernel's `(deleted)` suffix dropped.
+fn segments(path: &str) -> Vec<&str> {
     let path = path.trim();
     // The kernel appends this when the cgroup was removed while the process
     // still sat in it; the path before it is still the right one.
     let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+    path.split('/').filter(|s| !s.is_empty()).collect()
+}
 
-    let mut identity = CgroupIdentity::default();
-    let mut parent = "";
-    for segment in path.split('/').filter(|s| !s.is_empty()) {
-        match classify_segment(segment, parent) {
-            Segment::Pod(uid) => {
-                identity = CgroupIdentity {
-                    pod_uid: Some(uid),
-                    ..CgroupIdentity::default()
-                };
-            }
-            Segment::Container(id, runtime) => {
-                identity.container_id = Some(id);
-                identity.runtime = runtime;
-                identity.systemd_unit = None;
-            }
-            Segment::Unit(unit) => identity.systemd_unit = Some(unit),
-            Segment::Other => {}
+/// Parses one cgroup path, walking from the root to the leaf, accepting a
+/// pod or container only at its real place:
+///
+/// - Kubernetes, cgroupfs driver: `/kubepods[/<qos>]/pod<uid>[/<id>]`;
+///   systemd driver: `/kubepods.slice[/kubepods-<qos>.slice]/kubepods[-<qos>]-pod<uid>.slice[/<runtime>-<id>.scope]`
+///   (`kubelet.slice/kubelet-kubepods…` under kind);
+/// - a container outside Kubernetes: `/docker/<id>`,
+///   `/system.slice/docker-<id>.scope`, `/machine.slice/libpod-<id>.scope`,
+///   `/libpod_parent/libpod-<id>`, `/ecs/<task>/<id>`, or a container scope
+///   anywhere inside a user's own manager (`/user.slice/user-<uid>.slice/user@<uid>.service/…`,
+///   rootless engines: the owner check refuses those, as the user made them);
+/// - nesting (kind, k3d): a Kubernetes hierarchy directly inside such a
+///   container at the top describes the pod, not the node container.
+///
+/// Anything below the first container found is that container's own.
+pub(crate) fn parse_cgroup_path(path: &str) -> CgroupIdentity {
+    let segs = segments(path);
+    let unit = innermost_unit(&segs);
+    if let Some(identity) = kubernetes_at(&segs) {
+        return identity;
+    }
+    if let Some((id, runtime, used)) = container_at(&segs) {
+        // A kind or k3d node: the kubelet's hierarchy inside the node
+        // container.
+        if let Some(identity) = kubernetes_at(&segs[used..]) {
+            return identity;
         }
+        return CgroupIdentity {
+            container_id: Some(id),
+            runtime,
+            ..CgroupIdentity::default()
+        };
+    }
+    CgroupIdentity {
+        systemd_unit: unit,
+        ..CgroupIdentity::default()
+    }
+}
+
+/// The innermost systemd unit of a path that names no container.
+fn innermost_unit(segs: &[&str]) -> Option<String> {
+    segs.iter().rev().find_map(|s| {
+        let is_unit = [".service", ".scope"]
+            .iter()
+            .any(|suffix| s.strip_suffix(suffix).is_some_and(|s| !s.is_empty()));
+        is_unit.then(|| (*s).to_owned())
+    })
+}
+
+/// Whether any segment, anywhere, looks like a pod or a container: with
+/// no workload at a real place, such a path is counted as misplaced.
+pub(crate) fn names_workload_anywhere(path: &str) -> bool {
+    let mut parent = "";
+    segments(path).into_iter().any(|segment| {
+        let found = matches!(
+            classify_segment(segment, parent),
+            Segment::Pod | Segment::Container(..)
+        );
         parent = segment;
+        found
+    })
+}
+
+/// QoS classes below the kubelet's root (guaranteed pods sit directly in it).
+const QOS: [&str; 2] = ["burstable", "besteffort"];
+
+/// The pod (and its container) of a Kubernetes hierarchy starting at
+/// `segs[0]`, in either cgroup driver's layout; `None` when `segs` does not
+/// start with the kubelet's root or strays from its layout.
+fn kubernetes_at(segs: &[&str]) -> Option<CgroupIdentity> {
+    let first = *segs.first()?;
+    let (pod_uid, rest, systemd) = if first == "kubepods" {
+        // cgroupfs driver.
+        let mut i = 1;
+        if segs.get(i).is_some_and(|s| QOS.contains(s)) {
+            i += 1;
+        }
+        let uid = segs.get(i)?.strip_prefix("pod").filter(|u| is_pod_uid(u))?;
+        (uid.to_owned(), &segs[i + 1..], false)
+    } else {
+        // systemd driver: `kubepods.slice`, or kind's
+        // `kubelet.slice/kubelet-kubepods.slice`.
+        let (prefix, mut i) = match segs {
+            ["kubepods.slice", ..] => ("kubepods", 1),
+            ["kubelet.slice", "kubelet-kubepods.slice", ..] => ("kubelet-kubepods", 2),
+            ["kubelet-kubepods.slice", ..] => ("kubelet-kubepods", 1),
+            _ => return None,
+        };
+        let mut parent = prefix.to_owned();
+        if let Some(qos) = QOS
+            .iter()
+            .find(|q| segs.get(i) == Some(&format!("{prefix}-{q}.slice").as_str()))
+        {
+            parent = format!("{prefix}-{qos}");
+            i += 1;
+        }
+        let escaped = segs
+            .get(i)?
+            .strip_suffix(".slice")?
+            .strip_prefix(parent.as_str())?
+            .strip_prefix("-pod")?;
+        let uid = escaped.replace('_', "-");
+        if !is_pod_uid(&uid) {
+            return None;
+        }
+        (uid, &segs[i + 1..], true)
+    };
+    let mut identity = CgroupIdentity {
+        pod_uid: Some(pod_uid),
+        ..CgroupIdentity::default()
+    };
+    // The container is the pod's child; anything below it is its own.
+    if let Some(child) = rest.first() {
+        match (systemd, classify_segment(child, "")) {
+            (false, Segment::Container(id, None)) | (true, Segment::Container(id, Some(_)))
+                if is_kubelet_runtime(child, systemd) =>
+            {
+                identity.runtime = if systemd { runtime_of(child) } else { None };
+                identity.container_id = Some(id);
+            }
+            (_, Segment::Unit(unit)) => identity.systemd_unit = Some(unit),
+            _ => {}
+        }
     }
-    if identity.container_id.is_some() {
-        identity.systemd_unit = None;
+    Some(identity)
+}
+
+/// Under the cgroupfs driver the kubelet's child is the bare id; under the
+/// systemd driver a CRI runtime's scope (Podman is not a CRI runtime).
+fn is_kubelet_runtime(segment: &str, systemd: bool) -> bool {
+    if !systemd {
+        return is_container_id(segment);
     }
-    identity
+    matches!(
+        runtime_of(segment),
+        Some(Runtime::Containerd | Runtime::CriO | Runtime::Docker)
+    )
+}
+
+fn runtime_of(segment: &str) -> Option<Runtime> {
+    let stem = segment.strip_suffix(".scope").unwrap_or(segment);
+    SCOPE_PREFIXES
+        .iter()
+        .find(|(prefix, _)| stem.strip_prefix(prefix).is_some_and(is_container_id))
+        .map(|(_, runtime)| *runtime)
+}
+
+/// A container outside Kubernetes at its engine's place, with the number
+/// of segments its path took.
+fn container_at(segs: &[&str]) -> Option<(String, Option<Runtime>, usize)> {
+    let scope = |s: &str, want: Runtime, suffix: bool| -> Option<String> {
+        let stem = if suffix { s.strip_suffix(".scope")? } else { s };
+        SCOPE_PREFIXES.iter().find_map(|(prefix, runtime)| {
+            let id = stem.strip_prefix(prefix)?;
+            (*runtime == want && is_container_id(id)).then(|| id.to_owned())
+        })
+    };
+    match segs {
+        ["docker", id, ..] if is_container_id(id) => {
+            Some(((*id).to_owned(), Some(Runtime::Docker), 2))
+        }
+        ["system.slice", s, ..] => {
+            scope(s, Runtime::Docker, true).map(|id| (id, Some(Runtime::Docker), 2))
+        }
+        ["machine.slice", s, ..] => {
+            scope(s, Runtime::Podman, true).map(|id| (id, Some(Runtime::Podman), 2))
+        }
+        ["libpod_parent", s, ..] => {
+            scope(s, Runtime::Podman, false).map(|id| (id, Some(Runtime::Podman), 2))
+        }
+        ["ecs", _task, id, ..] if is_container_id(id) => Some(((*id).to_owned(), None, 3)),
+        ["user.slice", user, manager, rest @ ..] if is_user_manager(user, manager) => {
+            rest.iter().enumerate().find_map(|(i, s)| {
+                let stem = s.strip_suffix(".scope")?;
+                // Rootless engines: Podman and Docker.
+                SCOPE_PREFIXES.iter().find_map(|(prefix, runtime)| {
+                    let id = stem.strip_prefix(prefix)?;
+                    (matches!(runtime, Runtime::Podman | Runtime::Docker) && is_container_id(id))
+                        .then(|| (id.to_owned(), Some(*runtime), i + 4))
+                })
+            })
+        }
+        _ => None,
+    }
+}
+
+/// `user-<uid>.slice` / `user@<uid>.service`: a user's own systemd manager.
+fn is_user_manager(slice: &str, manager: &str) -> bool {
+    let uid = slice
+        .strip_prefix("user-")
+        .and_then(|s| s.strip_suffix(".slice"));
+    uid.is_some_and(|u| {
+        !u.is_empty()
+            && u.bytes().all(|b| b.is_ascii_digit())
+            && manager == format!("user@{u}.service")
+    })
 }
 
 fn classify_segment(segment: &str, parent: &str) -> Segment {
@@ -140,8 +367,8 @@ fn classify_segment(segment: &str, parent: &str) -> Segment {
         }
     }
 
-    if let Some(uid) = pod_uid_of_segment(segment) {
-        return Segment::Pod(uid);
+    if pod_uid_of_segment(segment).is_some() {
+        return Segment::Pod;
     }
 
     let is_unit = [".service", ".scope"]
@@ -271,9 +498,9 @@ pub(crate) mod tests {
                 ident(None, Some(UID), None, None),
             ),
             (
-                "k8s cgroupfs malformed pod uid keeps container",
+                "k8s cgroupfs malformed pod uid: nothing at its place",
                 "0::/kubepods/burstable/podnot-a-uid/{ID}",
-                ident(Some(ID), None, None, None),
+                none.clone(),
             ),
             // --- Kubernetes, systemd driver ---
             (
@@ -449,9 +676,9 @@ pub(crate) mod tests {
                 ident(Some(ID), Some(UID), None, None),
             ),
             (
-                "colon inside path",
+                "colon inside path: a scope out of place is only a unit",
                 "0::/weird:dir/docker-{ID}.scope",
-                ident(Some(ID), None, Some(Docker), None),
+                ident(None, None, None, Some(&fill("docker-{ID}.scope"))),
             ),
             (
                 "non-ascii garbage",
@@ -466,13 +693,138 @@ pub(crate) mod tests {
             (
                 "short pod uid group",
                 "0::/kubepods/burstable/pod7e6b1f2a-3c4d-4e5f-8a9b-0c1d2e3f4a5/{ID}",
-                ident(Some(ID), None, None, None),
+                none.clone(),
             ),
         ];
         for (name, input, expected) in cases {
             let got = parse_cgroup(&fill(input));
             assert_eq!(got, expected, "case {name:?}: input {input:?}");
         }
+    }
+
+    /// Forged paths: a pod or container named where the kubelet and the
+    /// engines never put one (a user's delegated subtree, a privileged
+    /// container's own cgroup) gives no workload and is flagged misplaced;
+    /// names nested below a real container never override it.
+    #[test]
+    fn forged_paths_name_nothing() {
+        use Runtime::*;
+        const VICTIM: &str = "0b6e2f51-3c1d-4a8e-9f7b-2d4c6e8a0b1c";
+        const VICTIM_: &str = "0b6e2f51_3c1d_4a8e_9f7b_2d4c6e8a0b1c";
+        let victim_id = "e".repeat(64);
+        let fill = |t: &str| {
+            fill(t)
+                .replace("{VICTIM_}", VICTIM_)
+                .replace("{VICTIM}", VICTIM)
+                .replace("{VID}", &victim_id)
+        };
+        // (name, input, identity, misplaced)
+        let cases: Vec<(&str, &str, CgroupIdentity, bool)> = vec![
+            (
+                "user manager: a kubepods tree of the user's own",
+                "0::/user.slice/user-65534.slice/user@65534.service/app.slice/kubepods.slice/\
+                 kubepods-pod{VICTIM_}.slice/cri-containerd-{VID}.scope",
+                ident(None, None, None, Some(&fill("cri-containerd-{VID}.scope"))),
+                true,
+            ),
+            (
+                "user manager: a bare pod slice",
+                "0::/user.slice/user-65534.slice/user@65534.service/kubepods-besteffort-pod{VICTIM_}.slice",
+                ident(None, None, None, Some("user@65534.service")),
+                true,
+            ),
+            (
+                "user session: a cgroupfs-driver pod below a scope",
+                "0::/user.slice/user-1000.slice/session-4.scope/kubepods/pod{VICTIM}/{VID}",
+                ident(None, None, None, Some("session-4.scope")),
+                true,
+            ),
+            (
+                "privileged pod nests a victim's container below its own",
+                "0::/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{ID}.scope/\
+                 kubepods.slice/kubepods-pod{VICTIM_}.slice/cri-containerd-{VID}.scope",
+                ident(Some(ID), Some(UID), Some(Containerd), None),
+                false,
+            ),
+            (
+                "cgroupfs driver: a victim's id below the real container",
+                "0::/kubepods/burstable/pod{UID}/{ID}/{VID}",
+                ident(Some(ID), Some(UID), None, None),
+                false,
+            ),
+            (
+                "docker container nests a kubepods tree (no kind node layout)",
+                "0::/system.slice/docker-{NODE}.scope/init.scope/kubepods/pod{VICTIM}/{VID}",
+                ident(Some(NODE), None, Some(Docker), None),
+                false,
+            ),
+            (
+                "kubepods below a service is not the kubelet's",
+                "0::/system.slice/evil.service/kubepods.slice/kubepods-pod{VICTIM_}.slice/cri-containerd-{VID}.scope",
+                ident(None, None, None, Some(&fill("cri-containerd-{VID}.scope"))),
+                true,
+            ),
+            (
+                "a qos pod slice directly under kubepods.slice",
+                "0::/kubepods.slice/kubepods-burstable-pod{VICTIM_}.slice/cri-containerd-{VID}.scope",
+                ident(None, None, None, Some(&fill("cri-containerd-{VID}.scope"))),
+                true,
+            ),
+            (
+                "a pod slice whose name is not its parent's child",
+                "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-burstable-pod{VICTIM_}.slice",
+                ident(None, None, None, None),
+                true,
+            ),
+            (
+                "podman's scope is no CRI container of a pod",
+                "0::/kubepods.slice/kubepods-pod{VICTIM_}.slice/libpod-{VID}.scope",
+                ident(None, Some(VICTIM), None, None),
+                false,
+            ),
+            (
+                "machine.slice holds Podman, not Docker",
+                "0::/machine.slice/docker-{VID}.scope",
+                ident(None, None, None, Some(&fill("docker-{VID}.scope"))),
+                true,
+            ),
+            (
+                "relative to another cgroup namespace",
+                "0::/../../kubepods-besteffort.slice/kubepods-besteffort-pod{VICTIM_}.slice/cri-containerd-{VID}.scope",
+                ident(None, None, None, Some(&fill("cri-containerd-{VID}.scope"))),
+                true,
+            ),
+            (
+                "v1: a forged line does not beat a real one",
+                "12:memory:/user.slice/user-65534.slice/user@65534.service/kubepods/pod{VICTIM}/{VID}\n\
+                 1:name=systemd:/system.slice/docker-{ID}.scope\n",
+                ident(Some(ID), None, Some(Docker), None),
+                false,
+            ),
+        ];
+        for (name, input, expected, misplaced) in cases {
+            let input = fill(input);
+            let got = parse_cgroup_lines(&input);
+            assert_eq!(got.identity, expected, "case {name:?}: input {input:?}");
+            assert_eq!(got.misplaced, misplaced, "case {name:?} misplaced");
+        }
+    }
+
+    /// The line an identity came from is the one whose owners are checked.
+    #[test]
+    fn the_line_of_the_identity_is_kept() {
+        let text = fill(
+            "13:misc:/\n12:memory:/kubepods/burstable/pod{UID}/{ID}\n0::/system.slice/containerd.service\n",
+        );
+        let got = parse_cgroup_lines(&text);
+        assert_eq!(
+            got.line,
+            Some(CgroupLine {
+                controllers: "memory",
+                path: &fill("/kubepods/burstable/pod{UID}/{ID}"),
+            })
+        );
+        assert_eq!(parse_cgroup_lines("0::/\n").line, None);
     }
 
     /// Every prefix of real-world inputs, cut at every char boundary, parses

@@ -6,8 +6,19 @@
 //! PyTorch allocator figures the process publishes itself ([`torch`]).
 //! [`ProcCache`] puts them together for the sampler, cached by (pid, start
 //! time).
+//!
+//! Architecture invariant: **attribution comes only from what a tenant
+//! cannot create.** A job, pod or container named by a process's cgroup
+//! counts only when the names sit at their real place in the hierarchy
+//! ([`cgroup`], [`slurm`]), every directory on the path belongs to root
+//! ([`cgroupfs`]), a container id belongs to the pod UID of the same path
+//! (`PodIndex::resolve`), and a Slurm job's owner is the process's real
+//! uid (the kernel's `Uid:` line). A process that fails keeps its series
+//! by pid without those labels; the refusal is counted by reason
+//! (`gpumem_exporter_attribution_rejected_total`) and logged, rate-limited.
 
 pub(crate) mod cgroup;
+pub(crate) mod cgroupfs;
 pub(crate) mod containers;
 pub(crate) mod passwd;
 pub(crate) mod procfs;
@@ -19,10 +30,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::config::Attribution;
-use crate::kube::index::PodIndex;
+use crate::kube::index::{PodIndex, PodLookup};
 use crate::model::{
-    ContainerLookups, KubeState, ProcIdentity, SlurmJob, TorchCounters, TorchStats,
+    AttributionRejections, ContainerLookups, KubeState, ProcIdentity, SlurmJob, TorchCounters,
+    TorchStats,
 };
+use cgroupfs::{CgroupFs, Ownership};
 use crate::ratelimit::LogLimiter;
 use containers::ContainerCache;
 use passwd::UserNames;
@@ -46,6 +59,10 @@ pub trait ProcessLookup {
     fn failures(&self) -> u64 {
         0
     }
+    /// Attribution claims refused so far, by reason.
+    fn rejections(&self) -> AttributionRejections {
+        AttributionRejections::default()
+    }
     /// The pod watcher's state, when one feeds this lookup.
     fn kubernetes(&self) -> Option<KubeState> {
         None
@@ -65,6 +82,63 @@ pub trait ProcessLookup {
     fn container_lookups(&self) -> Option<ContainerLookups> {
         None
     }
+}
+
+/// The owners of Slurm jobs as the job mapping knows them (the jobstats
+/// layout's `<jobid> <uid>`), for the owner check of a job whose cgroup
+/// path carries no uid (cgroup v2). Implemented by the job-mapping reader.
+pub trait JobOwners: Send + Sync {
+    /// The uids the mapping gives job `job`; empty when it gives none.
+    fn owners(&self, job: &str) -> Vec<u32>;
+}
+
+/// Why attribution refused what a cgroup path said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Rejection {
+    CgroupOwner,
+    CgroupUnverified,
+    CgroupMisplaced,
+    ContainerPodMismatch,
+    SlurmOwner,
+}
+
+impl Rejection {
+    fn label(self) -> &'static str {
+        match self {
+            Rejection::CgroupOwner => "cgroup_owner",
+            Rejection::CgroupUnverified => "cgroup_unverified",
+            Rejection::CgroupMisplaced => "cgroup_misplaced",
+            Rejection::ContainerPodMismatch => "container_pod_mismatch",
+            Rejection::SlurmOwner => "slurm_owner",
+        }
+    }
+
+    fn count(self, into: &mut AttributionRejections) {
+        let n = match self {
+            Rejection::CgroupOwner => &mut into.cgroup_owner,
+            Rejection::CgroupUnverified => &mut into.cgroup_unverified,
+            Rejection::CgroupMisplaced => &mut into.cgroup_misplaced,
+            Rejection::ContainerPodMismatch => &mut into.container_pod_mismatch,
+            Rejection::SlurmOwner => &mut into.slurm_owner,
+        };
+        *n += 1;
+    }
+}
+
+/// A refusal with what the log line says about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Refusal {
+    reason: Rejection,
+    detail: String,
+}
+
+/// What a process's cgroup says once checked: the identity that stands
+/// and what was refused.
+#[derive(Debug, Default)]
+struct Vetted {
+    cgroup: cgroup::CgroupIdentity,
+    slurm: Option<slurm::SlurmCgroup>,
+    refused: Vec<Refusal>,
 }
 
 /// /proc lookups cached by (pid, start time): a pid reused by a new process
@@ -88,6 +162,14 @@ pub struct ProcCache {
     torch: Option<TorchReader>,
     /// Container names from the engine's API (filled off this thread).
     engine: Option<Arc<ContainerCache>>,
+    /// The owners of the directories on cgroup paths are checked here.
+    cgroupfs: CgroupFs,
+    /// Slurm job owners from the job mapping, when it is read.
+    job_owners: Option<Arc<dyn JobOwners>>,
+    /// Refusals so far, by reason.
+    rejected: AttributionRejections,
+    /// Each reason is logged at most once a minute.
+    rejection_log: LogLimiter<Rejection>,
 }
 
 impl ProcCache {
@@ -104,14 +186,32 @@ impl ProcCache {
             hidden_warning: LogLimiter::once(),
             torch: None,
             engine: None,
+            cgroupfs: CgroupFs::new("/sys/fs/cgroup"),
+            job_owners: None,
+            rejected: AttributionRejections::default(),
+            rejection_log: LogLimiter::every(std::time::Duration::from_secs(60)),
         }
+    }
+
+    /// Check the owners of cgroup directories under this cgroup
+    /// filesystem root (`path.cgroupfs`).
+    pub fn with_cgroupfs(mut self, root: impl Into<std::path::PathBuf>) -> Self {
+        self.cgroupfs = CgroupFs::new(root);
+        self
+    }
+
+    /// Check the owners of Slurm jobs against the job mapping too.
+    pub fn with_job_owners(mut self, owners: Arc<dyn JobOwners>) -> Self {
+        self.job_owners = Some(owners);
+        self
     }
 
     /// The lookup `cfg` asks for, resolving pods through `pods` when the
     /// pod watcher runs.
     pub fn from_config(cfg: &Attribution, pods: Option<Arc<PodIndex>>) -> Self {
-        let mut cache =
-            ProcCache::new(ProcRoot::new(&cfg.procfs)).with_users(UserNames::new(&cfg.passwd_file));
+        let mut cache = ProcCache::new(ProcRoot::new(&cfg.procfs))
+            .with_users(UserNames::new(&cfg.passwd_file))
+            .with_cgroupfs(&cfg.cgroupfs);
         if cfg.torch_bridge {
             cache = cache.with_torch_bridge();
         }
@@ -156,28 +256,104 @@ impl ProcCache {
         self
     }
 
-    fn read(&self, pid: u32) -> ProcIdentity {
+    /// What `text` (a `/proc/<pid>/cgroup`) says about a process of real
+    /// uid `uid`, once checked: names only at their real place, on a path
+    /// of root-owned directories, a Slurm job only of its owner.
+    fn vet(&self, text: &str, uid: Option<u32>) -> Vetted {
+        let mut refused = Vec::new();
+        let mut refuse = |reason, detail: String| {
+            if !refused.iter().any(|r: &Refusal| r.reason == reason) {
+                refused.push(Refusal { reason, detail });
+            }
+        };
+        // A path relative to another cgroup namespace cannot be placed.
+        let other_namespace = cgroup::lines(text).any(|l| l.path.split('/').any(|s| s == ".."));
+        let misplaced = if other_namespace {
+            Rejection::CgroupUnverified
+        } else {
+            Rejection::CgroupMisplaced
+        };
+        let owners = |line: Option<cgroup::CgroupLine<'_>>| match line {
+            None => Ownership::Trusted,
+            Some(line) => self.cgroupfs.check(line),
+        };
+        let shown = |path: &str| path.chars().take(256).collect::<String>();
+
+        let parsed = cgroup::parse_cgroup_lines(text);
+        let mut cg = parsed.identity;
+        if cg.names_workload() {
+            let path = parsed.line.map(|l| shown(l.path)).unwrap_or_default();
+            match owners(parsed.line) {
+                Ownership::Trusted => {}
+                Ownership::Delegated { uid } => {
+                    refuse(Rejection::CgroupOwner, format!("{path}: a directory owned by uid {uid}"));
+                    cg = cgroup::CgroupIdentity::default();
+                }
+                Ownership::Unverified(why) => {
+                    refuse(Rejection::CgroupUnverified, format!("{path}: {why:?} under {}", self.cgroupfs.path().display()));
+                    cg = cgroup::CgroupIdentity::default();
+                }
+            }
+        } else if parsed.misplaced {
+            refuse(misplaced, "a pod or container named out of its place".into());
+        }
+
+        let parsed = slurm::parse_slurm_cgroup_lines(text);
+        let mut job = parsed.job;
+        if let Some(j) = &job {
+            let path = parsed.line.map(|l| shown(l.path)).unwrap_or_default();
+            let owner_ok = match owners(parsed.line) {
+                Ownership::Trusted => true,
+                Ownership::Delegated { uid } => {
+                    refuse(Rejection::CgroupOwner, format!("{path}: a directory owned by uid {uid}"));
+                    false
+                }
+                Ownership::Unverified(why) => {
+                    refuse(Rejection::CgroupUnverified, format!("{path}: {why:?} under {}", self.cgroupfs.path().display()));
+                    false
+                }
+            };
+            let mut owners_of_job: Vec<u32> = j.uid.iter().filter_map(|u| u.parse().ok()).collect();
+            if let Some(mapping) = &self.job_owners {
+                owners_of_job.extend(mapping.owners(&j.job));
+            }
+            let stranger = owners_of_job.iter().find(|o| Some(**o) != uid);
+            if owner_ok && let Some(o) = stranger {
+                refuse(
+                    Rejection::SlurmOwner,
+                    format!("job {} belongs to uid {o}, the process runs as uid {}", j.job, uid.map_or_else(|| "unknown".into(), |u| u.to_string())),
+                );
+            }
+            if !owner_ok || stranger.is_some() {
+                job = None;
+            }
+        } else if parsed.misplaced {
+            refuse(misplaced, "a Slurm job named out of its place".into());
+        }
+        Vetted {
+            cgroup: cg,
+            slurm: job,
+            refused,
+        }
+    }
+
+    fn read(&self, pid: u32) -> (ProcIdentity, Vec<Refusal>) {
         let s = |v: String| -> Arc<str> { Arc::from(v) };
-        let cgroup_text = self.root.cgroup(pid);
-        let cg = cgroup_text
-            .as_deref()
-            .map(cgroup::parse_cgroup)
+        let uid = self.root.uid(pid);
+        let vetted = self
+            .root
+            .cgroup(pid)
+            .map(|text| self.vet(&text, uid))
             .unwrap_or_default();
-        let slurm = cgroup_text
-            .as_deref()
-            .and_then(slurm::parse_slurm_cgroup)
-            .map(|j| SlurmJob {
-                job: Arc::from(j.job),
-                step: Arc::from(j.step.unwrap_or_default()),
-                uid: Arc::from(j.uid.unwrap_or_default()),
-            });
-        ProcIdentity {
+        let cg = vetted.cgroup;
+        let slurm = vetted.slurm.map(|j| SlurmJob {
+            job: Arc::from(j.job),
+            step: Arc::from(j.step.unwrap_or_default()),
+            uid: Arc::from(j.uid.unwrap_or_default()),
+        });
+        let ident = ProcIdentity {
             comm: s(self.root.comm(pid).unwrap_or_default()),
-            user: s(self
-                .root
-                .uid(pid)
-                .map(|u| self.users.name(u))
-                .unwrap_or_default()),
+            user: s(uid.map(|u| self.users.name(u)).unwrap_or_default()),
             container_id: s(cg.container_id.unwrap_or_default()),
             pod_uid: s(cg.pod_uid.unwrap_or_default()),
             slurm,
@@ -189,6 +365,23 @@ impl ProcCache {
             pod: Arc::from(""),
             container: Arc::from(""),
             engine: None,
+        };
+        (ident, vetted.refused)
+    }
+
+    /// Count and log what was refused about `pid`.
+    fn record(&mut self, pid: u32, refused: &[Refusal]) {
+        for r in refused {
+            r.reason.count(&mut self.rejected);
+            if let Some(suppressed) = self.rejection_log.check(r.reason) {
+                tracing::warn!(
+                    pid,
+                    reason = r.reason.label(),
+                    detail = %r.detail,
+                    suppressed,
+                    "attribution refused what a process's cgroup claims: its series keep the pid without job or pod labels. Counted in gpumem_exporter_attribution_rejected_total; logged at most once a minute per reason"
+                );
+            }
         }
     }
 
@@ -223,25 +416,46 @@ impl ProcCache {
     }
 
     /// Fill namespace/pod/container from the pod index, if it knows them.
-    fn resolve_pod(&self, ident: &mut ProcIdentity) -> bool {
+    /// A container id that belongs to another pod than the path's (or to
+    /// a pod while the path names none) is refused: the container id and
+    /// pod UID are cleared, and the refusal returned. `true` when the
+    /// identity changed.
+    fn resolve_pod(&self, pid: u32, ident: &mut ProcIdentity) -> (bool, Option<Refusal>) {
         let Some(pods) = &self.pods else {
-            return false;
+            return (false, None);
         };
         let uid = (!ident.pod_uid.is_empty()).then_some(&*ident.pod_uid);
         let cid = (!ident.container_id.is_empty()).then_some(&*ident.container_id);
         if uid.is_none() && cid.is_none() {
-            return false;
+            return (false, None);
         }
-        match pods.lookup(uid, cid) {
-            Some(r) => {
+        match pods.resolve(uid, cid) {
+            PodLookup::Found(r) => {
                 ident.namespace = Arc::from(r.namespace);
                 ident.pod = Arc::from(r.pod);
                 ident.container = Arc::from(r.container);
                 // Kubernetes wins over the container engine.
                 ident.engine = None;
-                true
+                (true, None)
             }
-            None => false,
+            PodLookup::Unknown => (false, None),
+            PodLookup::Mismatch { owner } => {
+                let detail = format!(
+                    "pid {pid}: container {} belongs to pod {owner}, the cgroup path names pod {}",
+                    ident.container_id,
+                    if ident.pod_uid.is_empty() { "none" } else { &ident.pod_uid }
+                );
+                ident.container_id = Arc::from("");
+                ident.pod_uid = Arc::from("");
+                ident.engine = None;
+                (
+                    true,
+                    Some(Refusal {
+                        reason: Rejection::ContainerPodMismatch,
+                        detail,
+                    }),
+                )
+            }
         }
     }
 }
@@ -276,9 +490,10 @@ impl ProcessLookup for ProcCache {
             return Arc::clone(&self.unknown);
         };
         self.checked.insert(pid);
-        if let Some((s, ident)) = self.entries.get(&pid)
-            && *s == start
+        if let Some((s, ident)) = self.entries.get(&pid).map(|(s, i)| (*s, Arc::clone(i)))
+            && s == start
         {
+            let ident = &ident;
             let pod_settled = !ident.pod.is_empty()
                 || self.pods.is_none()
                 || (ident.pod_uid.is_empty() && ident.container_id.is_empty());
@@ -288,7 +503,14 @@ impl ProcessLookup for ProcCache {
             // Known process, pod (or container name) not resolved yet: try
             // the index (and the engine cache) again.
             let mut updated = ProcIdentity::clone(ident);
-            let pod = !pod_settled && self.resolve_pod(&mut updated);
+            let (pod, refused) = if pod_settled {
+                (false, None)
+            } else {
+                self.resolve_pod(pid, &mut updated)
+            };
+            if let Some(r) = refused {
+                self.record(pid, &[r]);
+            }
             if pod | self.resolve_engine(&mut updated) {
                 let updated = Arc::new(updated);
                 self.entries.insert(pid, (start, Arc::clone(&updated)));
@@ -296,8 +518,11 @@ impl ProcessLookup for ProcCache {
             }
             return Arc::clone(ident);
         }
-        let mut ident = self.read(pid);
-        self.resolve_pod(&mut ident);
+        let (mut ident, mut refused) = self.read(pid);
+        if let (_, Some(r)) = self.resolve_pod(pid, &mut ident) {
+            refused.push(r);
+        }
+        self.record(pid, &refused);
         self.resolve_engine(&mut ident);
         let ident = Arc::new(ident);
         self.entries.insert(pid, (start, Arc::clone(&ident)));
@@ -322,6 +547,10 @@ impl ProcessLookup for ProcCache {
 
     fn failures(&self) -> u64 {
         self.failures
+    }
+
+    fn rejections(&self) -> AttributionRejections {
+        self.rejected
     }
 
     fn torch(&mut self, pid: u32, uuids: &[&str]) -> Option<TorchStats> {

@@ -16,9 +16,13 @@
 //!   `CgroupJobIdPaths=yes` restores `job_<id>`).
 //!
 //! The job is exported as the path holds it: the numeric job id, or the
-//! SLUID string. Steps are `batch`, `extern`, `interactive` or a number
+//! SLUID string. Only at those places: the same names anywhere else (a
+//! user's delegated `user@UID.service` subtree, a container's own cgroup)
+//! are not a job ([`parse_slurm_path`]). Steps are `batch`, `extern`, `interactive` or a number
 //! (`<n>+<het component>` for heterogeneous steps); the uid is only in v1
 //! paths.
+
+use super::cgroup::{CgroupLine, lines};
 
 /// A process's Slurm job, as far as its cgroup path tells.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -41,41 +45,103 @@ impl SlurmCgroup {
 /// the most informative line wins (v1 controllers a job does not use sit
 /// elsewhere, e.g. under `slurmd.service`), the first one on ties.
 pub(crate) fn parse_slurm_cgroup(content: &str) -> Option<SlurmCgroup> {
-    let mut best: Option<SlurmCgroup> = None;
-    for line in content.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(_), Some(_), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
-            continue;
-        };
-        if let Some(found) = parse_slurm_path(path)
-            && best.as_ref().is_none_or(|b| found.rank() > b.rank())
-        {
-            best = Some(found);
+    parse_slurm_cgroup_lines(content).job
+}
+
+/// What a whole `/proc/<pid>/cgroup` told about Slurm: the job, the line
+/// it came from (whose directories' owners the caller checks), and
+/// whether some line named a job below a Slurm root out of its place
+/// (a forgery: a user can create `…/slurmstepd.scope/job_1/step_0` in a
+/// subtree delegated to it, never at the top of the hierarchy).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ParsedSlurm<'a> {
+    pub job: Option<SlurmCgroup>,
+    pub line: Option<CgroupLine<'a>>,
+    pub misplaced: bool,
+}
+
+/// [`parse_slurm_cgroup`], with the line and whether a job was named out
+/// of place.
+pub(crate) fn parse_slurm_cgroup_lines(content: &str) -> ParsedSlurm<'_> {
+    let mut best = ParsedSlurm::default();
+    let mut misplaced = false;
+    for line in lines(content) {
+        match parse_slurm_path(line.path) {
+            Some(found) => {
+                if best.job.as_ref().is_none_or(|b| found.rank() > b.rank()) {
+                    best.job = Some(found);
+                    best.line = Some(line);
+                }
+            }
+            None => misplaced |= parse_slurm_path_anywhere(line.path).is_some(),
         }
     }
+    best.misplaced = misplaced && best.job.is_none();
     best
 }
 
-/// The Slurm job of one cgroup path, `None` outside Slurm's hierarchy.
-pub(crate) fn parse_slurm_path(path: &str) -> Option<SlurmCgroup> {
+/// The path's segments, the kernel's `(deleted)` suffix dropped.
+fn segments(path: &str) -> impl Iterator<Item = &str> {
     let path = path.trim();
     let path = path.strip_suffix(" (deleted)").unwrap_or(path);
-    let mut segments = path.split('/').filter(|s| !s.is_empty());
-    // Find Slurm's root: `slurm`/`slurm_<node>` (v1) or
-    // `slurmstepd.scope`/`<node>_slurmstepd.scope` (v2).
+    path.split('/').filter(|s| !s.is_empty())
+}
+
+/// The Slurm job of one cgroup path, `None` outside Slurm's hierarchy.
+///
+/// Slurm's root is recognised only where slurmd makes it: at the top of a
+/// v1 hierarchy (`/slurm`, `/slurm_<node>`), or as the scope systemd (or
+/// slurmd itself) makes under `/system.slice` on v2. Root-owned places
+/// a tenant cannot create; anywhere else the same names are the tenant's
+/// own.
+pub(crate) fn parse_slurm_path(path: &str) -> Option<SlurmCgroup> {
+    let mut segments = segments(path);
+    let first = segments.next()?;
+    let v2 = if is_v1_root(first) {
+        false
+    } else if first == "system.slice" && segments.next().is_some_and(is_v2_root) {
+        true
+    } else {
+        return None;
+    };
+    parse_below_root(segments, v2)
+}
+
+/// The old, lax reading: a Slurm root at any depth. Only used to tell a
+/// forged path (counted) from a path that names no job at all.
+fn parse_slurm_path_anywhere(path: &str) -> Option<SlurmCgroup> {
+    let mut segments = segments(path);
     let v2 = loop {
         let s = segments.next()?;
-        if s == "slurm" || s.strip_prefix("slurm_").is_some_and(is_name) {
+        if is_v1_root(s) {
             break false;
         }
-        if s == "slurmstepd.scope" || s.strip_suffix("_slurmstepd.scope").is_some_and(is_name) {
+        if is_v2_root(s) {
             break true;
         }
     };
+    parse_below_root(segments, v2)
+}
+
+/// `slurm` or `slurm_<node>` (v1, `--enable-multiple-slurmd`).
+fn is_v1_root(s: &str) -> bool {
+    s == "slurm" || s.strip_prefix("slurm_").is_some_and(is_name)
+}
+
+/// `slurmstepd.scope` or `<node>_slurmstepd.scope` (v2).
+fn is_v2_root(s: &str) -> bool {
+    s == "slurmstepd.scope" || s.strip_suffix("_slurmstepd.scope").is_some_and(is_name)
+}
+
+/// The job, step and uid below Slurm's root.
+fn parse_below_root<'a>(
+    mut segments: impl Iterator<Item = &'a str>,
+    v2: bool,
+) -> Option<SlurmCgroup> {
     let mut uid = None;
     let mut next = segments.next()?;
     if !v2 && let Some(u) = next.strip_prefix("uid_") {
-        if !u.bytes().all(|b| b.is_ascii_digit()) || u.is_empty() {
+        if !u.bytes().all(|b| b.is_ascii_digit()) || u.is_empty() || u.len() > 10 {
             return None;
         }
         uid = Some(u.to_owned());
@@ -264,6 +330,82 @@ mod tests {
         for (name, input, want) in cases {
             assert_eq!(parse_slurm_cgroup(input), want, "{name}");
         }
+    }
+
+    /// Forged: Slurm's names out of place are no job, and are flagged.
+    #[test]
+    fn forged_slurm_paths_are_no_job() {
+        let cases: Vec<(&str, &str, Option<SlurmCgroup>, bool)> = vec![
+            (
+                "v2 in a user's delegated subtree",
+                "0::/user.slice/user-65534.slice/user@65534.service/app.slice/slurmstepd.scope/job_4242/step_0\n",
+                None,
+                true,
+            ),
+            (
+                "v2 scope at the top, not under system.slice",
+                "0::/slurmstepd.scope/job_4242/step_0/user/task_0\n",
+                None,
+                true,
+            ),
+            (
+                "v2 under another slice",
+                "0::/machine.slice/slurmstepd.scope/job_4242/step_0\n",
+                None,
+                true,
+            ),
+            (
+                "v2 inside a container's cgroup",
+                "0::/system.slice/docker-3f4e5d6c7b8a99887766554433221100ffeeddccbbaa00112233445566778899.scope/system.slice/slurmstepd.scope/job_4242/step_0\n",
+                None,
+                true,
+            ),
+            (
+                "v1 below a user's session",
+                "4:memory:/user.slice/user-1000.slice/session-3.scope/slurm/uid_1000/job_4242/step_0\n",
+                None,
+                true,
+            ),
+            (
+                "v1 nested below a real job: the real job",
+                "3:freezer:/slurm/uid_1000/job_7/step_0/slurm/uid_1001/job_8/step_0\n",
+                job("7", Some("0"), Some("1000")),
+                false,
+            ),
+            (
+                "a forged line beside a real one: the real one",
+                "12:freezer:/slurm/uid_1000/job_7/step_1\n0::/user.slice/user-1000.slice/user@1000.service/slurmstepd.scope/job_9/step_0\n",
+                job("7", Some("1"), Some("1000")),
+                false,
+            ),
+            (
+                "a uid too long for a uid",
+                "3:freezer:/slurm/uid_123456789012/job_7/step_1\n",
+                None,
+                false,
+            ),
+            (
+                "no Slurm name at all",
+                "0::/user.slice/user-1000.slice/session-3.scope\n",
+                None,
+                false,
+            ),
+        ];
+        for (name, input, want, misplaced) in cases {
+            let got = parse_slurm_cgroup_lines(input);
+            assert_eq!(got.job, want, "{name}");
+            assert_eq!(got.misplaced, misplaced, "{name} misplaced");
+        }
+        let got = parse_slurm_cgroup_lines(
+            "7:memory:/slurm/uid_0/job_1\n3:freezer:/slurm/uid_0/job_1/step_0\n",
+        );
+        assert_eq!(
+            got.line,
+            Some(CgroupLine {
+                controllers: "freezer",
+                path: "/slurm/uid_0/job_1/step_0"
+            })
+        );
     }
 
     #[test]

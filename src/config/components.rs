@@ -72,6 +72,10 @@ impl Default for Selection {
 pub struct Attribution {
     /// Where /proc is (the host's, e.g. /host/proc, when mounted elsewhere).
     pub procfs: String,
+    /// Where the cgroup filesystem is (`/sys/fs/cgroup`; the host's, e.g.
+    /// /host/sys/fs/cgroup, in a container): the owner of every directory
+    /// on a process's cgroup path is checked there (`attribute::cgroupfs`).
+    pub cgroupfs: String,
     pub passwd_file: String,
     /// `Some(max length)` when the command line is exported.
     pub cmdline: Option<usize>,
@@ -83,6 +87,7 @@ impl Default for Attribution {
     fn default() -> Self {
         Attribution {
             procfs: "/proc".to_string(),
+            cgroupfs: "/sys/fs/cgroup".to_string(),
             passwd_file: "/etc/passwd".to_string(),
             cmdline: None,
             torch_bridge: true,

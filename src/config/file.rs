@@ -77,6 +77,7 @@ impl<'de> Deserialize<'de> for FileCollectors {
 #[serde(deny_unknown_fields, default)]
 pub(super) struct FilePath {
     pub(super) procfs: Option<String>,
+    pub(super) cgroupfs: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -188,6 +188,8 @@ pub struct Overrides {
     pub log_level: Option<String>,
     pub log_format: Option<String>,
     pub procfs: Option<String>,
+    /// `--path.cgroupfs`.
+    pub cgroupfs: Option<String>,
     pub job_mapping_dir: Option<String>,
     pub job_mapping_format: Option<String>,
     /// `--containers.engine-socket`.
@@ -337,7 +339,15 @@ fn build(
     let format = flag::<LogFormat>("log.format", &o.log_format)?
         .or(file.log.format)
         .unwrap_or(d.log.format);
-    let (selection, attribution) = processes(file.processes, &file.path.procfs, &o.procfs);
+    let (selection, mut attribution) = processes(file.processes, &file.path.procfs, &o.procfs);
+    if let Some(p) = o
+        .cgroupfs
+        .clone()
+        .or_else(|| file.path.cgroupfs.clone())
+        .filter(|p| !p.is_empty())
+    {
+        attribution.cgroupfs = p;
+    }
     let collectors = collectors(&file.collectors, &o.collectors)?;
     Ok(Config {
         http: Http {
@@ -515,6 +525,7 @@ fn processes(
             .or_else(|| procfs_key.clone())
             .filter(|p| !p.is_empty())
             .unwrap_or(a.procfs),
+        cgroupfs: a.cgroupfs,
         passwd_file: f
             .passwd_file
             .filter(|p| !p.is_empty())
@@ -638,6 +649,7 @@ pub(crate) fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
     check(old.log.level != new.log.level, "log.level");
     check(old.log.format != new.log.format, "log.format");
     check(o.procfs != n.procfs, "path.procfs");
+    check(o.cgroupfs != n.cgroupfs, "path.cgroupfs");
     check(o.cmdline != n.cmdline, "processes.cmdline");
     check(o.passwd_file != n.passwd_file, "processes.passwd_file");
     check(o.torch_bridge != n.torch_bridge, "processes.torch_bridge");
@@ -1033,6 +1045,7 @@ mod tests {
                 },
                 Attribution {
                     procfs: "/proc".into(),
+                    cgroupfs: "/sys/fs/cgroup".into(),
                     passwd_file: "/etc/passwd".into(),
                     cmdline: Some(64),
                     torch_bridge: false,

@@ -112,6 +112,12 @@ static FAMILIES: &[Family] = &[
         kind: MetricType::Counter,
         series: |s| Some(count(s.process_lookup_failures)),
     },
+    Family {
+        name: "gpumem_exporter_attribution_rejected",
+        help: "GPU processes whose cgroup named a Slurm job, pod or container that was refused, by reason (cgroup_owner: a directory on the path owned by a non-root uid; cgroup_unverified: the path could not be checked under path.cgroupfs; cgroup_misplaced: the names out of their real place; container_pod_mismatch: the container belongs to another pod; slurm_owner: the job's owner is not the process's uid): their series keep the pid without job or pod labels.",
+        kind: MetricType::Counter,
+        series: |s| Some(by("reason", s.attribution_rejected.by_reason())),
+    },
     // The torch bridge (processes.torch_bridge).
     Family {
         name: "gpumem_exporter_torch_reports",

@@ -24,6 +24,17 @@ pub struct PodRef {
     pub container: String,
 }
 
+/// What [`PodIndex::resolve`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodLookup {
+    Found(PodRef),
+    /// Not indexed (yet): the watcher may learn it later.
+    Unknown,
+    /// The container belongs to pod `owner`, not to the path's pod (or
+    /// the path names no pod).
+    Mismatch { owner: String },
+}
+
 /// The cache of this node's pods. Cheap to share (`Arc<PodIndex>`); readers
 /// never block and never see a half-applied relist.
 #[derive(Debug, Default)]
@@ -42,9 +53,11 @@ impl PodIndex {
         Self::default()
     }
 
-    /// A container id (64 hex digits; a `runtime://` prefix is tolerated)
-    /// wins and gives the container name; otherwise the pod UID gives the
-    /// namespace and pod with an empty container.
+    /// What the index holds: a container id (64 hex digits; a
+    /// `runtime://` prefix is tolerated) wins and gives the container
+    /// name; otherwise the pod UID gives the namespace and pod with an
+    /// empty container. Attribution asks [`PodIndex::resolve`], which
+    /// never takes a container id alone.
     pub fn lookup(&self, pod_uid: Option<&str>, container_id: Option<&str>) -> Option<PodRef> {
         let data = self.data.load();
         if let Some(id) = container_id.and_then(normalize_container_id)
@@ -55,6 +68,34 @@ impl PodIndex {
         }
         let pod = data.pods.get(pod_uid?)?;
         Some(pod.to_ref(""))
+    }
+
+    /// Who a process is, from what its cgroup path says: the pod of
+    /// `pod_uid`, named by its container `container_id` where that
+    /// container is the pod's own. A container id is never taken alone:
+    /// any process that can create cgroups can name one after another
+    /// tenant's container, so it must belong to the pod UID of the same
+    /// path ([`PodLookup::Mismatch`] otherwise, also when the path names
+    /// no pod). A container the index does not know (yet) leaves the pod.
+    pub fn resolve(&self, pod_uid: Option<&str>, container_id: Option<&str>) -> PodLookup {
+        let data = self.data.load();
+        let container = container_id
+            .and_then(normalize_container_id)
+            .and_then(|id| data.containers.get(id));
+        match (pod_uid, container) {
+            (Some(uid), Some(c)) if c.pod_uid == uid => match data.pods.get(uid) {
+                Some(pod) => PodLookup::Found(pod.to_ref(&c.name)),
+                None => PodLookup::Unknown,
+            },
+            (_, Some(c)) => PodLookup::Mismatch {
+                owner: c.pod_uid.clone(),
+            },
+            (Some(uid), None) => match data.pods.get(uid) {
+                Some(pod) => PodLookup::Found(pod.to_ref("")),
+                None => PodLookup::Unknown,
+            },
+            (None, None) => PodLookup::Unknown,
+        }
     }
 
     /// The UID of pod `namespace/name`, when it is indexed (the kubelet's
@@ -273,6 +314,7 @@ mod tests {
 
     const ID_A: &str = "3f4e8c2b1a9d7e6f5c4b3a2918273645f6e5d4c3b2a1908f7e6d5c4b3a291807";
     const ID_B: &str = "0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9";
+    const ID_C: &str = "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc";
 
     #[test]
     fn container_id_prefixes() {
@@ -339,6 +381,38 @@ mod tests {
             Pod::from_api(&empty_ns),
             Err(MissingField("metadata.namespace"))
         );
+    }
+
+    /// A container id resolves only with its own pod's UID.
+    #[test]
+    fn resolve_needs_the_container_of_the_same_pod() {
+        let index = PodIndex::new();
+        index.insert("uid-a", &[("trainer", ID_A)], "team-a", "trainer-0");
+        index.insert("uid-b", &[("server", ID_B)], "team-b", "infer-0");
+        let found = |ns: &str, pod: &str, c: &str| {
+            PodLookup::Found(PodRef {
+                namespace: ns.into(),
+                pod: pod.into(),
+                container: c.into(),
+            })
+        };
+        let mismatch = |owner: &str| PodLookup::Mismatch {
+            owner: owner.into(),
+        };
+        let cases = [
+            (Some("uid-a"), Some(ID_A), found("team-a", "trainer-0", "trainer")),
+            (Some("uid-a"), Some(ID_B), mismatch("uid-b")),
+            (None, Some(ID_B), mismatch("uid-b")),
+            (Some("uid-a"), None, found("team-a", "trainer-0", "")),
+            (Some("uid-a"), Some(ID_C), found("team-a", "trainer-0", "")),
+            (Some("uid-x"), None, PodLookup::Unknown),
+            (Some("uid-x"), Some(ID_C), PodLookup::Unknown),
+            (None, Some(ID_C), PodLookup::Unknown),
+            (None, None, PodLookup::Unknown),
+        ];
+        for (uid, cid, want) in cases {
+            assert_eq!(index.resolve(uid, cid), want, "{uid:?} {cid:?}");
+        }
     }
 
     #[test]

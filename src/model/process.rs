@@ -72,6 +72,41 @@ pub struct SlurmJob {
     pub uid: Arc<str>,
 }
 
+/// Processes whose cgroup named a job, pod or container that attribution
+/// refused (`gpumem_exporter_attribution_rejected_total{reason}`), by
+/// reason; each process (pid and start time) is counted once per reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttributionRejections {
+    /// A directory on the cgroup path is owned by a non-root uid: a
+    /// delegated subtree (`user@UID.service`, rootless engines).
+    pub cgroup_owner: u64,
+    /// The cgroup path could not be checked against the cgroup filesystem
+    /// (`path.cgroupfs`): not mounted there, a path relative to another
+    /// cgroup namespace, a directory gone.
+    pub cgroup_unverified: u64,
+    /// Slurm's or the kubelet's names, or a container's, where slurmd,
+    /// the kubelet or the engines never put them.
+    pub cgroup_misplaced: u64,
+    /// The container id belongs to another pod than the path's pod UID.
+    pub container_pod_mismatch: u64,
+    /// The Slurm job's owner (the path's `uid_N`, or the job mapping's
+    /// uid) is not the process's real uid.
+    pub slurm_owner: u64,
+}
+
+impl AttributionRejections {
+    /// `(reason, count)` in output order.
+    pub fn by_reason(&self) -> [(&'static str, u64); 5] {
+        [
+            ("cgroup_owner", self.cgroup_owner),
+            ("cgroup_unverified", self.cgroup_unverified),
+            ("cgroup_misplaced", self.cgroup_misplaced),
+            ("container_pod_mismatch", self.container_pod_mismatch),
+            ("slurm_owner", self.slurm_owner),
+        ]
+    }
+}
+
 /// Processes left out of the per-process series by `processes.min_bytes`
 /// or `processes.top_n`, summed so totals still add up.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

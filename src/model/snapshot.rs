@@ -69,6 +69,8 @@ pub struct Snapshot {
     pub memory_samples: u64,
     /// Pids NVML reported that could not be looked up in /proc.
     pub process_lookup_failures: u64,
+    /// Attribution claims refused, by reason (`attribute::ProcCache`).
+    pub attribution_rejected: super::AttributionRejections,
     /// Times NVML was re-opened because every GPU kept failing.
     pub nvml_reinit_attempts: u64,
     /// State of the Kubernetes pod watcher, when enabled.
@@ -118,6 +120,7 @@ impl Snapshot {
             sample_nvml_duration: Arc::new(DurationHistogram::new(&[])),
             memory_samples: 0,
             process_lookup_failures: 0,
+            attribution_rejected: super::AttributionRejections::default(),
             nvml_reinit_attempts: 0,
             kubernetes: None,
             torch: None,

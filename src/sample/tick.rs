@@ -308,6 +308,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             sample_nvml_duration: Arc::clone(&self.nvml_durations),
             memory_samples: self.memory_samples,
             process_lookup_failures: self.procs.failures(),
+            attribution_rejected: self.procs.rejections(),
             nvml_reinit_attempts: self.reinit_attempts,
             kubernetes: self.procs.kubernetes(),
             torch: self.procs.torch_counters(),
