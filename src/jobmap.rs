@@ -21,16 +21,29 @@
 //! - **Bounded.** At most [`MAX_FILES`] files per read and
 //!   [`MAX_FILE_BYTES`] per file; job ids are short and of a closed set of
 //!   characters, so a label value cannot grow without bound.
+//! - **A tenant cannot write it.** Every user on a Slurm node is a
+//!   tenant, and the mapping turns file content into labels: the
+//!   directory is refused (no Slurm rows, counted as `unsafe_dir`, one
+//!   clear log line) unless it is owned by root (or the exporter's own
+//!   uid) and writable by neither group nor others; it is opened once per
+//!   read and each file is opened relative to it with
+//!   `O_NOFOLLOW|O_NONBLOCK` and checked to be a regular file by `fstat`
+//!   on what was opened (`not_regular`), so neither a symlink to a
+//!   root-only file nor a FIFO that never answers can be read.
 //! - **Failure is data.** Whatever cannot be used is counted by reason
 //!   (`gpumem_exporter_slurm_job_mapping_errors_total`) and logged at most
 //!   once a minute; a missing directory is no job at all (the prolog
 //!   creates it for the first job), not an error.
 //!
-//! Written by hand (std only): a directory listing and small text files
-//! need no library.
+//! Written by hand (std and libc's `openat`): a directory listing and small
+//! text files need no library.
 
+use std::ffi::CString;
 use std::fs;
 use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -38,6 +51,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
+use crate::attribute::JobOwners;
 use crate::config::{JobMappingConfig, JobMappingFormat};
 use crate::model::{AllocatedDevice, JobAllocation, JobMappingErrors, JobMappingState};
 use crate::ratelimit::LogLimiter;
@@ -64,6 +78,36 @@ impl JobMap {
     }
 }
 
+/// The jobstats layout's `<jobid> <uid>` rows: the owner check of a job
+/// whose cgroup path names no uid (cgroup v2).
+impl JobOwners for JobMap {
+    fn owners(&self, job: &str) -> Vec<u32> {
+        let state = self.state.load();
+        let mut uids: Vec<u32> = state
+            .allocations
+            .iter()
+            .filter(|a| a.job == job)
+            .filter_map(|a| a.uid.as_deref()?.parse().ok())
+            .collect();
+        uids.sort_unstable();
+        uids.dedup();
+        uids
+    }
+}
+
+/// Why the job-mapping directory is not read at all.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub(crate) enum UnsafeDir {
+    #[error("not a directory")]
+    NotADirectory,
+    #[error("owned by uid {0}, not root: whoever owns it can put any job id into slurm_job labels")]
+    Owner(u32),
+    #[error(
+        "mode {0:04o} lets group or others write: any of them can put any job id into slurm_job labels"
+    )]
+    Writable(u32),
+}
+
 /// Start the reader thread: a first read at once, then one every
 /// `cfg.interval`. It ends when the store is dropped.
 pub(crate) fn spawn(cfg: JobMappingConfig, store: &Arc<JobMap>) -> std::io::Result<JoinHandle<()>> {
@@ -78,10 +122,24 @@ pub(crate) fn spawn(cfg: JobMappingConfig, store: &Arc<JobMap>) -> std::io::Resu
         .name("slurm-jobmap".into())
         .spawn(move || {
             let mut warnings = LogLimiter::every(Duration::from_secs(60));
+            let mut refusals = LogLimiter::every(Duration::from_secs(60));
             while let Some(store) = weak.upgrade() {
                 let mut s = store.state();
                 let before = s.errors;
-                s.allocations = read(&cfg.dir, cfg.format, &mut s.errors).into();
+                s.allocations = match read(&cfg.dir, cfg.format, &mut s.errors) {
+                    Ok(found) => found.into(),
+                    Err(e) => {
+                        s.errors.unsafe_dir += 1;
+                        if let Some(suppressed) = refusals.check(()) {
+                            tracing::error!(
+                                dir = %cfg.dir.display(),
+                                suppressed,
+                                "Slurm job-mapping directory refused: {e}; no Slurm rows until it is owned by root and writable by neither group nor others (counted in gpumem_exporter_slurm_job_mapping_errors_total{{reason=\"unsafe_dir\"}})"
+                            );
+                        }
+                        Vec::new().into()
+                    }
+                };
                 s.reads_total += 1;
                 if s.errors != before
                     && let Some(suppressed) = warnings.check(())
@@ -101,18 +159,38 @@ pub(crate) fn spawn(cfg: JobMappingConfig, store: &Arc<JobMap>) -> std::io::Resu
 }
 
 /// One pass over `dir`: the devices jobs hold, sorted, without duplicates;
-/// what is skipped is counted in `errors`.
+/// what is skipped is counted in `errors`. A directory others may write
+/// is refused whole.
 pub(crate) fn read(
     dir: &Path,
     format: JobMappingFormat,
     errors: &mut JobMappingErrors,
-) -> Vec<JobAllocation> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+) -> Result<Vec<JobAllocation>, UnsafeDir> {
+    let handle = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+    {
+        Ok(h) => h,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return Err(UnsafeDir::NotADirectory),
         Err(_) => {
             errors.read += 1;
-            return Vec::new();
+            return Ok(Vec::new());
+        }
+    };
+    let Ok(meta) = handle.metadata() else {
+        errors.read += 1;
+        return Ok(Vec::new());
+    };
+    check_dir(&meta)?;
+    // Listed by path, but every file is opened relative to the directory
+    // just checked.
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(_) => {
+            errors.read += 1;
+            return Ok(Vec::new());
         }
     };
     let mut out = Vec::new();
@@ -140,10 +218,14 @@ pub(crate) fn read(
             errors.name += 1;
             continue;
         };
-        let text = match read_limited(&entry.path()) {
+        let text = match read_limited(&handle, name) {
             Ok(Some(t)) => t,
             Ok(None) => {
                 errors.too_large += 1;
+                continue;
+            }
+            Err(e) if is_not_regular(&e) => {
+                errors.not_regular += 1;
                 continue;
             }
             // Removed by an epilog between the listing and the read.
@@ -170,15 +252,69 @@ pub(crate) fn read(
     }
     out.sort();
     out.dedup();
-    out
+    Ok(out)
 }
 
-/// A file's content, `None` when it is larger than [`MAX_FILE_BYTES`].
-fn read_limited(path: &Path) -> std::io::Result<Option<String>> {
+/// Owned by root (or this process's own uid, which could write it anyway)
+/// and writable by neither group nor others.
+fn check_dir(meta: &fs::Metadata) -> Result<(), UnsafeDir> {
+    if !meta.is_dir() {
+        return Err(UnsafeDir::NotADirectory);
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(UnsafeDir::Owner(meta.uid()));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(UnsafeDir::Writable(mode));
+    }
+    Ok(())
+}
+
+/// The error [`read_limited`] gives for anything but a regular file.
+fn not_regular() -> std::io::Error {
+    std::io::Error::from_raw_os_error(libc::EINVAL)
+}
+
+/// Whether `e` says the entry was no regular file: a symlink (`ELOOP`
+/// from `O_NOFOLLOW`), or what `fstat` found (a FIFO, a device, a
+/// directory, a socket).
+fn is_not_regular(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ELOOP | libc::EINVAL | libc::ENXIO | libc::EISDIR)
+    )
+}
+
+/// The content of file `name` in `dir`, `None` when it is larger than
+/// [`MAX_FILE_BYTES`]. Opened relative to the checked directory, never
+/// following a symlink and never waiting (a FIFO opens at once with
+/// `O_NONBLOCK` and is refused by the `fstat` on what was opened, before
+/// any read).
+fn read_limited(dir: &fs::File, name: &str) -> std::io::Result<Option<String>> {
+    let c_name = CString::new(std::ffi::OsStr::new(name).as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: `dir` is an open directory fd and `c_name` a NUL-terminated
+    // name; the fd returned (if any) is owned below.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c_name.as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by openat and is owned by nobody else.
+    let file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    if !file.metadata()?.is_file() {
+        return Err(not_regular());
+    }
     let mut buf = Vec::new();
-    fs::File::open(path)?
-        .take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut buf)?;
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut buf)?;
     if buf.len() as u64 > MAX_FILE_BYTES {
         return Ok(None);
     }
@@ -282,7 +418,7 @@ mod tests {
         )
         .unwrap();
         let mut errors = JobMappingErrors::default();
-        let got = read(dir.path(), Dcgm, &mut errors);
+        let got = read(dir.path(), Dcgm, &mut errors).unwrap();
         assert_eq!(
             got,
             vec![
@@ -320,7 +456,7 @@ mod tests {
         w("2.1", "1004 0\n");
         w("3", "1005 bob\n");
         let mut errors = JobMappingErrors::default();
-        let got = read(dir.path(), Jobstats, &mut errors);
+        let got = read(dir.path(), Jobstats, &mut errors).unwrap();
         assert_eq!(
             got,
             vec![
@@ -351,17 +487,82 @@ mod tests {
         );
     }
 
+    /// A symlink to a file the exporter may read, a FIFO nobody writes, a
+    /// directory and a socket: none is read, each is counted, the regular
+    /// files beside them are; the read does not wait on the FIFO.
+    #[test]
+    fn only_regular_files_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(secret.path(), "s3cr3t\n").unwrap();
+        std::os::unix::fs::symlink(secret.path(), dir.path().join("0")).unwrap();
+        let fifo = CString::new(dir.path().join("1").as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        std::fs::create_dir(dir.path().join("2")).unwrap();
+        let _socket = std::os::unix::net::UnixListener::bind(dir.path().join("3")).unwrap();
+        std::fs::write(dir.path().join("4"), "1004\n").unwrap();
+        let mut errors = JobMappingErrors::default();
+        let got = read(dir.path(), Dcgm, &mut errors).unwrap();
+        assert_eq!(got, vec![alloc(gpu("4"), "1004", None)]);
+        assert_eq!(
+            errors,
+            JobMappingErrors {
+                not_regular: 4,
+                ..Default::default()
+            }
+        );
+    }
+
+    /// A directory group or others may write is refused whole, with what
+    /// is wrong; so is a file where the directory should be.
+    #[test]
+    fn a_directory_others_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("0"), "7\n").unwrap();
+        let mut errors = JobMappingErrors::default();
+        for (mode, ok) in [
+            (0o700, true),
+            (0o755, true),
+            (0o775, false),
+            (0o757, false),
+            (0o1777, false),
+        ] {
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+            let got = read(dir.path(), Dcgm, &mut errors);
+            if ok {
+                assert_eq!(got.map(|v| v.len()), Ok(1), "mode {mode:o}");
+            } else {
+                assert_eq!(got, Err(UnsafeDir::Writable(mode)), "mode {mode:o}");
+            }
+        }
+        assert_eq!(
+            UnsafeDir::Writable(0o1777).to_string(),
+            "mode 1777 lets group or others write: any of them can put any job id into slurm_job labels"
+        );
+        assert_eq!(
+            read(&dir.path().join("0"), Dcgm, &mut errors),
+            Err(UnsafeDir::NotADirectory)
+        );
+        assert_eq!(errors, JobMappingErrors::default());
+    }
+
     #[test]
     fn missing_directory_is_no_job_and_too_many_files_are_counted() {
         let mut errors = JobMappingErrors::default();
-        assert!(read(Path::new("/nonexistent/gpumem-jobmap"), Dcgm, &mut errors).is_empty());
+        assert!(
+            read(Path::new("/nonexistent/gpumem-jobmap"), Dcgm, &mut errors)
+                .unwrap()
+                .is_empty()
+        );
         assert_eq!(errors, JobMappingErrors::default());
 
         let dir = tempfile::tempdir().unwrap();
         for i in 0..MAX_FILES + 5 {
             std::fs::write(dir.path().join(i.to_string()), "7\n").unwrap();
         }
-        let got = read(dir.path(), Dcgm, &mut errors);
+        let got = read(dir.path(), Dcgm, &mut errors).unwrap();
         assert_eq!(got.len(), MAX_FILES);
         assert_eq!(errors.too_many, 1);
     }

@@ -88,7 +88,7 @@ impl Pipeline {
         let shared = Arc::new(
             Shared::new(config.timing.sample_interval, Arc::clone(&telemetry))
                 .with_pod_resources(pod_resources.clone())
-                .with_job_mapping(job_mapping),
+                .with_job_mapping(job_mapping.clone()),
         );
         if sink.is_some() {
             shared.set_sink(sink);
@@ -100,6 +100,10 @@ impl Pipeline {
         let slices =
             (pods.is_some() && pod_resources.is_some()).then(|| Arc::new(SliceIndex::new()));
         let mut lookup = ProcCache::from_config(&config.attribution, pods.clone());
+        if let Some(store) = job_mapping {
+            // A Slurm job's owner from the mapping, where it gives one.
+            lookup = lookup.with_job_owners(store);
+        }
         if let Some(engine) = &config.container_engine {
             // Its own thread from the start (also for `record`); it ends
             // when the sampler drops the cache.

@@ -35,8 +35,8 @@ use crate::model::{
     AttributionRejections, ContainerLookups, KubeState, ProcIdentity, SlurmJob, TorchCounters,
     TorchStats,
 };
-use cgroupfs::{CgroupFs, Ownership};
 use crate::ratelimit::LogLimiter;
+use cgroupfs::{CgroupFs, Ownership};
 use containers::ContainerCache;
 use passwd::UserNames;
 use procfs::ProcRoot;
@@ -286,16 +286,25 @@ impl ProcCache {
             match owners(parsed.line) {
                 Ownership::Trusted => {}
                 Ownership::Delegated { uid } => {
-                    refuse(Rejection::CgroupOwner, format!("{path}: a directory owned by uid {uid}"));
+                    refuse(
+                        Rejection::CgroupOwner,
+                        format!("{path}: a directory owned by uid {uid}"),
+                    );
                     cg = cgroup::CgroupIdentity::default();
                 }
                 Ownership::Unverified(why) => {
-                    refuse(Rejection::CgroupUnverified, format!("{path}: {why:?} under {}", self.cgroupfs.path().display()));
+                    refuse(
+                        Rejection::CgroupUnverified,
+                        format!("{path}: {why:?} under {}", self.cgroupfs.path().display()),
+                    );
                     cg = cgroup::CgroupIdentity::default();
                 }
             }
         } else if parsed.misplaced {
-            refuse(misplaced, "a pod or container named out of its place".into());
+            refuse(
+                misplaced,
+                "a pod or container named out of its place".into(),
+            );
         }
 
         let parsed = slurm::parse_slurm_cgroup_lines(text);
@@ -305,11 +314,17 @@ impl ProcCache {
             let owner_ok = match owners(parsed.line) {
                 Ownership::Trusted => true,
                 Ownership::Delegated { uid } => {
-                    refuse(Rejection::CgroupOwner, format!("{path}: a directory owned by uid {uid}"));
+                    refuse(
+                        Rejection::CgroupOwner,
+                        format!("{path}: a directory owned by uid {uid}"),
+                    );
                     false
                 }
                 Ownership::Unverified(why) => {
-                    refuse(Rejection::CgroupUnverified, format!("{path}: {why:?} under {}", self.cgroupfs.path().display()));
+                    refuse(
+                        Rejection::CgroupUnverified,
+                        format!("{path}: {why:?} under {}", self.cgroupfs.path().display()),
+                    );
                     false
                 }
             };
@@ -321,7 +336,11 @@ impl ProcCache {
             if owner_ok && let Some(o) = stranger {
                 refuse(
                     Rejection::SlurmOwner,
-                    format!("job {} belongs to uid {o}, the process runs as uid {}", j.job, uid.map_or_else(|| "unknown".into(), |u| u.to_string())),
+                    format!(
+                        "job {} belongs to uid {o}, the process runs as uid {}",
+                        j.job,
+                        uid.map_or_else(|| "unknown".into(), |u| u.to_string())
+                    ),
                 );
             }
             if !owner_ok || stranger.is_some() {
@@ -443,7 +462,11 @@ impl ProcCache {
                 let detail = format!(
                     "pid {pid}: container {} belongs to pod {owner}, the cgroup path names pod {}",
                     ident.container_id,
-                    if ident.pod_uid.is_empty() { "none" } else { &ident.pod_uid }
+                    if ident.pod_uid.is_empty() {
+                        "none"
+                    } else {
+                        &ident.pod_uid
+                    }
                 );
                 ident.container_id = Arc::from("");
                 ident.pod_uid = Arc::from("");
@@ -576,6 +599,23 @@ impl ProcessLookup for ProcCache {
 mod tests {
     use super::*;
 
+    /// The directories of a `/proc/<pid>/cgroup` under a fake cgroup
+    /// filesystem at `<root>/cgroupfs` (hybrid: v2 at `unified/`), owned by
+    /// whoever runs the test, like the hierarchy's top.
+    fn cgroup_dirs(root: &std::path::Path, text: &str) {
+        for line in cgroup::lines(text) {
+            let hierarchy = match line.controllers {
+                "" => "unified",
+                c => c.strip_prefix("name=").unwrap_or(c),
+            };
+            let path = line.path.trim().trim_start_matches('/');
+            if path.split('/').any(|s| s == "..") {
+                continue;
+            }
+            std::fs::create_dir_all(root.join("cgroupfs").join(hierarchy).join(path)).unwrap();
+        }
+    }
+
     /// The Slurm job, step and uid come from the same cgroup file as the
     /// container; a process in no job has none.
     #[test]
@@ -598,8 +638,10 @@ mod tests {
             .unwrap();
             std::fs::write(dir.join("status"), "Uid:\t1000\t1000\t1000\t1000\n").unwrap();
             std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+            cgroup_dirs(root.path(), cgroup);
         }
-        let mut cache = ProcCache::new(ProcRoot::new(root.path()));
+        let mut cache =
+            ProcCache::new(ProcRoot::new(root.path())).with_cgroupfs(root.path().join("cgroupfs"));
         cache.begin_tick();
         assert_eq!(
             cache.identify(42).slurm,
@@ -650,6 +692,7 @@ mod tests {
         .unwrap();
         std::fs::write(dir.join("status"), "Uid:\t0\t0\t0\t0\n").unwrap();
         std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+        cgroup_dirs(root, cgroup);
     }
 
     /// A Podman container is named from the engine cache once the lookup
@@ -679,6 +722,7 @@ mod tests {
         let pods = Arc::new(PodIndex::new());
         let (engine, mut queue) = ContainerCache::with_limits(8, 8);
         let mut cache = ProcCache::new(ProcRoot::new(root.path()))
+            .with_cgroupfs(root.path().join("cgroupfs"))
             .with_pods(Arc::clone(&pods))
             .with_container_engine(Arc::clone(&engine));
         cache.begin_tick();
@@ -699,12 +743,111 @@ mod tests {
             cache.identify(10).engine.as_deref().map(|c| &*c.name),
             Some("trainer-a")
         );
-        // Known to Kubernetes later: the pod's names, no engine labels.
-        pods.insert(pod_uid, &[("trainer", &plain)], "ml", "trainer-0");
+        // Pod 11's container becomes known to Kubernetes: its pod's
+        // names, no engine labels.
+        pods.insert(pod_uid, &[("trainer", &in_pod)], "ml", "trainer-0");
         cache.begin_tick();
-        let ident = cache.identify(10);
+        let ident = cache.identify(11);
         assert_eq!(&*ident.pod, "trainer-0");
+        assert_eq!(&*ident.container, "trainer");
         assert!(ident.engine.is_none(), "{ident:?}");
         assert_eq!(engine.lookups().found, 1);
+        assert_eq!(cache.rejections(), AttributionRejections::default());
+    }
+
+    /// What a tenant can forge about itself names no job and no pod: a
+    /// Slurm path out of place, a job of another uid, a container id of
+    /// another pod; each process keeps its name and is counted once per
+    /// reason, also over later ticks.
+    #[test]
+    fn forged_cgroups_are_refused_and_counted() {
+        let root = tempfile::tempdir().unwrap();
+        let victim_pod = "0b6e2f51-3c1d-4a8e-9f7b-2d4c6e8a0b1c";
+        let own_pod = "1c7f3062-4d2e-4b9f-8a8c-3e5d7f9b1c2d";
+        let victim_id = "e".repeat(64);
+        let forged = [
+            // A Slurm job in a user's own subtree.
+            (20, "0::/user.slice/user-0.slice/user@0.service/app.slice/slurmstepd.scope/job_4242/step_0\n".to_string()),
+            // A real-looking v1 job of uid 1000 for a root process.
+            (21, "4:freezer:/slurm/uid_1000/job_4243/step_0\n".to_string()),
+            // Its own pod's path with another pod's container id.
+            (
+                22,
+                format!(
+                    "0::/kubepods.slice/kubepods-pod{}.slice/cri-containerd-{victim_id}.scope\n",
+                    own_pod.replace('-', "_")
+                ),
+            ),
+            // The victim's pod slice with no directory behind it.
+            (23, format!("0::/kubepods/pod{victim_pod}/{victim_id}\n")),
+        ];
+        for (pid, cgroup) in &forged {
+            write_proc(root.path(), *pid, cgroup);
+        }
+        // Pid 23's cgroup was never made.
+        std::fs::remove_dir_all(root.path().join("cgroupfs/unified/kubepods")).unwrap();
+        let pods = Arc::new(PodIndex::new());
+        pods.insert(victim_pod, &[("victim", &victim_id)], "team-b", "victim-0");
+        pods.insert(own_pod, &[], "team-a", "mine-0");
+        let mut cache = ProcCache::new(ProcRoot::new(root.path()))
+            .with_cgroupfs(root.path().join("cgroupfs"))
+            .with_pods(pods);
+        for _ in 0..3 {
+            cache.begin_tick();
+            for (pid, _) in &forged {
+                let ident = cache.identify(*pid);
+                assert_eq!(&*ident.comm, "trainer");
+                assert_eq!(ident.slurm, None, "pid {pid}");
+                assert!(
+                    ident.pod_uid.is_empty()
+                        && ident.container_id.is_empty()
+                        && ident.pod.is_empty(),
+                    "pid {pid}: {ident:?}"
+                );
+            }
+        }
+        assert_eq!(
+            cache.rejections(),
+            AttributionRejections {
+                cgroup_misplaced: 1,
+                slurm_owner: 1,
+                container_pod_mismatch: 1,
+                cgroup_unverified: 1,
+                ..AttributionRejections::default()
+            }
+        );
+    }
+
+    /// The job mapping's uid is the owner of a job whose path names none.
+    #[test]
+    fn a_job_of_another_uid_in_the_mapping_is_refused() {
+        struct Owners;
+        impl JobOwners for Owners {
+            fn owners(&self, job: &str) -> Vec<u32> {
+                if job == "77" { vec![1000] } else { Vec::new() }
+            }
+        }
+        let root = tempfile::tempdir().unwrap();
+        // Root's processes (write_proc): job 77 is uid 1000's, 78 unknown.
+        write_proc(
+            root.path(),
+            30,
+            "0::/system.slice/slurmstepd.scope/job_77/step_0/user/task_0\n",
+        );
+        write_proc(
+            root.path(),
+            31,
+            "0::/system.slice/slurmstepd.scope/job_78/step_0/user/task_0\n",
+        );
+        let mut cache = ProcCache::new(ProcRoot::new(root.path()))
+            .with_cgroupfs(root.path().join("cgroupfs"))
+            .with_job_owners(Arc::new(Owners));
+        cache.begin_tick();
+        assert_eq!(cache.identify(30).slurm, None);
+        assert_eq!(
+            cache.identify(31).slurm.as_ref().map(|j| &*j.job),
+            Some("78")
+        );
+        assert_eq!(cache.rejections().slurm_owner, 1);
     }
 }

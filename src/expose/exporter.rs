@@ -233,7 +233,7 @@ static FAMILIES: &[Family] = &[
     },
     Family {
         name: "gpumem_exporter_slurm_job_mapping_errors",
-        help: "Slurm job-mapping entries skipped, by reason: read (directory or file unreadable), name (no device of the format), content (no valid job id), too_large (file over 4 KiB), too_many (over 1024 files).",
+        help: "Slurm job-mapping entries skipped, by reason: read (directory or file unreadable), name (no device of the format), content (no valid job id), not_regular (a symlink, FIFO or device: never read), too_large (file over 4 KiB), too_many (over 1024 files), unsafe_dir (the directory refused: not owned by root, or writable by group or others).",
         kind: MetricType::Counter,
         series: |s| {
             s.job_mapping

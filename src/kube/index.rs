@@ -32,7 +32,9 @@ pub enum PodLookup {
     Unknown,
     /// The container belongs to pod `owner`, not to the path's pod (or
     /// the path names no pod).
-    Mismatch { owner: String },
+    Mismatch {
+        owner: String,
+    },
 }
 
 /// The cache of this node's pods. Cheap to share (`Arc<PodIndex>`); readers
@@ -400,7 +402,11 @@ mod tests {
             owner: owner.into(),
         };
         let cases = [
-            (Some("uid-a"), Some(ID_A), found("team-a", "trainer-0", "trainer")),
+            (
+                Some("uid-a"),
+                Some(ID_A),
+                found("team-a", "trainer-0", "trainer"),
+            ),
             (Some("uid-a"), Some(ID_B), mismatch("uid-b")),
             (None, Some(ID_B), mismatch("uid-b")),
             (Some("uid-a"), None, found("team-a", "trainer-0", "")),

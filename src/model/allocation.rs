@@ -110,17 +110,25 @@ pub struct JobMappingErrors {
     pub too_large: u64,
     /// Files beyond the per-read limit.
     pub too_many: u64,
+    /// An entry that is no regular file (a symlink, a FIFO, a device):
+    /// never followed, never read.
+    pub not_regular: u64,
+    /// Reads of a directory refused whole: not owned by root, or
+    /// writable by group or others.
+    pub unsafe_dir: u64,
 }
 
 impl JobMappingErrors {
     /// (label, count) in exposition order.
-    pub fn by_reason(&self) -> [(&'static str, u64); 5] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 7] {
         [
             ("content", self.content),
             ("name", self.name),
+            ("not_regular", self.not_regular),
             ("read", self.read),
             ("too_large", self.too_large),
             ("too_many", self.too_many),
+            ("unsafe_dir", self.unsafe_dir),
         ]
     }
 }

@@ -54,9 +54,42 @@ pub fn pod_uid(seed: char) -> String {
 
 // ------------------------------------------------------------------ /proc
 
+/// The fake cgroup filesystem beside a fake /proc root (`path.cgroupfs`):
+/// a hybrid layout, cgroup v2 at `unified/`, each v1 hierarchy at its
+/// controllers' name.
+pub fn cgroupfs_of(proc_root: &Path) -> std::path::PathBuf {
+    proc_root.join("cgroupfs")
+}
+
+/// The directories of every line of a `/proc/<pid>/cgroup` in the fake
+/// cgroup filesystem of `proc_root`, made by whoever runs the test (root
+/// on CI, as the kubelet, the engines and slurmd make theirs), so the
+/// exporter's owner check finds them.
+pub fn write_cgroup_dirs(proc_root: &Path, cgroup: &str) {
+    for line in cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let hierarchy = match controllers {
+            "" => "unified",
+            c => c.strip_prefix("name=").unwrap_or(c),
+        };
+        let path = path.trim().trim_start_matches('/');
+        if path.split('/').any(|s| s == ".." || s == ".") {
+            continue;
+        }
+        std::fs::create_dir_all(cgroupfs_of(proc_root).join(hierarchy).join(path)).unwrap();
+    }
+}
+
 /// One process in a fake /proc root: comm, stat (start time = 1000 + pid),
-/// status (uid), cgroup and cmdline (`comm` when `cmdline` is empty).
+/// status (uid), cgroup and cmdline (`comm` when `cmdline` is empty); its
+/// cgroup's directories in the fake cgroup filesystem beside it
+/// ([`write_cgroup_dirs`]).
 pub fn write_proc(root: &Path, pid: u32, comm: &str, uid: u32, cgroup: &str, cmdline: &[&str]) {
+    write_cgroup_dirs(root, cgroup);
     let dir = root.join(pid.to_string());
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("comm"), format!("{comm}\n")).unwrap();
@@ -832,8 +865,9 @@ impl FakeNode {
     pub fn base_config(&self, scenario: &Scenario, processes: &str) -> String {
         let passwd = scenario.file("passwd", PASSWD);
         format!(
-            "sample_interval: 100ms\npath:\n  procfs: {}\nprocesses:\n  passwd_file: {}\n{processes}",
+            "sample_interval: 100ms\npath:\n  procfs: {}\n  cgroupfs: {}\nprocesses:\n  passwd_file: {}\n{processes}",
             self.proc_root.path().display(),
+            cgroupfs_of(self.proc_root.path()).display(),
             passwd.display(),
         )
     }
