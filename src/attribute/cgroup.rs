@@ -87,6 +87,8 @@ pub(crate) struct ParsedCgroup<'a> {
     pub identity: CgroupIdentity,
     pub line: Option<CgroupLine<'a>>,
     pub misplaced: bool,
+    /// The first line that named a workload out of place.
+    pub misplaced_line: Option<CgroupLine<'a>>,
 }
 
 /// Parses `/proc/<pid>/cgroup` into container id, pod UID, runtime and
@@ -105,21 +107,21 @@ pub(crate) fn parse_cgroup(content: &str) -> CgroupIdentity {
 /// workload was named out of place.
 pub(crate) fn parse_cgroup_lines(content: &str) -> ParsedCgroup<'_> {
     let mut best = ParsedCgroup::default();
-    let mut misplaced = false;
+    let mut misplaced = None;
     for line in lines(content) {
         let identity = parse_cgroup_path(line.path);
-        if !identity.names_workload() && names_workload_anywhere(line.path) {
-            misplaced = true;
+        if !identity.names_workload() && misplaced.is_none() && names_workload_anywhere(line.path) {
+            misplaced = Some(line);
         }
         if identity.rank() > best.identity.rank() {
-            best = ParsedCgroup {
-                identity,
-                line: Some(line),
-                misplaced: false,
-            };
+            best.identity = identity;
+            best.line = Some(line);
         }
     }
-    best.misplaced = misplaced && !best.identity.names_workload();
+    if !best.identity.names_workload() {
+        best.misplaced_line = misplaced;
+        best.misplaced = misplaced.is_some();
+    }
     best
 }
 

@@ -132,6 +132,18 @@ struct Refusal {
     detail: String,
 }
 
+/// A cgroup path as a log line shows it: at most 256 characters.
+fn shown(path: &str) -> String {
+    path.chars().take(256).collect()
+}
+
+/// `refusal`, unless one of its reason is there already.
+fn push(refused: &mut Vec<Refusal>, refusal: Refusal) {
+    if !refused.iter().any(|r| r.reason == refusal.reason) {
+        refused.push(refusal);
+    }
+}
+
 /// What a process's cgroup says once checked: the identity that stands
 /// and what was refused.
 #[derive(Debug, Default)]
@@ -260,94 +272,90 @@ impl ProcCache {
     /// uid `uid`, once checked: names only at their real place, on a path
     /// of root-owned directories, a Slurm job only of its owner.
     fn vet(&self, text: &str, uid: Option<u32>) -> Vetted {
-        let mut refused = Vec::new();
-        let mut refuse = |reason, detail: String| {
-            if !refused.iter().any(|r: &Refusal| r.reason == reason) {
-                refused.push(Refusal { reason, detail });
-            }
-        };
+        let mut refused: Vec<Refusal> = Vec::new();
         // A path relative to another cgroup namespace cannot be placed.
         let other_namespace = cgroup::lines(text).any(|l| l.path.split('/').any(|s| s == ".."));
-        let misplaced = if other_namespace {
-            Rejection::CgroupUnverified
-        } else {
-            Rejection::CgroupMisplaced
+        let cgroupfs = &self.cgroupfs;
+        // Whether the owners of `line`'s directories let it count; the
+        // refusal is pushed when not.
+        let owned_by_root = |line: cgroup::CgroupLine<'_>, refused: &mut Vec<Refusal>| {
+            let refusal = match cgroupfs.check(line) {
+                Ownership::Trusted => return true,
+                Ownership::Delegated { uid } => Refusal {
+                    reason: Rejection::CgroupOwner,
+                    detail: format!("{}: a directory owned by uid {uid}", shown(line.path)),
+                },
+                Ownership::Unverified(why) => Refusal {
+                    reason: Rejection::CgroupUnverified,
+                    detail: format!(
+                        "{}: not checkable ({why:?}) under {}",
+                        shown(line.path),
+                        cgroupfs.path().display()
+                    ),
+                },
+            };
+            push(refused, refusal);
+            false
         };
-        let owners = |line: Option<cgroup::CgroupLine<'_>>| match line {
-            None => Ownership::Trusted,
-            Some(line) => self.cgroupfs.check(line),
-        };
-        let shown = |path: &str| path.chars().take(256).collect::<String>();
+        // A name out of place: counted as the owner's where a user owns
+        // the directory, else as misplaced.
+        let out_of_place =
+            |line: cgroup::CgroupLine<'_>, what: &str, refused: &mut Vec<Refusal>| {
+                if matches!(cgroupfs.check(line), Ownership::Delegated { .. }) {
+                    owned_by_root(line, refused);
+                    return;
+                }
+                let reason = if other_namespace {
+                    Rejection::CgroupUnverified
+                } else {
+                    Rejection::CgroupMisplaced
+                };
+                push(
+                    refused,
+                    Refusal {
+                        reason,
+                        detail: format!("{}: {what} named out of its place", shown(line.path)),
+                    },
+                );
+            };
 
         let parsed = cgroup::parse_cgroup_lines(text);
         let mut cg = parsed.identity;
-        if cg.names_workload() {
-            let path = parsed.line.map(|l| shown(l.path)).unwrap_or_default();
-            match owners(parsed.line) {
-                Ownership::Trusted => {}
-                Ownership::Delegated { uid } => {
-                    refuse(
-                        Rejection::CgroupOwner,
-                        format!("{path}: a directory owned by uid {uid}"),
-                    );
-                    cg = cgroup::CgroupIdentity::default();
-                }
-                Ownership::Unverified(why) => {
-                    refuse(
-                        Rejection::CgroupUnverified,
-                        format!("{path}: {why:?} under {}", self.cgroupfs.path().display()),
-                    );
-                    cg = cgroup::CgroupIdentity::default();
-                }
+        if let Some(line) = parsed.line.filter(|_| cg.names_workload()) {
+            if !owned_by_root(line, &mut refused) {
+                cg = cgroup::CgroupIdentity::default();
             }
-        } else if parsed.misplaced {
-            refuse(
-                misplaced,
-                "a pod or container named out of its place".into(),
-            );
+        } else if let Some(line) = parsed.misplaced_line {
+            out_of_place(line, "a pod or container", &mut refused);
         }
 
         let parsed = slurm::parse_slurm_cgroup_lines(text);
         let mut job = parsed.job;
-        if let Some(j) = &job {
-            let path = parsed.line.map(|l| shown(l.path)).unwrap_or_default();
-            let owner_ok = match owners(parsed.line) {
-                Ownership::Trusted => true,
-                Ownership::Delegated { uid } => {
-                    refuse(
-                        Rejection::CgroupOwner,
-                        format!("{path}: a directory owned by uid {uid}"),
-                    );
-                    false
-                }
-                Ownership::Unverified(why) => {
-                    refuse(
-                        Rejection::CgroupUnverified,
-                        format!("{path}: {why:?} under {}", self.cgroupfs.path().display()),
-                    );
-                    false
-                }
-            };
-            let mut owners_of_job: Vec<u32> = j.uid.iter().filter_map(|u| u.parse().ok()).collect();
+        if let (Some(j), Some(line)) = (&job, parsed.line) {
+            let mut ok = owned_by_root(line, &mut refused);
+            let mut owners: Vec<u32> = j.uid.iter().filter_map(|u| u.parse().ok()).collect();
             if let Some(mapping) = &self.job_owners {
-                owners_of_job.extend(mapping.owners(&j.job));
+                owners.extend(mapping.owners(&j.job));
             }
-            let stranger = owners_of_job.iter().find(|o| Some(**o) != uid);
-            if owner_ok && let Some(o) = stranger {
-                refuse(
-                    Rejection::SlurmOwner,
-                    format!(
-                        "job {} belongs to uid {o}, the process runs as uid {}",
-                        j.job,
-                        uid.map_or_else(|| "unknown".into(), |u| u.to_string())
-                    ),
+            if ok && let Some(o) = owners.iter().find(|o| Some(**o) != uid) {
+                let runs_as = uid.map_or_else(|| "unknown".into(), |u| u.to_string());
+                push(
+                    &mut refused,
+                    Refusal {
+                        reason: Rejection::SlurmOwner,
+                        detail: format!(
+                            "job {} belongs to uid {o}, the process runs as uid {runs_as}",
+                            j.job
+                        ),
+                    },
                 );
+                ok = false;
             }
-            if !owner_ok || stranger.is_some() {
+            if !ok {
                 job = None;
             }
-        } else if parsed.misplaced {
-            refuse(misplaced, "a Slurm job named out of its place".into());
+        } else if let Some(line) = parsed.misplaced_line {
+            out_of_place(line, "a Slurm job", &mut refused);
         }
         Vetted {
             cgroup: cg,

@@ -58,13 +58,15 @@ pub(crate) struct ParsedSlurm<'a> {
     pub job: Option<SlurmCgroup>,
     pub line: Option<CgroupLine<'a>>,
     pub misplaced: bool,
+    /// The first line that named a job out of place.
+    pub misplaced_line: Option<CgroupLine<'a>>,
 }
 
 /// [`parse_slurm_cgroup`], with the line and whether a job was named out
 /// of place.
 pub(crate) fn parse_slurm_cgroup_lines(content: &str) -> ParsedSlurm<'_> {
     let mut best = ParsedSlurm::default();
-    let mut misplaced = false;
+    let mut misplaced = None;
     for line in lines(content) {
         match parse_slurm_path(line.path) {
             Some(found) => {
@@ -73,10 +75,16 @@ pub(crate) fn parse_slurm_cgroup_lines(content: &str) -> ParsedSlurm<'_> {
                     best.line = Some(line);
                 }
             }
-            None => misplaced |= parse_slurm_path_anywhere(line.path).is_some(),
+            None if misplaced.is_none() && parse_slurm_path_anywhere(line.path).is_some() => {
+                misplaced = Some(line);
+            }
+            None => {}
         }
     }
-    best.misplaced = misplaced && best.job.is_none();
+    if best.job.is_none() {
+        best.misplaced_line = misplaced;
+        best.misplaced = misplaced.is_some();
+    }
     best
 }
 

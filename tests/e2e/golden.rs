@@ -20,11 +20,11 @@ use std::time::{Duration, UNIX_EPOCH};
 use gpumem_exporter::testing::expose::{self, Format};
 use gpumem_exporter::testing::gpu::{ErrorKind, Operation};
 use gpumem_exporter::testing::model::{
-    AllocatedDevice, AllocatorBackend, AllocatorSettings, ContainerInfo, ContainerLookups,
-    DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ExporterCounters, JobAllocation,
-    JobMappingErrors, JobMappingState, KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses,
-    ProcIdentity, ProcessSample, Readings, SlurmJob, Snapshot, TorchCounters, TorchPool,
-    TorchPools, TorchStats, TorchSteps, TorchThreshold,
+    AllocatedDevice, AllocatorBackend, AllocatorSettings, AttributionRejections, ContainerInfo,
+    ContainerLookups, DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ExporterCounters,
+    JobAllocation, JobMappingErrors, JobMappingState, KubeState, MemoryInfo, MigInfo, MigSample,
+    OtherProcesses, ProcIdentity, ProcessSample, Readings, SlurmJob, Snapshot, TorchCounters,
+    TorchPool, TorchPools, TorchStats, TorchSteps, TorchThreshold,
 };
 use gpumem_exporter::testing::readings::{
     Health, PowerThermal, ProcessUtilization, RemappedRows, RetiredPages, Utilization,
@@ -348,6 +348,11 @@ fn fixed_snapshot() -> Snapshot {
         sample_nvml_duration: histogram(&[0.0002, 0.0003, 0.0011, 0.015]),
         memory_samples: 36,
         process_lookup_failures: 2,
+        attribution_rejected: AttributionRejections {
+            cgroup_owner: 3,
+            cgroup_misplaced: 1,
+            ..AttributionRejections::default()
+        },
         nvml_reinit_attempts: 1,
         kubernetes: Some(KubeState {
             pods: 12,
@@ -389,6 +394,7 @@ fn fixed_snapshot() -> Snapshot {
             reads_total: 7,
             errors: JobMappingErrors {
                 content: 1,
+                not_regular: 2,
                 ..JobMappingErrors::default()
             },
         }),
