@@ -115,4 +115,6 @@ mod slurm; // slurmctld, slurmd, munge (root: mknod, cgroups)
 #[cfg(feature = "external-tools")]
 mod soak; // the long run: process churn for SOAK_SECONDS
 #[cfg(feature = "external-tools")]
+mod tenant; // root: real cgroups, chown, setpriv to uid 65534, mkfifo
+#[cfg(feature = "external-tools")]
 mod torch; // python3 children (the bridge, the stub torch), promtool

@@ -1,0 +1,519 @@
+//! A hostile tenant tries to forge attribution (issue 36, attacks 1 and
+//! 8), as root on the real cgroup filesystem with a real unprivileged uid
+//! (65534, `nobody`): the exporter reads the real /proc and
+//! /sys/fs/cgroup, the fake NVML lists the processes on a GPU, and a local
+//! Kubernetes API knows the victim's pod.
+//!
+//! - Attack 1: a uid-65534 process in cgroups it made itself, below a
+//!   `user@65534.service` that root delegated to it as systemd does
+//!   (chowned), names a Slurm job and another pod's pod UID and container
+//!   id; one names them at the kubelet's real place below a directory an
+//!   admin chowned to it; root places one in a real Slurm v1 job of
+//!   another uid; a root process nests a victim's pod below its own
+//!   container. None of them gets the victim's labels, each refusal is
+//!   counted by reason, while the victim's own process, in the kubelet's
+//!   real cgroup, and a real job of uid 65534 keep theirs.
+//! - Attack 8: the job-mapping directory with a symlink `0` to a
+//!   root-only file, a FIFO `1` and a good `2`: no label from the symlink,
+//!   allocations keep updating past the FIFO; a directory others may
+//!   write is refused.
+//!
+//! Needs root (cgroups, chown, setpriv); v2 at `/sys/fs/cgroup` or
+//! `/sys/fs/cgroup/unified`, v1's freezer at `/sys/fs/cgroup/freezer`.
+
+use std::os::unix::fs::{PermissionsExt, chown};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::cluster::{FakeApi, NODE, pod};
+use crate::harness::*;
+
+const GPU: &str = "GPU-7e4a0000-0000-0000-0000-000000000036";
+const NOBODY: u32 = 65534;
+
+/// Where cgroup v2 is on this host: the root on a pure v2 host, `unified/`
+/// on systemd's hybrid layout.
+fn v2_root() -> PathBuf {
+    let root = Path::new("/sys/fs/cgroup");
+    if root.join("cgroup.controllers").is_file() {
+        return root.to_path_buf();
+    }
+    let unified = root.join("unified");
+    assert!(
+        unified.join("cgroup.controllers").is_file(),
+        "the tenant tests need cgroup v2 at /sys/fs/cgroup or /sys/fs/cgroup/unified (and root)"
+    );
+    unified
+}
+
+const FREEZER: &str = "/sys/fs/cgroup/freezer";
+
+/// Cgroups made for the test, removed (deepest first) on drop, with the
+/// processes in them killed first.
+#[derive(Default)]
+struct Cgroups {
+    made: Vec<PathBuf>,
+    children: Vec<Child>,
+}
+
+impl Cgroups {
+    /// `path` and its missing ancestors, as root.
+    fn make(&mut self, path: &Path) {
+        let mut missing = Vec::new();
+        let mut p = path.to_path_buf();
+        while !p.exists() {
+            missing.push(p.clone());
+            p.pop();
+        }
+        for dir in missing.into_iter().rev() {
+            std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+            self.made.push(dir);
+        }
+    }
+
+    /// What systemd does for `Delegate=yes` with `User=`: the directory
+    /// and its `cgroup.procs`, `cgroup.subtree_control` and
+    /// `cgroup.threads` belong to `uid`.
+    fn delegate(&mut self, path: &Path, uid: u32) {
+        self.make(path);
+        chown(path, Some(uid), Some(uid)).unwrap();
+        for f in ["cgroup.procs", "cgroup.subtree_control", "cgroup.threads"] {
+            let f = path.join(f);
+            if f.exists() {
+                chown(&f, Some(uid), Some(uid)).unwrap();
+            }
+        }
+    }
+
+    /// A process that starts as root in `start` (v2, or `None`) and, for
+    /// v1, in `v1` too, then drops to `uid` (setpriv) and, as that uid,
+    /// makes `own` (a v2 cgroup below `start`, the tenant's own doing) and
+    /// moves itself there before it sleeps. Returns its pid once it sits
+    /// where it asked to.
+    fn spawn(
+        &mut self,
+        start: Option<&Path>,
+        v1: Option<&Path>,
+        uid: u32,
+        own: Option<&Path>,
+    ) -> u32 {
+        let mut root_part = String::new();
+        for dir in start.iter().chain(v1.iter()) {
+            root_part.push_str(&format!("echo $$ > '{}/cgroup.procs' && ", dir.display()));
+        }
+        let tenant_part = match own {
+            Some(own) => {
+                // Recorded for removal; made by the tenant below.
+                let mut p = own.to_path_buf();
+                let mut mine = Vec::new();
+                while !p.exists() {
+                    mine.push(p.clone());
+                    p.pop();
+                }
+                self.made.extend(mine.into_iter().rev());
+                format!(
+                    "mkdir -p '{o}' && echo $$ > '{o}/cgroup.procs' && ",
+                    o = own.display()
+                )
+            }
+            None => String::new(),
+        };
+        let script = format!(
+            "{root_part}exec setpriv --reuid={uid} --regid={uid} --clear-groups sh -c \"{tenant_part}echo ready && exec sleep 600\""
+        );
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "{script}");
+        let pid = child.id();
+        self.children.push(child);
+        pid
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for dir in self.made.iter().rev() {
+            // A cgroup empties a moment after its last process exits.
+            for _ in 0..50 {
+                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// A pod UID made of one repeated hex digit, and its systemd-escaped form.
+fn uid(seed: char) -> (String, String) {
+    let u = crate::harness::cluster::pod_uid(seed);
+    let escaped = u.replace('-', "_");
+    (u, escaped)
+}
+
+fn scenario(pids: &[u32]) -> String {
+    let mut y = format!(
+        "devices:\n  - uuid: {GPU}\n    memory: {{total: 85899345920, reserved: 536870912, used: 30000000000}}\n    processes:\n"
+    );
+    for (i, pid) in pids.iter().enumerate() {
+        y.push_str(&format!(
+            "      - {{pid: {pid}, used: {}}}\n",
+            (i as u64 + 1) << 30
+        ));
+    }
+    y
+}
+
+fn info(m: &Metrics, pid: u32) -> std::collections::BTreeMap<String, String> {
+    let found = m.find("gpu_process_info", &[("pid", &pid.to_string())]);
+    assert_eq!(found.len(), 1, "pid {pid}:\n{}", m.text);
+    found[0].0.clone()
+}
+
+fn rejected(m: &Metrics, reason: &str) -> f64 {
+    m.get(
+        "gpumem_exporter_attribution_rejected_total",
+        &[("reason", reason)],
+    )
+    .unwrap_or_else(|| panic!("no rejection counter {reason}:\n{}", m.text))
+}
+
+/// Attack 1: every forged path loses its job and pod labels, each refusal
+/// is counted once by reason, and the legitimate processes beside them
+/// keep theirs.
+#[test]
+fn forged_cgroups_give_no_job_and_no_pod() {
+    let started = Instant::now();
+    let v2 = v2_root();
+    assert!(
+        Path::new(FREEZER).join("cgroup.procs").is_file(),
+        "the tenant tests need cgroup v1's freezer at {FREEZER} (and root)"
+    );
+    let tag = std::process::id();
+    let (victim, victim_) = uid('7');
+    let (own, own_) = uid('8');
+    let victim_cid = "7".repeat(64);
+    let own_cid = "8".repeat(64);
+    let mut cg = Cgroups::default();
+
+    // The victim's own process, where the kubelet puts it (root's).
+    let kubepods = v2.join("kubepods.slice");
+    let victim_scope = kubepods
+        .join("kubepods-burstable.slice")
+        .join(format!("kubepods-burstable-pod{victim_}.slice"))
+        .join(format!("cri-containerd-{victim_cid}.scope"));
+    cg.make(&victim_scope);
+    let victim_pid = cg.spawn(Some(&victim_scope), None, 0, None);
+
+    // A: uid 65534 in its own delegated subtree names Slurm job 4242.
+    let user = v2
+        .join("user.slice")
+        .join(format!("user-{NOBODY}.slice"))
+        .join(format!("user@{NOBODY}.service"));
+    cg.delegate(&user, NOBODY);
+    let forged_job = user.join("app.slice/slurmstepd.scope/job_4242/step_0");
+    let pid_a = cg.spawn(Some(&user), None, NOBODY, Some(&forged_job));
+
+    // B: the same subtree, the victim's pod UID and container id.
+    let forged_pod = user
+        .join("app.slice/kubepods.slice/kubepods-burstable.slice")
+        .join(format!("kubepods-burstable-pod{victim_}.slice"))
+        .join(format!("cri-containerd-{victim_cid}.scope"));
+    let pid_b = cg.spawn(Some(&user), None, NOBODY, Some(&forged_pod));
+
+    // C: the kubelet's real place, but below a QoS slice an admin handed
+    // to uid 65534 (chowned): the tenant makes the victim's pod there.
+    let besteffort = kubepods.join("kubepods-besteffort.slice");
+    cg.delegate(&besteffort, NOBODY);
+    let forged_at_place = besteffort
+        .join(format!("kubepods-besteffort-pod{victim_}.slice"))
+        .join(format!("cri-containerd-{victim_cid}.scope"));
+    let pid_c = cg.spawn(Some(&besteffort), None, NOBODY, Some(&forged_at_place));
+
+    // D: a real Slurm v1 job of uid 1000 (root-made), a uid-65534
+    // process in it; S: a real job of uid 65534 itself, which counts.
+    let slurm_root = Path::new(FREEZER).join(format!("slurm_tenant{tag}"));
+    let other_job = slurm_root.join("uid_1000/job_4301/step_0");
+    let own_job = slurm_root.join(format!("uid_{NOBODY}/job_4300/step_0"));
+    cg.make(&other_job);
+    cg.make(&own_job);
+    let pid_d = cg.spawn(None, Some(&other_job), NOBODY, None);
+    let pid_s = cg.spawn(None, Some(&own_job), NOBODY, None);
+
+    // E: root in its own pod's container (a privileged pod) nests the
+    // victim's pod below it.
+    let own_scope = kubepods
+        .join("kubepods-burstable.slice")
+        .join(format!("kubepods-burstable-pod{own_}.slice"))
+        .join(format!("cri-containerd-{own_cid}.scope"));
+    let nested = own_scope
+        .join("kubepods.slice")
+        .join(format!("kubepods-pod{victim_}.slice"))
+        .join(format!("cri-containerd-{victim_cid}.scope"));
+    cg.make(&nested);
+    let pid_e = cg.spawn(Some(&nested), None, 0, None);
+
+    // The API knows both pods.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt.block_on(FakeApi::start(
+        vec![
+            pod(
+                "team-b",
+                "victim-0",
+                &victim,
+                NODE,
+                "10",
+                &[("trainer", Some(format!("containerd://{victim_cid}")))],
+            ),
+            pod(
+                "team-a",
+                "attacker-0",
+                &own,
+                NODE,
+                "10",
+                &[("shell", Some(format!("containerd://{own_cid}")))],
+            ),
+        ],
+        "10",
+        0,
+    ));
+    let pids = [victim_pid, pid_a, pid_b, pid_c, pid_d, pid_s, pid_e];
+    let scn = Scenario::new(&scenario(&pids));
+    let config = format!(
+        "sample_interval: 100ms\nkubernetes:\n  enabled: true\n  api_url: {}\n  ca_file: {}\n  node_name: {NODE}\n  pod_resources_socket: \"\"\n",
+        api.url(),
+        api.ca_file().display()
+    );
+    let ex = Exporter::with_config(&scn, &config, &[]);
+    let m = wait_for(Duration::from_secs(10), "the victim's pod resolved", || {
+        let m = ex.metrics();
+        (m.find("gpu_process_memory_used_bytes", &[("pod", "victim-0")])
+            .len()
+            == 1
+            && m.find("gpu_process_memory_used_bytes", &[("pod", "attacker-0")])
+                .len()
+                == 1)
+            .then_some(m)
+    });
+
+    // The victim keeps its pod; the real job of uid 65534 keeps its job.
+    let v = info(&m, victim_pid);
+    assert_eq!(
+        (v["pod_uid"].as_str(), v["container_id"].as_str()),
+        (victim.as_str(), victim_cid.as_str())
+    );
+    let s = info(&m, pid_s);
+    assert_eq!(
+        (s["slurm_job"].as_str(), s["slurm_uid"].as_str(), s["user"].as_str()),
+        ("4300", "65534", "nobody")
+    );
+    // The forgeries: the pid series stays, without job or pod labels.
+    for (name, pid) in [("A", pid_a), ("B", pid_b), ("C", pid_c), ("D", pid_d)] {
+        let l = info(&m, pid);
+        for label in ["slurm_job", "slurm_step", "slurm_uid", "pod_uid", "container_id"] {
+            assert!(!l.contains_key(label), "{name} (pid {pid}) has {label}: {l:?}");
+        }
+        assert_eq!(l["process"], "sleep", "{name}");
+        assert_eq!(l["user"], "nobody", "{name}");
+        let value = m.find("gpu_process_memory_used_bytes", &[("pid", &pid.to_string())]);
+        assert_eq!(value.len(), 1, "{name}");
+        assert!(!value[0].0.contains_key("pod"), "{name}: {:?}", value[0].0);
+    }
+    // E is its own pod's, not the victim's.
+    let e = info(&m, pid_e);
+    assert_eq!(
+        (e["pod_uid"].as_str(), e["container_id"].as_str()),
+        (own.as_str(), own_cid.as_str())
+    );
+    // Only the victim's own series carry the victim's ids.
+    let victim_lines: Vec<&str> = m
+        .text
+        .lines()
+        .filter(|l| l.contains(&victim) || l.contains(&victim_cid) || l.contains("victim-0"))
+        .collect();
+    let own_pid = format!("pid=\"{victim_pid}\"");
+    assert!(
+        victim_lines.len() >= 2 && victim_lines.iter().all(|l| l.contains(&own_pid)),
+        "{victim_lines:#?}"
+    );
+    assert!(!m.text.contains("slurm_job=\"4242\""), "{}", m.text);
+    assert!(!m.text.contains("slurm_job=\"4301\""), "{}", m.text);
+
+    // Counted once per process and reason, also over later samples.
+    std::thread::sleep(Duration::from_millis(500));
+    let m = ex.metrics();
+    let counts: Vec<(&str, f64)> = [
+        "cgroup_owner",
+        "cgroup_unverified",
+        "cgroup_misplaced",
+        "container_pod_mismatch",
+        "slurm_owner",
+    ]
+    .into_iter()
+    .map(|r| (r, rejected(&m, r)))
+    .collect();
+    assert_eq!(
+        counts,
+        vec![
+            ("cgroup_owner", 3.0),
+            ("cgroup_unverified", 0.0),
+            ("cgroup_misplaced", 0.0),
+            ("container_pod_mismatch", 0.0),
+            ("slurm_owner", 1.0),
+        ]
+    );
+    let log = ex.stderr();
+    assert!(
+        log.contains("reason=cgroup_owner") && log.contains("owned by uid 65534"),
+        "{log}"
+    );
+    assert!(log.contains("reason=slurm_owner"), "{log}");
+    eprintln!(
+        "tenant: 4 forged processes refused ({counts:?}), victim {victim_pid} and job 4300 kept theirs, in {:.2?}",
+        started.elapsed()
+    );
+    drop(ex);
+    drop(cg);
+}
+
+/// The job-mapping directory of the exporter: files as a prolog writes
+/// them, root's, mode 0755.
+fn mapping_dir(scn: &Scenario) -> PathBuf {
+    let dir = scn.dir.path().join("slurm-jobs");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+fn alloc_jobs(m: &Metrics) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = m
+        .find("gpu_allocation_info", &[])
+        .into_iter()
+        .filter_map(|(l, _)| Some((l.get("uuid")?.clone(), l.get("slurm_job")?.clone())))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Attack 8: a symlink `0` to a root-only file puts nothing in a label, a
+/// FIFO `1` nobody writes does not stall the reader (GPU 2's allocation
+/// follows the prolog within a few reads), both counted as not_regular;
+/// a directory others may write is refused whole, with a clear line.
+#[test]
+fn the_job_mapping_follows_no_symlink_and_waits_on_no_fifo() {
+    let started = Instant::now();
+    let yaml = |n: usize| {
+        let mut y = String::from("devices:\n");
+        for i in 0..n {
+            y.push_str(&format!(
+                "  - uuid: GPU-7e4a0000-0000-0000-0000-00000000080{i}\n    memory: {{total: 85899345920, reserved: 536870912, used: 1000000}}\n    processes: []\n"
+            ));
+        }
+        y
+    };
+    let scn = Scenario::new(&yaml(3));
+    let dir = mapping_dir(&scn);
+    // A root-only file whose content would be a valid job id.
+    let secret = scn.dir.path().join("secret");
+    std::fs::write(&secret, "s3cr3t\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink(&secret, dir.join("0")).unwrap();
+    let fifo = std::ffi::CString::new(dir.join("1").to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0, "mkfifo");
+    std::fs::write(dir.join("2"), "5001\n").unwrap();
+    let config = format!(
+        "sample_interval: 100ms\nkubernetes:\n  enabled: false\nslurm:\n  job_mapping_dir: {}\n  job_mapping_interval: 100ms\n",
+        dir.display()
+    );
+    let ex = Exporter::with_config(&scn, &config, &[]);
+    let gpu2 = "GPU-7e4a0000-0000-0000-0000-000000000802".to_string();
+    let m = wait_for(Duration::from_secs(10), "GPU 2's job", || {
+        let m = ex.metrics();
+        (alloc_jobs(&m) == vec![(gpu2.clone(), "5001".into())]).then_some(m)
+    });
+    assert!(!m.text.contains("s3cr3t"), "{}", m.text);
+    // The prolog moves the job on while the FIFO is still there: the
+    // reader is not stuck on it.
+    let moved = Instant::now();
+    let tmp = dir.join(".2.tmp");
+    std::fs::write(&tmp, "5002\n").unwrap();
+    std::fs::rename(&tmp, dir.join("2")).unwrap();
+    let m = wait_for(Duration::from_secs(5), "GPU 2's next job", || {
+        let m = ex.metrics();
+        (alloc_jobs(&m) == vec![(gpu2.clone(), "5002".into())]).then_some(m)
+    });
+    let followed = moved.elapsed();
+    let not_regular = m
+        .get(
+            "gpumem_exporter_slurm_job_mapping_errors_total",
+            &[("reason", "not_regular")],
+        )
+        .unwrap();
+    let reads = m
+        .get("gpumem_exporter_slurm_job_mapping_reads_total", &[])
+        .unwrap();
+    // Two entries refused on every read.
+    assert!(not_regular >= 2.0 * (reads - 1.0), "{not_regular} {reads}");
+    assert!(!m.text.contains("s3cr3t"), "{}", m.text);
+
+    // World-writable: refused whole, no rows, one clear line.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let m = wait_for(Duration::from_secs(5), "the directory refused", || {
+        let m = ex.metrics();
+        (m.get(
+            "gpumem_exporter_slurm_job_mapping_errors_total",
+            &[("reason", "unsafe_dir")],
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+            && alloc_jobs(&m).is_empty())
+        .then_some(m)
+    });
+    assert!(alloc_jobs(&m).is_empty());
+    ex.assert_logged_once("Slurm job-mapping directory refused: mode 0777 lets group or others write");
+    // Owned by uid 65534: refused too.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    let before = m
+        .get(
+            "gpumem_exporter_slurm_job_mapping_errors_total",
+            &[("reason", "unsafe_dir")],
+        )
+        .unwrap();
+    wait_for(Duration::from_secs(5), "the user's directory refused", || {
+        let m = ex.metrics();
+        (m.get(
+            "gpumem_exporter_slurm_job_mapping_errors_total",
+            &[("reason", "unsafe_dir")],
+        )
+        .unwrap_or(0.0)
+            > before + 1.0
+            && alloc_jobs(&m).is_empty())
+        .then_some(())
+    });
+    // Back to root's: read again.
+    chown(&dir, Some(0), Some(0)).unwrap();
+    wait_for(Duration::from_secs(5), "the directory read again", || {
+        (alloc_jobs(&ex.metrics()) == vec![(gpu2.clone(), "5002".into())]).then_some(())
+    });
+    eprintln!(
+        "tenant: job mapping: symlink and FIFO refused ({not_regular} times in {reads} reads), a new job followed in {followed:.2?} past the FIFO, unsafe directories refused; {:.2?}",
+        started.elapsed()
+    );
+}
