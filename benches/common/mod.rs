@@ -157,6 +157,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
         sample_nvml_duration: Arc::new(nvml),
         memory_samples: 32_400,
         process_lookup_failures: 0,
+        attribution_rejected: Default::default(),
         nvml_reinit_attempts: 0,
         kubernetes: None,
         torch: None,

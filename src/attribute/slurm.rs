@@ -69,12 +69,11 @@ pub(crate) fn parse_slurm_cgroup_lines(content: &str) -> ParsedSlurm<'_> {
     let mut misplaced = None;
     for line in lines(content) {
         match parse_slurm_path(line.path) {
-            Some(found) => {
-                if best.job.as_ref().is_none_or(|b| found.rank() > b.rank()) {
-                    best.job = Some(found);
-                    best.line = Some(line);
-                }
+            Some(found) if best.job.as_ref().is_none_or(|b| found.rank() > b.rank()) => {
+                best.job = Some(found);
+                best.line = Some(line);
             }
+            Some(_) => {}
             None if misplaced.is_none() && parse_slurm_path_anywhere(line.path).is_some() => {
                 misplaced = Some(line);
             }

@@ -319,18 +319,34 @@ fn forged_cgroups_give_no_job_and_no_pod() {
     );
     let s = info(&m, pid_s);
     assert_eq!(
-        (s["slurm_job"].as_str(), s["slurm_uid"].as_str(), s["user"].as_str()),
+        (
+            s["slurm_job"].as_str(),
+            s["slurm_uid"].as_str(),
+            s["user"].as_str()
+        ),
         ("4300", "65534", "nobody")
     );
     // The forgeries: the pid series stays, without job or pod labels.
     for (name, pid) in [("A", pid_a), ("B", pid_b), ("C", pid_c), ("D", pid_d)] {
         let l = info(&m, pid);
-        for label in ["slurm_job", "slurm_step", "slurm_uid", "pod_uid", "container_id"] {
-            assert!(!l.contains_key(label), "{name} (pid {pid}) has {label}: {l:?}");
+        for label in [
+            "slurm_job",
+            "slurm_step",
+            "slurm_uid",
+            "pod_uid",
+            "container_id",
+        ] {
+            assert!(
+                !l.contains_key(label),
+                "{name} (pid {pid}) has {label}: {l:?}"
+            );
         }
         assert_eq!(l["process"], "sleep", "{name}");
         assert_eq!(l["user"], "nobody", "{name}");
-        let value = m.find("gpu_process_memory_used_bytes", &[("pid", &pid.to_string())]);
+        let value = m.find(
+            "gpu_process_memory_used_bytes",
+            &[("pid", &pid.to_string())],
+        );
         assert_eq!(value.len(), 1, "{name}");
         assert!(!value[0].0.contains_key("pod"), "{name}: {:?}", value[0].0);
     }
@@ -486,7 +502,9 @@ fn the_job_mapping_follows_no_symlink_and_waits_on_no_fifo() {
         .then_some(m)
     });
     assert!(alloc_jobs(&m).is_empty());
-    ex.assert_logged_once("Slurm job-mapping directory refused: mode 0777 lets group or others write");
+    ex.assert_logged_once(
+        "Slurm job-mapping directory refused: mode 0777 lets group or others write",
+    );
     // Owned by uid 65534: refused too.
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
@@ -496,17 +514,21 @@ fn the_job_mapping_follows_no_symlink_and_waits_on_no_fifo() {
             &[("reason", "unsafe_dir")],
         )
         .unwrap();
-    wait_for(Duration::from_secs(5), "the user's directory refused", || {
-        let m = ex.metrics();
-        (m.get(
-            "gpumem_exporter_slurm_job_mapping_errors_total",
-            &[("reason", "unsafe_dir")],
-        )
-        .unwrap_or(0.0)
-            > before + 1.0
-            && alloc_jobs(&m).is_empty())
-        .then_some(())
-    });
+    wait_for(
+        Duration::from_secs(5),
+        "the user's directory refused",
+        || {
+            let m = ex.metrics();
+            (m.get(
+                "gpumem_exporter_slurm_job_mapping_errors_total",
+                &[("reason", "unsafe_dir")],
+            )
+            .unwrap_or(0.0)
+                > before + 1.0
+                && alloc_jobs(&m).is_empty())
+            .then_some(())
+        },
+    );
     // Back to root's: read again.
     chown(&dir, Some(0), Some(0)).unwrap();
     wait_for(Duration::from_secs(5), "the directory read again", || {
