@@ -70,7 +70,7 @@ impl CgroupFs {
     /// cgroup2 mount (it has `cgroup.controllers`), else at `unified/`
     /// (systemd's hybrid layout); a v1 hierarchy at its controllers' name
     /// (`memory`, `cpu,cpuacct`, `name=systemd` at `systemd`).
-    fn hierarchy(&self, controllers: &str) -> Option<PathBuf> {
+    pub(crate) fn hierarchy(&self, controllers: &str) -> Option<PathBuf> {
         if controllers.is_empty() {
             if self.root.join("cgroup.controllers").is_file() {
                 return Some(self.root.clone());

@@ -19,6 +19,7 @@
 
 pub(crate) mod cgroup;
 pub(crate) mod cgroupfs;
+pub(crate) mod cgroupns;
 pub(crate) mod containers;
 pub(crate) mod passwd;
 pub(crate) mod procfs;
@@ -37,6 +38,7 @@ use crate::model::{
 };
 use crate::ratelimit::LogLimiter;
 use cgroupfs::{CgroupFs, Ownership};
+use cgroupns::{Namespaces, OwnView};
 use containers::ContainerCache;
 use passwd::UserNames;
 use procfs::ProcRoot;
@@ -176,6 +178,9 @@ pub struct ProcCache {
     engine: Option<Arc<ContainerCache>>,
     /// The owners of the directories on cgroup paths are checked here.
     cgroupfs: CgroupFs,
+    /// Paths read from inside a cgroup namespace, made absolute in the
+    /// tree at `cgroupfs`.
+    namespaces: Namespaces,
     /// Slurm job owners from the job mapping, when it is read.
     job_owners: Option<Arc<dyn JobOwners>>,
     /// Refusals so far, by reason.
@@ -199,6 +204,7 @@ impl ProcCache {
             torch: None,
             engine: None,
             cgroupfs: CgroupFs::new("/sys/fs/cgroup"),
+            namespaces: Namespaces::new(CgroupFs::new("/sys/fs/cgroup"), None),
             job_owners: None,
             rejected: AttributionRejections::default(),
             rejection_log: LogLimiter::every(std::time::Duration::from_secs(60)),
@@ -209,6 +215,17 @@ impl ProcCache {
     /// filesystem root (`path.cgroupfs`).
     pub fn with_cgroupfs(mut self, root: impl Into<std::path::PathBuf>) -> Self {
         self.cgroupfs = CgroupFs::new(root);
+        self.namespaces = Namespaces::new(self.cgroupfs.clone(), None);
+        self
+    }
+
+    /// Read cgroup paths as the exporter `own` sees them (its pid and
+    /// `/proc/self/cgroup`): where it runs in a cgroup namespace of its
+    /// own, paths relative to that namespace are made absolute in the
+    /// tree at `path.cgroupfs` ([`cgroupns`]). Call after
+    /// [`ProcCache::with_cgroupfs`].
+    pub(crate) fn with_own_view(mut self, own: Option<OwnView>) -> Self {
+        self.namespaces = Namespaces::new(self.cgroupfs.clone(), own);
         self
     }
 
@@ -224,6 +241,15 @@ impl ProcCache {
         let mut cache = ProcCache::new(ProcRoot::new(&cfg.procfs))
             .with_users(UserNames::new(&cfg.passwd_file))
             .with_cgroupfs(&cfg.cgroupfs);
+        // Who the exporter is, through the same procfs as its targets:
+        // paths relative to its cgroup namespace are placed from there.
+        match OwnView::read(std::path::Path::new(&cfg.procfs)) {
+            Ok(own) => cache = cache.with_own_view(Some(own)),
+            Err(why) => tracing::info!(
+                why,
+                "cgroup paths are taken as the kernel writes them: those relative to a cgroup namespace (/..) cannot be placed and are refused as cgroup_unverified"
+            ),
+        }
         if cfg.torch_bridge {
             cache = cache.with_torch_bridge();
         }
@@ -364,11 +390,10 @@ impl ProcCache {
         }
     }
 
-    fn read(&self, pid: u32) -> (ProcIdentity, Vec<Refusal>) {
+    fn read(&mut self, pid: u32) -> (ProcIdentity, Vec<Refusal>) {
         let s = |v: String| -> Arc<str> { Arc::from(v) };
         let uid = self.root.uid(pid);
         let vetted = self
-            .root
             .cgroup(pid)
             .map(|text| self.vet(&text, uid))
             .unwrap_or_default();
@@ -394,6 +419,20 @@ impl ProcCache {
             engine: None,
         };
         (ident, vetted.refused)
+    }
+
+    /// `/proc/<pid>/cgroup` with paths relative to the exporter's cgroup
+    /// namespace made absolute where the kernel vouches for them; read a
+    /// second time when a path failed that check (the process may have
+    /// moved between the two reads).
+    fn cgroup(&mut self, pid: u32) -> Option<String> {
+        let text = self.root.cgroup(pid)?;
+        let (abs, failed) = self.namespaces.absolute(&text, pid);
+        if !failed {
+            return Some(abs.into_owned());
+        }
+        let text = self.root.cgroup(pid)?;
+        Some(self.namespaces.absolute(&text, pid).0.into_owned())
     }
 
     /// Count and log what was refused about `pid`.
