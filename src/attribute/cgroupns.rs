@@ -341,7 +341,11 @@ impl Namespaces {
     /// the cheap check failed: asked again for the next process).
     fn locate(&mut self, controllers: &str, top: &Path, leaves: bool) -> Option<Place> {
         let own = self.own.as_ref()?;
-        let key = if controllers.is_empty() { "0::" } else { controllers };
+        let key = if controllers.is_empty() {
+            "0::"
+        } else {
+            controllers
+        };
         if controllers.is_empty() && top.join("cgroup.type").exists() {
             if self.log.check(key.to_owned()).is_some() {
                 tracing::warn!(
@@ -357,7 +361,12 @@ impl Namespaces {
         let Some(own_segs) = plain_segments(own_path) else {
             // The exporter itself outside its namespace's root: its
             // root's place cannot be told from its own.
-            return Some(self.not_found(key, top, 0, "the exporter's own path leaves its namespace"));
+            return Some(self.not_found(
+                key,
+                top,
+                0,
+                "the exporter's own path leaves its namespace",
+            ));
         };
         let own_dir = own_segs.iter().fold(top.to_path_buf(), |d, s| d.join(s));
         if lists(&own_dir, own.pid) {
@@ -473,7 +482,11 @@ mod tests {
         // above the top, `.`, removed: fail closed (stay relative).
         for (text, pid, want) in [
             (victim, 30, victim.to_string()),
-            ("0::/../../../../../../x\n", 20, "0::/../../../../../../x\n".into()),
+            (
+                "0::/../../../../../../x\n",
+                20,
+                "0::/../../../../../../x\n".into(),
+            ),
             ("0::/./x\n", 20, "0::/.././x\n".into()),
             ("0::/sub (deleted)\n", 30, "0::/../sub (deleted)\n".into()),
             ("0::/\n", 20, "0::/../\n".into()),
@@ -535,7 +548,10 @@ mod tests {
 
         fs::write(top.join("cgroup.type"), "domain\n").unwrap();
         let mut view = Namespaces::new(CgroupFs::new(t.path()), own(10, "0::/\n"));
-        assert_eq!(&*view.absolute("0::/kubepods.slice\n", 1).0, "0::/../kubepods.slice\n");
+        assert_eq!(
+            &*view.absolute("0::/kubepods.slice\n", 1).0,
+            "0::/../kubepods.slice\n"
+        );
     }
 
     #[test]

@@ -153,6 +153,17 @@ struct Vetted {
     cgroup: cgroup::CgroupIdentity,
     slurm: Option<slurm::SlurmCgroup>,
     refused: Vec<Refusal>,
+    /// The job stands, but neither its path nor the job mapping named its
+    /// owner yet: checked again once the mapping knows the job.
+    owner_pending: bool,
+}
+
+/// What one read of `/proc/<pid>` found.
+struct Read {
+    ident: ProcIdentity,
+    refused: Vec<Refusal>,
+    /// The real uid, when the job's owner is still to be checked.
+    owner_pending: Option<Option<u32>>,
 }
 
 /// /proc lookups cached by (pid, start time): a pid reused by a new process
@@ -187,6 +198,10 @@ pub struct ProcCache {
     rejected: AttributionRejections,
     /// Each reason is logged at most once a minute.
     rejection_log: LogLimiter<Rejection>,
+    /// Processes whose Slurm job's owner no one named yet: (start time,
+    /// real uid), checked against the job mapping each sample until it
+    /// names the owner.
+    owner_pending: HashMap<u32, (u64, Option<u32>)>,
 }
 
 impl ProcCache {
@@ -208,6 +223,7 @@ impl ProcCache {
             job_owners: None,
             rejected: AttributionRejections::default(),
             rejection_log: LogLimiter::every(std::time::Duration::from_secs(60)),
+            owner_pending: HashMap::new(),
         }
     }
 
@@ -357,6 +373,7 @@ impl ProcCache {
 
         let parsed = slurm::parse_slurm_cgroup_lines(text);
         let mut job = parsed.job;
+        let mut owner_pending = false;
         if let (Some(j), Some(line)) = (&job, parsed.line) {
             let mut ok = owned_by_root(line, &mut refused);
             let mut owners: Vec<u32> = j.uid.iter().filter_map(|u| u.parse().ok()).collect();
@@ -377,6 +394,7 @@ impl ProcCache {
                 );
                 ok = false;
             }
+            owner_pending = ok && owners.is_empty() && self.job_owners.is_some();
             if !ok {
                 job = None;
             }
@@ -387,10 +405,11 @@ impl ProcCache {
             cgroup: cg,
             slurm: job,
             refused,
+            owner_pending,
         }
     }
 
-    fn read(&mut self, pid: u32) -> (ProcIdentity, Vec<Refusal>) {
+    fn read(&mut self, pid: u32) -> Read {
         let s = |v: String| -> Arc<str> { Arc::from(v) };
         let uid = self.root.uid(pid);
         let vetted = self
@@ -418,7 +437,52 @@ impl ProcCache {
             container: Arc::from(""),
             engine: None,
         };
-        (ident, vetted.refused)
+        Read {
+            ident,
+            refused: vetted.refused,
+            owner_pending: vetted.owner_pending.then_some(uid),
+        }
+    }
+
+    /// The owner check of a job whose owner no one had named when `pid`
+    /// was first seen, now that the job mapping may know it: a changed
+    /// identity (the job dropped, the refusal counted) when it names
+    /// another uid. Job ids are not reused and the mapping is root's, so
+    /// once the mapping has named the owner the check is final.
+    fn recheck_owner(
+        &mut self,
+        pid: u32,
+        start: u64,
+        ident: &ProcIdentity,
+    ) -> Option<Arc<ProcIdentity>> {
+        let (at, uid) = *self.owner_pending.get(&pid)?;
+        if at != start {
+            self.owner_pending.remove(&pid);
+            return None;
+        }
+        let job = ident.slurm.as_ref()?;
+        let owners = self.job_owners.as_ref()?.owners(&job.job);
+        if owners.is_empty() {
+            return None;
+        }
+        self.owner_pending.remove(&pid);
+        let other = *owners.iter().find(|o| Some(**o) != uid)?;
+        let runs_as = uid.map_or_else(|| "unknown".into(), |u| u.to_string());
+        self.record(
+            pid,
+            &[Refusal {
+                reason: Rejection::SlurmOwner,
+                detail: format!(
+                    "job {} belongs to uid {other} (job mapping, read after the process was first seen), the process runs as uid {runs_as}",
+                    job.job
+                ),
+            }],
+        );
+        let mut updated = ProcIdentity::clone(ident);
+        updated.slurm = None;
+        let updated = Arc::new(updated);
+        self.entries.insert(pid, (start, Arc::clone(&updated)));
+        Some(updated)
     }
 
     /// `/proc/<pid>/cgroup` with paths relative to the exporter's cgroup
@@ -563,7 +627,7 @@ impl ProcessLookup for ProcCache {
         if let Some((s, ident)) = self.entries.get(&pid).map(|(s, i)| (*s, Arc::clone(i)))
             && s == start
         {
-            let ident = &ident;
+            let ident = &self.recheck_owner(pid, start, &ident).unwrap_or(ident);
             let pod_settled = !ident.pod.is_empty()
                 || self.pods.is_none()
                 || (ident.pod_uid.is_empty() && ident.container_id.is_empty());
@@ -588,7 +652,19 @@ impl ProcessLookup for ProcCache {
             }
             return Arc::clone(ident);
         }
-        let (mut ident, mut refused) = self.read(pid);
+        let Read {
+            mut ident,
+            mut refused,
+            owner_pending,
+        } = self.read(pid);
+        match owner_pending {
+            Some(uid) => {
+                self.owner_pending.insert(pid, (start, uid));
+            }
+            None => {
+                self.owner_pending.remove(&pid);
+            }
+        }
         if let (_, Some(r)) = self.resolve_pod(pid, &mut ident) {
             refused.push(r);
         }
@@ -601,6 +677,7 @@ impl ProcessLookup for ProcCache {
 
     fn retain(&mut self, live: &dyn Fn(u32) -> bool) {
         self.entries.retain(|pid, _| live(*pid));
+        self.owner_pending.retain(|pid, _| live(*pid));
         if let Some(engine) = &self.engine {
             let ids: HashSet<&str> = self
                 .entries
@@ -896,5 +973,67 @@ mod tests {
             Some("78")
         );
         assert_eq!(cache.rejections().slurm_owner, 1);
+    }
+
+    /// A job the mapping did not know when its process was first seen is
+    /// checked again once the mapping names its owner: refused (and
+    /// counted once) when that is another uid, kept when it is the
+    /// process's own; nothing read again from /proc for it.
+    #[test]
+    fn a_job_the_mapping_learns_later_is_checked_then() {
+        use std::sync::Mutex;
+        #[derive(Default)]
+        struct Owners(Mutex<HashMap<String, u32>>);
+        impl JobOwners for Owners {
+            fn owners(&self, job: &str) -> Vec<u32> {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .get(job)
+                    .into_iter()
+                    .copied()
+                    .collect()
+            }
+        }
+        let root = tempfile::tempdir().unwrap();
+        // Root's processes: job 90 will be uid 1000's, 91 root's own.
+        for (pid, job) in [(40, 90), (41, 91)] {
+            write_proc(
+                root.path(),
+                pid,
+                &format!("0::/system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0\n"),
+            );
+        }
+        let owners = Arc::new(Owners::default());
+        let mut cache = ProcCache::new(ProcRoot::new(root.path()))
+            .with_cgroupfs(root.path().join("cgroupfs"))
+            .with_job_owners(Arc::clone(&owners) as Arc<dyn JobOwners>);
+        let jobs = |cache: &mut ProcCache| {
+            cache.begin_tick();
+            [40, 41].map(|pid| {
+                cache
+                    .identify(pid)
+                    .slurm
+                    .as_ref()
+                    .map(|j| j.job.to_string())
+            })
+        };
+        let both = [Some("90".to_string()), Some("91".to_string())];
+        assert_eq!(jobs(&mut cache), both);
+        assert_eq!(jobs(&mut cache), both);
+        owners
+            .0
+            .lock()
+            .unwrap()
+            .extend([("90".to_string(), 1000), ("91".to_string(), 0)]);
+        // The cgroup files go: the later checks read nothing of them.
+        for pid in [40, 41] {
+            std::fs::remove_file(root.path().join(format!("{pid}/cgroup"))).unwrap();
+        }
+        for _ in 0..3 {
+            assert_eq!(jobs(&mut cache), [None, Some("91".to_string())]);
+        }
+        assert_eq!(cache.rejections().slurm_owner, 1);
+        assert!(cache.owner_pending.is_empty());
     }
 }

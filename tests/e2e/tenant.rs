@@ -13,12 +13,16 @@
 //!   container. None of them gets the victim's labels, each refusal is
 //!   counted by reason, while the victim's own process, in the kubelet's
 //!   real cgroup, and a real job of uid 65534 keep theirs.
+//! - Attack 1 from inside a cgroup namespace (the DaemonSet on a cgroup
+//!   v2 node): the exporter in a child cgroup and `unshare --cgroup`, so
+//!   other paths read `/../…`; the victim keeps its pod, a real v2 Slurm
+//!   job its job, the tenant's copy of the victim's path is still refused.
 //! - Attack 8: the job-mapping directory with a symlink `0` to a
 //!   root-only file, a FIFO `1` and a good `2`: no label from the symlink,
 //!   allocations keep updating past the FIFO; a directory others may
 //!   write is refused.
 //!
-//! Needs root (cgroups, chown, setpriv); v2 at `/sys/fs/cgroup` or
+//! Needs root (cgroups, chown, setpriv, unshare, nsenter); v2 at `/sys/fs/cgroup` or
 //! `/sys/fs/cgroup/unified`, v1's freezer at `/sys/fs/cgroup/freezer`.
 
 use std::os::unix::fs::{PermissionsExt, chown};
@@ -27,6 +31,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::harness::cluster::{FakeApi, NODE, pod};
+use crate::harness::tools::require_tool;
 use crate::harness::*;
 
 const GPU: &str = "GPU-7e4a0000-0000-0000-0000-000000000036";
@@ -538,4 +543,173 @@ fn the_job_mapping_follows_no_symlink_and_waits_on_no_fifo() {
         "tenant: job mapping: symlink and FIFO refused ({not_regular} times in {reads} reads), a new job followed in {followed:.2?} past the FIFO, unsafe directories refused; {:.2?}",
         started.elapsed()
     );
+}
+
+/// The exporter in a cgroup namespace of its own, as containerd and CRI-O
+/// run a non-privileged DaemonSet pod on a cgroup v2 node: it starts in a
+/// child cgroup of its own, then `unshare --cgroup`, so every other
+/// process's v2 path reads `/../…`. The victim's process, in the kubelet's
+/// real root-owned cgroup, keeps its pod; a real (root-made) Slurm v2
+/// job keeps its job; uid 65534's copy of the victim's pod path in its own
+/// delegated subtree is still refused, as `cgroup_owner` (placed, then
+/// found the tenant's), not merely `cgroup_unverified`.
+#[test]
+fn a_namespaced_exporter_places_paths_in_the_host_tree() {
+    let started = Instant::now();
+    let unshare = require_tool("unshare");
+    let nsenter = require_tool("nsenter");
+    let v2 = v2_root();
+    let tag = std::process::id();
+    let (victim, victim_) = uid('6');
+    let victim_cid = "6".repeat(64);
+    let mut cg = Cgroups::default();
+
+    // The exporter's own cgroup, the root of its namespace-to-be.
+    let exporter_cg = v2.join(format!("gpumem-exporter-ns{tag}.scope"));
+    cg.make(&exporter_cg);
+
+    // The victim, where the kubelet puts a Guaranteed pod (root's).
+    let victim_scope = v2
+        .join("kubepods.slice")
+        .join(format!("kubepods-pod{victim_}.slice"))
+        .join(format!("cri-containerd-{victim_cid}.scope"));
+    cg.make(&victim_scope);
+    let victim_pid = cg.spawn(Some(&victim_scope), None, 0, None);
+
+    // A real Slurm v2 job of uid 65534 (slurmd's cgroup, root-made).
+    let job = v2.join(format!("system.slice/slurmstepd.scope/job_44{tag}/step_0"));
+    cg.make(&job);
+    let job_pid = cg.spawn(Some(&job), None, NOBODY, None);
+
+    // The tenant: the victim's pod path in its own delegated subtree.
+    let user = v2
+        .join("user.slice")
+        .join(format!("user-{NOBODY}.slice"))
+        .join(format!("user@{NOBODY}.service"));
+    cg.delegate(&user, NOBODY);
+    let forged = user
+        .join(format!("ns{tag}.slice/kubepods.slice"))
+        .join(format!("kubepods-pod{victim_}.slice"))
+        .join(format!("cri-containerd-{victim_cid}.scope"));
+    let forged_pid = cg.spawn(Some(&user), None, NOBODY, Some(&forged));
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt.block_on(FakeApi::start(
+        vec![pod(
+            "team-b",
+            "victim-0",
+            &victim,
+            NODE,
+            "10",
+            &[("trainer", Some(format!("containerd://{victim_cid}")))],
+        )],
+        "10",
+        0,
+    ));
+    let scn = Scenario::new(&scenario(&[victim_pid, job_pid, forged_pid]));
+    let config = format!(
+        "sample_interval: 100ms\nkubernetes:\n  enabled: true\n  api_url: {}\n  ca_file: {}\n  node_name: {NODE}\n  pod_resources_socket: \"\"\n",
+        api.url(),
+        api.ca_file().display()
+    );
+    let cfg = scn.file("config.yaml", config.as_bytes());
+    // Into its own cgroup, then a cgroup namespace rooted there.
+    let mut wrapper = Command::new("sh");
+    wrapper
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > '{}/cgroup.procs' && exec {unshare} --cgroup \"$@\"",
+            exporter_cg.display()
+        ))
+        .arg("sh")
+        .arg(BIN);
+    let ex = Exporter::spawn(Exporter::command(
+        wrapper,
+        &scn,
+        &["--config.file", cfg.to_str().unwrap()],
+    ));
+
+    // What the exporter reads really is relative: from inside its
+    // namespace the victim's v2 path leaves it.
+    let seen = Command::new(nsenter)
+        .args(["-t", &ex.child.id().to_string(), "-C", "cat"])
+        .arg(format!("/proc/{victim_pid}/cgroup"))
+        .output()
+        .unwrap();
+    let seen = String::from_utf8_lossy(&seen.stdout).into_owned();
+    let v2_line = seen.lines().find(|l| l.starts_with("0::")).unwrap_or("");
+    assert!(
+        v2_line.starts_with("0::/../kubepods.slice/"),
+        "the exporter's view: {seen}"
+    );
+
+    let m = wait_for(Duration::from_secs(10), "the victim's pod resolved", || {
+        let m = ex.metrics();
+        (m.find("gpu_process_memory_used_bytes", &[("pod", "victim-0")])
+            .len()
+            == 1)
+            .then_some(m)
+    });
+    let resolved = started.elapsed();
+    let v = info(&m, victim_pid);
+    assert_eq!(
+        (v["pod_uid"].as_str(), v["container_id"].as_str()),
+        (victim.as_str(), victim_cid.as_str())
+    );
+    let j = info(&m, job_pid);
+    let want_job = format!("44{tag}");
+    assert_eq!(
+        (j["slurm_job"].as_str(), j["slurm_step"].as_str()),
+        (want_job.as_str(), "0")
+    );
+    let f = info(&m, forged_pid);
+    for label in ["slurm_job", "pod_uid", "container_id"] {
+        assert!(!f.contains_key(label), "forged pid has {label}: {f:?}");
+    }
+    assert_eq!(f["user"], "nobody");
+    let victim_series: Vec<&str> = m
+        .text
+        .lines()
+        .filter(|l| l.contains(&victim) || l.contains(&victim_cid) || l.contains("victim-0"))
+        .collect();
+    let own = format!("pid=\"{victim_pid}\"");
+    assert!(
+        victim_series.len() >= 2 && victim_series.iter().all(|l| l.contains(&own)),
+        "{victim_series:#?}"
+    );
+
+    std::thread::sleep(Duration::from_millis(500));
+    let m = ex.metrics();
+    let counts: Vec<(&str, f64)> = ["cgroup_owner", "cgroup_unverified", "cgroup_misplaced"]
+        .into_iter()
+        .map(|r| (r, rejected(&m, r)))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![
+            ("cgroup_owner", 1.0),
+            ("cgroup_unverified", 0.0),
+            ("cgroup_misplaced", 0.0)
+        ]
+    );
+    let log = ex.stderr();
+    let placed = log
+        .lines()
+        .find(|l| l.contains("runs in a cgroup namespace of its own: its root placed"))
+        .unwrap_or_else(|| panic!("no namespace line:\n{log}"));
+    let root = format!("root=/gpumem-exporter-ns{tag}.scope");
+    assert!(placed.contains(&root), "{placed}");
+    assert_eq!(
+        log.matches("its root placed").count(),
+        1,
+        "the namespace root is looked for once:\n{log}"
+    );
+    eprintln!(
+        "tenant: namespaced exporter sees {v2_line:?}; {} {}; victim {victim_pid} kept pod victim-0, job {want_job} kept, forged pid {forged_pid} refused ({counts:?}); pods resolved after {resolved:.2?}, test {:.2?}",
+        field(placed, "dirs").map_or("?".into(), |d| format!("walked dirs={d}")),
+        field(placed, "took").map_or("".into(), |t| format!("took={t}")),
+        started.elapsed()
+    );
+    drop(ex);
+    drop(cg);
 }
