@@ -11,9 +11,9 @@
 //! directory it was given. So a directory owned by anyone else, anywhere
 //! on the path from the top to the process's own cgroup, means the path's
 //! names below it are that uid's choice. A path that cannot be checked
-//! (the cgroup filesystem not mounted there, a path relative to another
-//! cgroup namespace, a directory gone) counts for nothing either: the
-//! check fails closed.
+//! (the cgroup filesystem not mounted there, a path still relative to a
+//! cgroup namespace that [`super::cgroupns`] could not place, a directory
+//! gone) counts for nothing either: the check fails closed.
 //!
 //! Written by hand (std only): a `stat` per path component.
 

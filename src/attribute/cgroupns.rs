@@ -73,6 +73,9 @@ pub(crate) struct OwnView {
     /// `/proc/self/cgroup`: the exporter's own paths, relative to its
     /// cgroup namespace root.
     pub cgroup: String,
+    /// Where `cgroup` is read again before each look for a root (the
+    /// exporter may have been moved since); `None` in tests.
+    pub procfs: Option<PathBuf>,
 }
 
 impl OwnView {
@@ -93,7 +96,22 @@ impl OwnView {
         }
         let cgroup = fs::read_to_string(procfs.join("self/cgroup"))
             .map_err(|e| format!("{}/self/cgroup: {e}", procfs.display()))?;
-        Ok(OwnView { pid: own, cgroup })
+        Ok(OwnView {
+            pid: own,
+            cgroup,
+            procfs: Some(procfs.to_path_buf()),
+        })
+    }
+
+    /// `cgroup` read again, where it came from a procfs.
+    fn refresh(&mut self) {
+        if let Some(text) = self
+            .procfs
+            .as_ref()
+            .and_then(|p| fs::read_to_string(p.join("self/cgroup")).ok())
+        {
+            self.cgroup = text;
+        }
     }
 
     /// The exporter's own path in the hierarchy of `controllers`.
@@ -112,11 +130,14 @@ enum Place {
     /// No namespace: paths are absolute already.
     Host,
     /// The namespace root, as directories below the hierarchy's top.
-    Below(Vec<String>),
+    Below { top: PathBuf, root: Vec<String> },
     /// The tree at `path.cgroupfs` is a namespace's view, not the host's.
     View,
     /// Not found; looked for again at `retry_at`.
     NotFound { retry_at: Instant },
+    /// The exporter's own path does not list it, and no path has left a
+    /// namespace yet: looked for at the first that does.
+    Unplaced,
 }
 
 /// What a hierarchy's lines are turned into.
@@ -317,29 +338,31 @@ impl Namespaces {
     /// How the lines of `controllers`' hierarchy are read; `leaves`: the
     /// line at hand leaves the namespace (evidence that there is one).
     fn frame(&mut self, controllers: &str, leaves: bool) -> Frame<'_> {
-        let Some(top) = self.cgroupfs.hierarchy(controllers) else {
-            return Frame::AsIs;
-        };
-        let now = Instant::now();
         let known = match self.places.get(controllers) {
-            Some(Place::NotFound { retry_at }) => *retry_at > now || !leaves,
+            Some(Place::NotFound { retry_at, .. }) => !leaves || *retry_at > Instant::now(),
+            Some(Place::Unplaced) => !leaves,
             Some(_) => true,
             None => false,
         };
-        if !known && let Some(place) = self.locate(controllers, &top, leaves) {
+        if !known
+            && let Some(top) = self.cgroupfs.hierarchy(controllers)
+            && let Some(place) = self.locate(controllers, &top, leaves)
+        {
             self.places.insert(controllers.to_owned(), place);
         }
         match self.places.get(controllers) {
-            Some(Place::Below(root)) => Frame::Root(top, root),
+            Some(Place::Below { top, root }) => Frame::Root(top.clone(), root),
             Some(Place::View) => Frame::Refused,
             _ => Frame::AsIs,
         }
     }
 
     /// Where the namespace root of `controllers`' hierarchy is; `None`
-    /// when there is nothing to tell yet (no evidence of a namespace and
-    /// the cheap check failed: asked again for the next process).
+    /// when the exporter's own view is not known.
     fn locate(&mut self, controllers: &str, top: &Path, leaves: bool) -> Option<Place> {
+        if let Some(own) = &mut self.own {
+            own.refresh();
+        }
         let own = self.own.as_ref()?;
         let key = if controllers.is_empty() {
             "0::"
@@ -373,7 +396,7 @@ impl Namespaces {
             return Some(Place::Host);
         }
         if !leaves {
-            return None;
+            return Some(Place::Unplaced);
         }
         let started = Instant::now();
         self.walks += 1;
@@ -393,7 +416,10 @@ impl Namespaces {
                     took = ?started.elapsed(),
                     "the exporter runs in a cgroup namespace of its own: its root placed in the host's tree (the directory whose cgroup.procs lists the exporter); other processes' paths are read relative to it, each checked against its directory's cgroup.procs"
                 );
-                Some(Place::Below(root))
+                Some(Place::Below {
+                    top: top.to_path_buf(),
+                    root,
+                })
             }
             None => {
                 let why = match &walked.found {
@@ -443,6 +469,7 @@ mod tests {
         Some(OwnView {
             pid,
             cgroup: cgroup.into(),
+            procfs: None,
         })
     }
 
@@ -538,6 +565,9 @@ mod tests {
             procs(&top, &format!("d{i}/e"), &[]);
         }
         let mut ns = Namespaces::new(CgroupFs::new(t.path()), own(10, "0::/\n"));
+        // No path has left a namespace yet: nothing walked.
+        assert!(matches!(ns.absolute("0::/d1\n", 1).0, Cow::Borrowed(_)));
+        assert_eq!(ns.walks(), 0);
         for pid in 0..20 {
             let (abs, _) = ns.absolute("0::/../kubepods.slice/x\n", pid);
             assert_eq!(&*abs, "0::/../kubepods.slice/x\n");

@@ -315,7 +315,8 @@ impl ProcCache {
     /// of root-owned directories, a Slurm job only of its owner.
     fn vet(&self, text: &str, uid: Option<u32>) -> Vetted {
         let mut refused: Vec<Refusal> = Vec::new();
-        // A path relative to another cgroup namespace cannot be placed.
+        // A path still relative to a cgroup namespace (not placed by
+        // `cgroupns`) cannot be placed.
         let other_namespace = cgroup::lines(text).any(|l| l.path.split('/').any(|s| s == ".."));
         let cgroupfs = &self.cgroupfs;
         // Whether the owners of `line`'s directories let it count; the
