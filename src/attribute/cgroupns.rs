@@ -16,10 +16,11 @@
 //!    path (`/proc/self/cgroup`, `/` in a container) is `R`. A cgroup
 //!    namespace's root never moves, so a found `R` is kept for the
 //!    process's life. The cheap case first: where the exporter's own path
-//!    already lists it, there is no namespace (nothing changes). The walk
-//!    (breadth-first, at most [`MAX_WALK_DIRS`] directories) runs only
-//!    once some process's path leaves the namespace (`/..`), and is tried
-//!    again at most once every [`RETRY`] when it found nothing.
+//!    already lists it, there is no namespace (nothing changes). Else a
+//!    walk (breadth-first, at most [`MAX_WALK_DIRS`] directories) at the
+//!    first process seen, tried again at most once every [`RETRY`] when
+//!    it found nothing (meanwhile paths are taken as the kernel wrote
+//!    them: those leaving the namespace, `/..`, fail closed).
 //! 2. **Where the process is.** A path is `R` joined with it (each `..`
 //!    one level up; above the top fails), and counts only when that
 //!    directory's `cgroup.procs` lists the process's pid. Then the owner
@@ -135,9 +136,6 @@ enum Place {
     View,
     /// Not found; looked for again at `retry_at`.
     NotFound { retry_at: Instant },
-    /// The exporter's own path does not list it, and no path has left a
-    /// namespace yet: looked for at the first that does.
-    Unplaced,
 }
 
 /// What a hierarchy's lines are turned into.
@@ -303,8 +301,7 @@ impl Namespaces {
                 out.push('\n');
                 continue;
             };
-            let leaves = path.split('/').any(|s| s == "..");
-            let line = match self.frame(controllers, leaves) {
+            let line = match self.frame(controllers) {
                 Frame::AsIs => None,
                 Frame::Refused => Some(refused(path)),
                 Frame::Root(top, root) => match join(root, path) {
@@ -335,18 +332,16 @@ impl Namespaces {
         }
     }
 
-    /// How the lines of `controllers`' hierarchy are read; `leaves`: the
-    /// line at hand leaves the namespace (evidence that there is one).
-    fn frame(&mut self, controllers: &str, leaves: bool) -> Frame<'_> {
+    /// How the lines of `controllers`' hierarchy are read.
+    fn frame(&mut self, controllers: &str) -> Frame<'_> {
         let known = match self.places.get(controllers) {
-            Some(Place::NotFound { retry_at, .. }) => !leaves || *retry_at > Instant::now(),
-            Some(Place::Unplaced) => !leaves,
+            Some(Place::NotFound { retry_at }) => *retry_at > Instant::now(),
             Some(_) => true,
             None => false,
         };
         if !known
             && let Some(top) = self.cgroupfs.hierarchy(controllers)
-            && let Some(place) = self.locate(controllers, &top, leaves)
+            && let Some(place) = self.locate(controllers, &top)
         {
             self.places.insert(controllers.to_owned(), place);
         }
@@ -359,11 +354,16 @@ impl Namespaces {
 
     /// Where the namespace root of `controllers`' hierarchy is; `None`
     /// when the exporter's own view is not known.
-    fn locate(&mut self, controllers: &str, top: &Path, leaves: bool) -> Option<Place> {
+    fn locate(&mut self, controllers: &str, top: &Path) -> Option<Place> {
         if let Some(own) = &mut self.own {
             own.refresh();
         }
         let own = self.own.as_ref()?;
+        if !top.is_dir() {
+            // Not mounted there: nothing to place (the owner check says
+            // so for any line that names something).
+            return Some(Place::Host);
+        }
         let key = if controllers.is_empty() {
             "0::"
         } else {
@@ -394,9 +394,6 @@ impl Namespaces {
         let own_dir = own_segs.iter().fold(top.to_path_buf(), |d, s| d.join(s));
         if lists(&own_dir, own.pid) {
             return Some(Place::Host);
-        }
-        if !leaves {
-            return Some(Place::Unplaced);
         }
         let started = Instant::now();
         self.walks += 1;
@@ -565,9 +562,6 @@ mod tests {
             procs(&top, &format!("d{i}/e"), &[]);
         }
         let mut ns = Namespaces::new(CgroupFs::new(t.path()), own(10, "0::/\n"));
-        // No path has left a namespace yet: nothing walked.
-        assert!(matches!(ns.absolute("0::/d1\n", 1).0, Cow::Borrowed(_)));
-        assert_eq!(ns.walks(), 0);
         for pid in 0..20 {
             let (abs, _) = ns.absolute("0::/../kubepods.slice/x\n", pid);
             assert_eq!(&*abs, "0::/../kubepods.slice/x\n");
