@@ -693,19 +693,38 @@ fn a_namespaced_exporter_places_paths_in_the_host_tree() {
         ]
     );
     let log = ex.stderr();
-    let placed = log
+    // One line per hierarchy placed: v2 at the exporter's own cgroup
+    // (v1 hierarchies where the test runner's cgroups are, if not at
+    // their tops).
+    let placed_lines: Vec<&str> = log
         .lines()
-        .find(|l| l.contains("runs in a cgroup namespace of its own: its root placed"))
-        .unwrap_or_else(|| panic!("no namespace line:\n{log}"));
+        .filter(|l| l.contains("runs in a cgroup namespace of its own: its root placed"))
+        .collect();
+    let v2_placed: Vec<&&str> = placed_lines
+        .iter()
+        .filter(|l| field(l, "hierarchy") == Some("0::"))
+        .collect();
+    assert_eq!(
+        v2_placed.len(),
+        1,
+        "the v2 namespace root is looked for and placed once:\n{log}"
+    );
+    let placed = *v2_placed[0];
     let root = format!("root=/gpumem-exporter-ns{tag}.scope");
     assert!(placed.contains(&root), "{placed}");
-    assert_eq!(
-        log.matches("its root placed").count(),
-        1,
-        "the namespace root is looked for once:\n{log}"
-    );
+    let v1_placed: Vec<String> = placed_lines
+        .iter()
+        .filter(|l| field(l, "hierarchy") != Some("0::"))
+        .map(|l| {
+            format!(
+                "{} at {}",
+                field(l, "hierarchy").unwrap_or("?"),
+                field(l, "root").unwrap_or("?")
+            )
+        })
+        .collect();
     eprintln!(
-        "tenant: namespaced exporter sees {v2_line:?}; {} {}; victim {victim_pid} kept pod victim-0, job {want_job} kept, forged pid {forged_pid} refused ({counts:?}); pods resolved after {resolved:.2?}, test {:.2?}",
+        "tenant: namespaced exporter sees {v2_line:?}; v2 root placed, {} {}; v1 roots placed: {v1_placed:?}; victim {victim_pid} kept pod victim-0, job {want_job} kept, forged pid {forged_pid} refused ({counts:?}); pods resolved after {resolved:.2?}, test {:.2?}",
         field(placed, "dirs").map_or("?".into(), |d| format!("walked dirs={d}")),
         field(placed, "took").map_or("".into(), |t| format!("took={t}")),
         started.elapsed()
