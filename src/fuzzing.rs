@@ -111,6 +111,33 @@ pub fn torch(data: &[u8]) {
     }
 }
 
+/// One packet on the torch bridge socket (any process may send one): a
+/// message is accepted only within its size bound, with the header of the
+/// one framing version, and its document is what the document parser
+/// makes of the rest; a refusal names a closed reason.
+pub fn torch_message(data: &[u8]) {
+    use torch::frame;
+    match frame::parse_message(data) {
+        Ok(doc) => {
+            assert!(data.len() <= frame::MAX_MESSAGE_BYTES);
+            let body = data
+                .iter()
+                .position(|b| *b == b'\n')
+                .map(|i| &data[i + 1..])
+                .unwrap_or_default();
+            assert!(data.starts_with(frame::MAGIC));
+            assert_eq!(torch::parse(body).ok(), Some(doc));
+        }
+        Err(e) => {
+            let reason = e.reason().as_str();
+            assert!(matches!(reason, "malformed" | "oversized"), "{reason}");
+            if let frame::FrameError::Version(v) = e {
+                assert_ne!(v, frame::FRAME_VERSION);
+            }
+        }
+    }
+}
+
 /// The kubelet's pod-resources answer (protobuf): device-plugin and DRA
 /// allocations, and each device id the device plugin could send (the
 /// input's lines).

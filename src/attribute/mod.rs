@@ -183,7 +183,7 @@ pub struct ProcCache {
     failures: u64,
     /// A pid hidden from /proc is logged once.
     hidden_warning: LogLimiter<()>,
-    /// PyTorch allocator figures from `/proc/<pid>/fd` (torch bridge).
+    /// PyTorch allocator figures: the bridge socket, and the fd fallback.
     torch: Option<TorchReader>,
     /// Container names from the engine's API (filled off this thread).
     engine: Option<Arc<ContainerCache>>,
@@ -267,7 +267,9 @@ impl ProcCache {
             ),
         }
         if cfg.torch_bridge {
-            cache = cache.with_torch_bridge();
+            let root = ProcRoot::new(&cfg.procfs);
+            let socket = cfg.torch_bridge_socket.as_deref();
+            cache.torch = Some(TorchReader::start(root, socket, cfg.torch_bridge_fd_scan));
         }
         if let Some(max) = cfg.cmdline {
             cache = cache.with_cmdline(max);
@@ -279,7 +281,9 @@ impl ProcCache {
     }
 
     /// Read the PyTorch allocator figures processes publish with the
-    /// `gpumem_bridge` Python package (`processes.torch_bridge`).
+    /// `gpumem_bridge` Python package through the fd fallback alone (no
+    /// socket; `from_config` listens where `processes.torch_bridge_socket`
+    /// says).
     pub fn with_torch_bridge(mut self) -> Self {
         self.torch = Some(TorchReader::new(self.root.clone()));
         self

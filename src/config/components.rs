@@ -67,6 +67,9 @@ impl Default for Selection {
     }
 }
 
+/// `processes.torch_bridge_socket`'s default (the Python bridge's too).
+pub(crate) const DEFAULT_TORCH_BRIDGE_SOCKET: &str = "/run/gpumem-exporter/bridge.sock";
+
 /// Who a pid is: where /proc and passwd are, what else to read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attribution {
@@ -81,6 +84,10 @@ pub struct Attribution {
     pub cmdline: Option<usize>,
     /// Read PyTorch allocator figures published by `gpumem_bridge`.
     pub torch_bridge: bool,
+    /// Where to listen for bridge documents (`None`: no socket).
+    pub torch_bridge_socket: Option<PathBuf>,
+    /// Look for older bridges' memfds in `/proc/<pid>/fd`.
+    pub torch_bridge_fd_scan: bool,
 }
 
 impl Default for Attribution {
@@ -91,6 +98,8 @@ impl Default for Attribution {
             passwd_file: "/etc/passwd".to_string(),
             cmdline: None,
             torch_bridge: true,
+            torch_bridge_socket: Some(PathBuf::from(DEFAULT_TORCH_BRIDGE_SOCKET)),
+            torch_bridge_fd_scan: true,
         }
     }
 }

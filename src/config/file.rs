@@ -90,6 +90,8 @@ pub(super) struct FileProcesses {
     pub(super) cmdline_max_length: Option<CmdlineLength>,
     pub(super) passwd_file: Option<String>,
     pub(super) torch_bridge: Option<bool>,
+    pub(super) torch_bridge_socket: Option<String>,
+    pub(super) torch_bridge_fd_scan: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

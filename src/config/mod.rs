@@ -535,6 +535,13 @@ fn processes(
             .unwrap_or(false)
             .then(|| f.cmdline_max_length.map(|l| l.0).unwrap_or(256)),
         torch_bridge: f.torch_bridge.unwrap_or(a.torch_bridge),
+        // Empty: no socket.
+        torch_bridge_socket: match f.torch_bridge_socket {
+            Some(p) if p.is_empty() => None,
+            Some(p) => Some(PathBuf::from(p)),
+            None => a.torch_bridge_socket,
+        },
+        torch_bridge_fd_scan: f.torch_bridge_fd_scan.unwrap_or(a.torch_bridge_fd_scan),
     };
     (selection, attribution)
 }
@@ -653,6 +660,14 @@ pub(crate) fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
     check(o.cmdline != n.cmdline, "processes.cmdline");
     check(o.passwd_file != n.passwd_file, "processes.passwd_file");
     check(o.torch_bridge != n.torch_bridge, "processes.torch_bridge");
+    check(
+        o.torch_bridge_socket != n.torch_bridge_socket,
+        "processes.torch_bridge_socket",
+    );
+    check(
+        o.torch_bridge_fd_scan != n.torch_bridge_fd_scan,
+        "processes.torch_bridge_fd_scan",
+    );
     check(old.kubernetes != new.kubernetes, "kubernetes");
     check(
         old.container_engine != new.container_engine,
@@ -1031,7 +1046,7 @@ mod tests {
     #[test]
     fn process_knobs() {
         let c = parse(
-            "processes:\n  enabled: true\n  min_bytes: 1048576\n  top_n: 10\n  cmdline: true\n  cmdline_max_length: 64\n  torch_bridge: false\n",
+            "processes:\n  enabled: true\n  min_bytes: 1048576\n  top_n: 10\n  cmdline: true\n  cmdline_max_length: 64\n  torch_bridge: false\n  torch_bridge_socket: /run/x/b.sock\n  torch_bridge_fd_scan: false\n",
             "t",
         )
         .unwrap();
@@ -1049,9 +1064,20 @@ mod tests {
                     passwd_file: "/etc/passwd".into(),
                     cmdline: Some(64),
                     torch_bridge: false,
+                    torch_bridge_socket: Some("/run/x/b.sock".into()),
+                    torch_bridge_fd_scan: false,
                 }
             )
         );
+        // An empty socket path turns the socket off; unset is the default.
+        let off = parse("processes:\n  torch_bridge_socket: \"\"\n", "t").unwrap();
+        assert_eq!(off.attribution.torch_bridge_socket, None);
+        let default = parse("processes: {}\n", "t").unwrap();
+        assert_eq!(
+            default.attribution.torch_bridge_socket.as_deref(),
+            Some(Path::new("/run/gpumem-exporter/bridge.sock"))
+        );
+        assert!(default.attribution.torch_bridge_fd_scan);
         for (text, want) in [
             (
                 "processes:\n  min_bytes: -1\n",

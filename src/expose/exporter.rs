@@ -121,13 +121,13 @@ static FAMILIES: &[Family] = &[
     // The torch bridge (processes.torch_bridge).
     Family {
         name: "gpumem_exporter_torch_reports",
-        help: "Torch bridge documents read and accepted (at most one per process per full sample).",
+        help: "Torch bridge documents accepted: messages on the bridge socket, and memfd reads of the fd fallback (at most one per process per full sample).",
         kind: MetricType::Counter,
         series: |s| s.torch.map(|t| count(t.reports)),
     },
     Family {
         name: "gpumem_exporter_torch_reports_dropped",
-        help: "Torch bridge documents dropped: malformed (not the v1 JSON, wrong types, not a sealed memfd), oversized (over 64 KiB), permission (the process's fds may not be read; once per process).",
+        help: "Torch bridge documents dropped: malformed (not the v1 JSON, wrong types, no socket header, not a sealed memfd), oversized (over 64 KiB), permission (the fd fallback may not read the process's fds; once per process), identity (a socket connection or message whose sender the kernel could not vouch for as the process that connected).",
         kind: MetricType::Counter,
         series: |s| {
             s.torch.map(|t| {
@@ -137,6 +137,29 @@ static FAMILIES: &[Family] = &[
                         ("malformed", t.malformed),
                         ("oversized", t.oversized),
                         ("permission", t.permission),
+                        ("identity", t.identity),
+                    ],
+                )
+            })
+        },
+    },
+    Family {
+        name: "gpumem_exporter_torch_bridge_connections",
+        help: "Connections open on the torch bridge socket (processes.torch_bridge_socket); absent while it does not listen.",
+        kind: MetricType::Gauge,
+        series: |s| s.torch.and_then(|t| t.socket).map(|b| count(b.connections)),
+    },
+    Family {
+        name: "gpumem_exporter_torch_bridge_limited",
+        help: "Limits of the torch bridge socket at work: connections (a connection closed at once: its uid had 64 open, or 512 were open in all), rate (a uid, or everyone, paused for passing 500 messages or 2 MiB a second per uid, 4000 or 16 MiB in all; the waiting messages stay in the socket).",
+        kind: MetricType::Counter,
+        series: |s| {
+            s.torch.and_then(|t| t.socket).map(|b| {
+                by(
+                    "reason",
+                    [
+                        ("connections", b.limited_connections),
+                        ("rate", b.limited_rate),
                     ],
                 )
             })

@@ -132,4 +132,22 @@ pub struct TorchCounters {
     pub malformed: u64,
     pub oversized: u64,
     pub permission: u64,
+    /// Socket messages and connections whose sender the kernel could not
+    /// vouch for as the process that connected.
+    pub identity: u64,
+    /// The bridge socket's own figures, while it listens.
+    pub socket: Option<BridgeSocketCounters>,
+}
+
+/// The bridge socket (`processes.torch_bridge_socket`): what its limits
+/// did, and its connections now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BridgeSocketCounters {
+    /// Connections open now.
+    pub connections: u64,
+    /// Connections closed at once: a uid's or the total cap was reached.
+    pub limited_connections: u64,
+    /// Times a uid (or everyone) was paused for passing its budget of
+    /// messages or bytes a second.
+    pub limited_rate: u64,
 }

@@ -175,6 +175,21 @@ fn fuzz_torch_bridge_document() {
     });
 }
 
+const TORCH_MESSAGES: &[&str] = &[
+    "gpumem-bridge 1\n{\"v\":1,\"seq\":7,\"devices\":[{\"uuid\":\"GPU-aaaaaaaa-1717-0000-0000-000000000000\",\"allocated\":1024,\"reserved\":2048,\"allocated_peak\":4096,\"reserved_peak\":8192,\"active\":512,\"inactive_split\":0,\"alloc_retries\":1,\"ooms\":0,\"steps\":{\"total\":3,\"ring\":[[1,1764633600.1,1],[2,1764633600.2,2],[3,1764633600.3,3]]}}]}",
+    "gpumem-bridge 1\n{\"v\":1,\"devices\":[]}",
+    "gpumem-bridge 2\n{\"v\":1,\"devices\":[]}",
+    "gpumem-bridge 01\n{\"v\":1,\"devices\":[]}",
+];
+
+/// One packet on the torch bridge socket (header line, then the document).
+#[test]
+fn fuzz_torch_bridge_message() {
+    fuzz("torch_message", TORCH_MESSAGES, |text| {
+        fuzzing::torch_message(text.as_bytes())
+    });
+}
+
 const SLURM_INPUTS: &[&str] = &[
     "11:memory:/slurm/uid_1000/job_4242/step_0/task_0\n4:freezer:/slurm/uid_1000/job_4242/step_0\n1:name=systemd:/system.slice/slurmd.service\n",
     "0::/system.slice/node1_slurmstepd.scope/job_77/step_batch/user/task_0\n",

@@ -20,7 +20,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use gpumem_exporter::testing::expose::{self, Format};
 use gpumem_exporter::testing::gpu::{ErrorKind, Operation};
 use gpumem_exporter::testing::model::{
-    AllocatedDevice, AllocatorBackend, AllocatorSettings, AttributionRejections, ContainerInfo,
+    AllocatedDevice, AllocatorBackend, AllocatorSettings, AttributionRejections,
+    BridgeSocketCounters, ContainerInfo,
     ContainerLookups, DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ExporterCounters,
     JobAllocation, JobMappingErrors, JobMappingState, KubeState, MemoryInfo, MigInfo, MigSample,
     OtherProcesses, ProcIdentity, ProcessSample, Readings, SlurmJob, Snapshot, TorchCounters,
@@ -367,6 +368,12 @@ fn fixed_snapshot() -> Snapshot {
             malformed: 1,
             oversized: 0,
             permission: 2,
+            identity: 1,
+            socket: Some(BridgeSocketCounters {
+                connections: 3,
+                limited_connections: 4,
+                limited_rate: 5,
+            }),
         }),
         containers: Some(ContainerLookups {
             found: 3,

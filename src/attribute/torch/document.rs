@@ -1,9 +1,7 @@
-//! PyTorch caching-allocator figures, published by the `gpumem_bridge`
-//! Python package (`python/`) and read here from `/proc/<pid>/fd`.
-//!
-//! A process running the bridge holds a memfd named `gpumem-bridge`, so its
-//! `/proc/<pid>/fd/<n>` link reads `/memfd:gpumem-bridge (deleted)`. The
-//! file holds one small JSON document (at most [`MAX_DOCUMENT_BYTES`]):
+//! The bridge's document: one small JSON object (at most
+//! [`MAX_DOCUMENT_BYTES`]) of allocator figures per device, the same
+//! whichever way it travels (a socket message, [`super::frame`], or the
+//! memfd of the fd fallback, [`super::fdscan`]):
 //!
 //! ```json
 //! {"v":1,"seq":7,
@@ -28,88 +26,29 @@
 //!
 //! The eight figures of a device are required. `pools`, `limit`,
 //! `oom_snapshots`, `steps`, `threshold` and the process-wide `allocator`
-//! are optional (a bridge
-//! before them, a torch without the figure, a setting not made: their
-//! series are simply absent), but each is strict when present: `pools`
-//! needs both pools with all four figures, `allocator` all three fields
-//! (`max_split_size` a number or `null`) and a known backend, so label
-//! values stay a closed set.
-//!
-//! Each document is written into a fresh memfd that is sealed (no write,
-//! grow or shrink) before it is `dup2`-ed onto the published fd number, so
-//! a reader sees one whole document or the previous one; an unsealed file
-//! is a document still being written and is skipped.
-//!
-//! Why this transport: the process needs no socket, port, volume or
-//! privilege (fine under the Kubernetes "baseline" policy), and the
-//! document carries no pid: the kernel says which process holds the fd, so
-//! a process can only ever report about itself. The exporter pays for it
-//! with ptrace-read access to the processes (see docs/torch-bridge.md).
-//!
-//! Bounds: a document is read at most once per process per full sample,
-//! only for processes NVML lists on a GPU (and `processes.top_n` keeps), at
-//! most [`MAX_DOCUMENT_BYTES`] of it, after scanning at most
-//! [`MAX_FDS_SCANNED`] fds. Nothing is kept beyond the tick but the fd
-//! number, keyed by (pid, start time): figures vanish with the process.
-
-use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::io::{ErrorKind, Read};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
-use std::time::{Duration, Instant};
+//! are optional (a bridge before them, a torch without the figure, a
+//! setting not made: their series are simply absent), but each is strict
+//! when present: `pools` needs both pools with all four figures,
+//! `allocator` all three fields (`max_split_size` a number or `null`) and a
+//! known backend, so label values stay a closed set. The document carries
+//! no pid that counts: a claimed one is ignored, the kernel says who sent
+//! it.
 
 use serde::Deserialize;
 
-use super::procfs::ProcRoot;
+use super::DropReason;
 use crate::model::{
-    AllocatorBackend, AllocatorSettings, TorchCounters, TorchPool, TorchPools, TorchStats,
-    TorchSteps, TorchThreshold,
+    AllocatorBackend, AllocatorSettings, TorchPool, TorchPools, TorchStats, TorchSteps,
+    TorchThreshold,
 };
-use crate::ratelimit::LogLimiter;
 use crate::trend;
 
-/// What `/proc/<pid>/fd/<n>` reads for the bridge's memfd.
-pub(crate) const LINK_TARGET: &str = "/memfd:gpumem-bridge (deleted)";
 /// Larger documents are dropped (reason `oversized`) without being parsed.
 pub(crate) const MAX_DOCUMENT_BYTES: u64 = 64 * 1024;
-/// At most this many entries of `/proc/<pid>/fd` are looked at per scan.
-pub(crate) const MAX_FDS_SCANNED: usize = 4096;
-/// A process without the bridge's memfd is scanned again after this long
-/// (a process may start the bridge after it started using the GPU).
-pub(crate) const RESCAN_AFTER: Duration = Duration::from_secs(5);
 /// A step ring longer than this is malformed (the bridge keeps 128).
 pub(crate) const MAX_RING: usize = 1024;
 /// The `v` field this reader understands.
 pub(crate) const PROTOCOL_VERSION: u32 = 1;
-
-/// Seals a published document must carry: it can no longer change.
-const REQUIRED_SEALS: libc::c_int = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK;
-
-/// Why a document was dropped: the `reason` label of
-/// `gpumem_exporter_torch_reports_dropped_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum DropReason {
-    /// Not JSON, wrong types, a missing field, an unknown version, or the
-    /// file is not a memfd.
-    Malformed,
-    /// Larger than [`MAX_DOCUMENT_BYTES`].
-    Oversized,
-    /// The exporter may not look at the process's fds (counted once per
-    /// process).
-    Permission,
-}
-
-impl DropReason {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            DropReason::Malformed => "malformed",
-            DropReason::Oversized => "oversized",
-            DropReason::Permission => "permission",
-        }
-    }
-}
 
 /// A parsed document: allocator figures per device UUID, in the
 /// document's order.
@@ -322,267 +261,6 @@ fn bare_uuid(u: &str) -> &str {
 pub(crate) fn same_uuid(a: &str, b: &str) -> bool {
     let (a, b) = (bare_uuid(a), bare_uuid(b));
     !a.is_empty() && a.eq_ignore_ascii_case(b)
-}
-
-/// The result of reading one fd.
-#[derive(Debug)]
-enum Outcome {
-    Document(Document),
-    Dropped(DropReason),
-    /// Not sealed yet: a document still being written. Tried next tick.
-    NotReady,
-    /// The process or the fd went away meanwhile.
-    Gone,
-}
-
-/// Per process: where its memfd is, keyed by start time so a reused pid
-/// starts afresh.
-#[derive(Debug)]
-struct Tracked {
-    start: u64,
-    fd: Option<u32>,
-    next_scan: Instant,
-    /// Permission denials are counted once per process.
-    denied: bool,
-}
-
-/// Reads bridge documents for the sampler (through `ProcCache`). Owned by
-/// the sampler thread; its only state across ticks is the fd number per
-/// (pid, start time) and the counters.
-#[derive(Debug)]
-pub(crate) struct TorchReader {
-    root: ProcRoot,
-    tracked: HashMap<u32, Tracked>,
-    /// Documents read in the current tick (a process on two GPUs is read
-    /// once); cleared by [`TorchReader::end_tick`].
-    this_tick: HashMap<(u32, u64), Option<Document>>,
-    counters: TorchCounters,
-    /// Each reason is logged once.
-    warned: LogLimiter<DropReason>,
-}
-
-impl TorchReader {
-    /// Read `/proc/<pid>/fd` under `root` (the same root as every other
-    /// /proc lookup: the host's, with hostPID).
-    pub(crate) fn new(root: ProcRoot) -> Self {
-        TorchReader {
-            root,
-            tracked: HashMap::new(),
-            this_tick: HashMap::new(),
-            counters: TorchCounters::default(),
-            warned: LogLimiter::once(),
-        }
-    }
-
-    /// Documents accepted and dropped so far.
-    pub(crate) fn counters(&self) -> TorchCounters {
-        self.counters
-    }
-
-    /// The figures process `pid` (whose start time the caller just read
-    /// from /proc) published for the device named by `uuids`, if any.
-    pub(crate) fn stats(&mut self, pid: u32, start: u64, uuids: &[&str]) -> Option<TorchStats> {
-        if !self.this_tick.contains_key(&(pid, start)) {
-            let doc = self.read(pid, start);
-            self.this_tick.insert((pid, start), doc);
-        }
-        self.this_tick
-            .get(&(pid, start))?
-            .as_ref()?
-            .stats_for(uuids)
-    }
-
-    /// End of a full tick: forget this tick's documents, and the processes
-    /// no longer on any GPU.
-    pub(crate) fn end_tick(&mut self, live: &dyn Fn(u32) -> bool) {
-        self.this_tick.clear();
-        self.tracked.retain(|pid, _| live(*pid));
-    }
-
-    fn read(&mut self, pid: u32, start: u64) -> Option<Document> {
-        let now = Instant::now();
-        let dir = self.root.path().join(pid.to_string()).join("fd");
-        let t = self.tracked.entry(pid).or_insert(Tracked {
-            start,
-            fd: None,
-            next_scan: now,
-            denied: false,
-        });
-        if t.start != start {
-            *t = Tracked {
-                start,
-                fd: None,
-                next_scan: now,
-                denied: false,
-            };
-        }
-        // The cached fd still names the bridge's memfd? (Checked each tick:
-        // fd numbers are reused.)
-        if let Some(fd) = t.fd
-            && !matches!(link_is_bridge(&dir.join(fd.to_string())), Ok(true))
-        {
-            t.fd = None;
-            t.next_scan = now;
-        }
-        let fd = match t.fd {
-            Some(fd) => fd,
-            None if now < t.next_scan => return None,
-            None => match scan(&dir) {
-                Ok(Some(fd)) => {
-                    t.fd = Some(fd);
-                    fd
-                }
-                Ok(None) => {
-                    t.next_scan = now + RESCAN_AFTER;
-                    return None;
-                }
-                Err(e) => {
-                    t.next_scan = now + RESCAN_AFTER;
-                    if e.kind() == ErrorKind::PermissionDenied && !t.denied {
-                        t.denied = true;
-                        self.count(pid, DropReason::Permission);
-                    }
-                    return None;
-                }
-            },
-        };
-        match read_fd(&dir.join(fd.to_string())) {
-            Outcome::Document(doc) => {
-                // The pid still names the process we looked up: not a
-                // new process that reused the pid meanwhile.
-                if self.root.start_time(pid) != Some(start) {
-                    return None;
-                }
-                self.counters.reports += 1;
-                Some(doc)
-            }
-            Outcome::Dropped(DropReason::Permission) => {
-                if let Some(t) = self.tracked.get_mut(&pid)
-                    && !t.denied
-                {
-                    t.denied = true;
-                    self.count(pid, DropReason::Permission);
-                }
-                None
-            }
-            Outcome::Dropped(reason) => {
-                self.count(pid, reason);
-                None
-            }
-            Outcome::NotReady | Outcome::Gone => None,
-        }
-    }
-
-    fn count(&mut self, pid: u32, reason: DropReason) {
-        let n = match reason {
-            DropReason::Malformed => &mut self.counters.malformed,
-            DropReason::Oversized => &mut self.counters.oversized,
-            DropReason::Permission => &mut self.counters.permission,
-        };
-        *n += 1;
-        if self.warned.check(reason).is_none() {
-            return;
-        }
-        let procfs = self.root.path().display();
-        match reason {
-            DropReason::Permission => tracing::warn!(
-                pid,
-                %procfs,
-                "cannot look at the fds of a GPU process (permission denied), so its PyTorch allocator figures (gpu_process_torch_*) cannot be read: the exporter needs CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (or the process's uid), or set processes.torch_bridge: false. Counted in gpumem_exporter_torch_reports_dropped_total{{reason=\"permission\"}}; this is logged once"
-            ),
-            _ => tracing::warn!(
-                pid,
-                reason = reason.as_str(),
-                "dropped a torch bridge document (gpumem-bridge memfd): counted in gpumem_exporter_torch_reports_dropped_total; this is logged once per reason"
-            ),
-        }
-    }
-}
-
-/// `Ok(true)` when the fd link names the bridge's memfd.
-fn link_is_bridge(link: &Path) -> std::io::Result<bool> {
-    Ok(std::fs::read_link(link)?.as_os_str() == LINK_TARGET)
-}
-
-/// The lowest fd (the kernel lists them in order) whose link names the
-/// bridge's memfd, among the first [`MAX_FDS_SCANNED`].
-fn scan(dir: &Path) -> std::io::Result<Option<u32>> {
-    let mut denied = None;
-    for entry in std::fs::read_dir(dir)?.take(MAX_FDS_SCANNED) {
-        let Ok(entry) = entry else { continue };
-        let Some(fd) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        match link_is_bridge(&entry.path()) {
-            Ok(true) => return Ok(Some(fd)),
-            Ok(false) => {}
-            // Listing allowed but reading links not (a non-dumpable
-            // process): that is a permission problem too.
-            Err(e) if e.kind() == ErrorKind::PermissionDenied => denied = Some(e),
-            Err(_) => {}
-        }
-    }
-    match denied {
-        Some(e) => Err(e),
-        None => Ok(None),
-    }
-}
-
-/// Open `/proc/<pid>/fd/<n>` (a new file description of the same file) and
-/// read the document, bounded.
-fn read_fd(link: &Path) -> Outcome {
-    // O_NONBLOCK: if the process swapped a FIFO onto the fd since the link
-    // was checked, opening it must not hang the sampler.
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(link)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::PermissionDenied => {
-            return Outcome::Dropped(DropReason::Permission);
-        }
-        Err(_) => return Outcome::Gone,
-    };
-    read_document(file)
-}
-
-fn read_document(file: File) -> Outcome {
-    let Ok(meta) = file.metadata() else {
-        return Outcome::Gone;
-    };
-    if !meta.is_file() {
-        return Outcome::Dropped(DropReason::Malformed);
-    }
-    // SAFETY: F_GET_SEALS takes no argument and only reads the fd's flags;
-    // the fd is open for the duration of the call.
-    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals < 0 {
-        // Not a memfd (sealing is only possible on memfds).
-        return Outcome::Dropped(DropReason::Malformed);
-    }
-    if seals & REQUIRED_SEALS != REQUIRED_SEALS {
-        return Outcome::NotReady;
-    }
-    if meta.len() > MAX_DOCUMENT_BYTES {
-        return Outcome::Dropped(DropReason::Oversized);
-    }
-    let mut buf = Vec::with_capacity(meta.len() as usize);
-    if file
-        .take(MAX_DOCUMENT_BYTES + 1)
-        .read_to_end(&mut buf)
-        .is_err()
-    {
-        return Outcome::Gone;
-    }
-    match parse(&buf) {
-        Ok(doc) => Outcome::Document(doc),
-        Err(r) => Outcome::Dropped(r),
-    }
 }
 
 #[cfg(test)]
@@ -1183,93 +861,5 @@ mod tests {
         assert_eq!(doc.stats_for(&["MIG-cccc", "GPU-bbbb"]), Some(stats(2)));
         assert_eq!(doc.stats_for(&["GPU-cccc"]), None);
         assert_eq!(doc.stats_for(&[]), None);
-    }
-
-    /// A memfd named like the bridge's, holding `data`, sealed or not.
-    fn memfd(data: &[u8], seal: bool) -> std::os::fd::OwnedFd {
-        use std::io::Write;
-        use std::os::fd::FromRawFd;
-        // SAFETY: plain syscalls on a fd this function owns.
-        unsafe {
-            let fd = libc::memfd_create(
-                c"gpumem-bridge".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            );
-            assert!(fd >= 0, "memfd_create");
-            let mut f = File::from_raw_fd(fd);
-            f.write_all(data).unwrap();
-            if seal {
-                let r = libc::fcntl(fd, libc::F_ADD_SEALS, REQUIRED_SEALS | libc::F_SEAL_SEAL);
-                assert_eq!(r, 0, "F_ADD_SEALS");
-            }
-            std::os::fd::OwnedFd::from(f)
-        }
-    }
-
-    /// The reader against this very process: finds the memfd, follows a
-    /// replacement, skips unsealed files, drops bad ones, and forgets the
-    /// figures as soon as the fd is closed. (The only test in this binary
-    /// that makes bridge memfds: tests run in parallel threads.)
-    #[test]
-    fn reader_on_this_process() {
-        let root = ProcRoot::default();
-        let pid = std::process::id();
-        let start = root.start_time(pid).expect("own start time");
-        let mut r = TorchReader::new(root);
-        let tick = |r: &mut TorchReader| {
-            let s = r.stats(pid, start, &[U0]);
-            r.end_tick(&|_| true);
-            s
-        };
-        assert_eq!(tick(&mut r), None, "no memfd yet");
-
-        let doc = |base: u64| format!(r#"{{"v":1,"devices":[{}]}}"#, dev(U0, base));
-        let first = memfd(doc(100).as_bytes(), true);
-        // Not scanned again before RESCAN_AFTER: a fresh reader sees it.
-        let mut r = TorchReader::new(ProcRoot::default());
-        assert_eq!(tick(&mut r), Some(stats(100)));
-        assert_eq!(r.counters().reports, 1);
-        // Read once per tick, however many GPUs ask.
-        assert_eq!(r.stats(pid, start, &[U0]), Some(stats(100)));
-        assert_eq!(r.stats(pid, start, &["GPU-other"]), None);
-        assert_eq!(r.counters().reports, 2);
-        r.end_tick(&|_| true);
-
-        // Replaced the way the bridge does it: dup2 of a sealed memfd.
-        let next = memfd(doc(200).as_bytes(), true);
-        // SAFETY: both fds are open and owned here.
-        assert!(unsafe { libc::dup2(next.as_raw_fd(), first.as_raw_fd()) } >= 0);
-        drop(next);
-        assert_eq!(tick(&mut r), Some(stats(200)));
-
-        // An unsealed file at that fd: still being written, skipped quietly.
-        let unsealed = memfd(doc(300).as_bytes(), false);
-        assert!(unsafe { libc::dup2(unsealed.as_raw_fd(), first.as_raw_fd()) } >= 0);
-        drop(unsealed);
-        assert_eq!(tick(&mut r), None);
-        let c = r.counters();
-        assert_eq!((c.malformed, c.oversized, c.permission), (0, 0, 0));
-
-        // Malformed and oversized documents are dropped and counted.
-        let bad = memfd(
-            br#"{"v":1,"devices":[{"uuid":"x","allocated":"lots"}]}"#,
-            true,
-        );
-        assert!(unsafe { libc::dup2(bad.as_raw_fd(), first.as_raw_fd()) } >= 0);
-        drop(bad);
-        assert_eq!(tick(&mut r), None);
-        assert_eq!(r.counters().malformed, 1);
-        let big = memfd(&vec![b' '; MAX_DOCUMENT_BYTES as usize + 1], true);
-        assert!(unsafe { libc::dup2(big.as_raw_fd(), first.as_raw_fd()) } >= 0);
-        drop(big);
-        assert_eq!(tick(&mut r), None);
-        assert_eq!(r.counters().oversized, 1);
-
-        // Closed: gone at the next tick, nothing cached.
-        drop(first);
-        assert_eq!(tick(&mut r), None);
-        // A pid that is not ours (or not there) reads nothing.
-        assert_eq!(r.stats(u32::MAX, 1, &[U0]), None);
-        assert_eq!(r.counters().reports, 3);
     }
 }
