@@ -10,12 +10,15 @@ or without changing the program::
     python -m gpumem_bridge -m my.package.main --lr 0.1
 
 About once a second a daemon thread reads ``torch.cuda.memory_stats(i)``
-for every CUDA device this process has used and publishes the figures in an
-anonymous memory file (``memfd_create("gpumem-bridge")``). gpumem-exporter
-finds that file through ``/proc/<pid>/fd`` of each process NVML lists on a
-GPU, so the kernel, not the document, says which process the figures belong
-to. Nothing is listened on, no file is written to disk, no volume is needed:
-a pod under the Kubernetes "baseline" Pod Security Standard can use it.
+for every CUDA device this process has used and sends the figures to
+gpumem-exporter over its Unix socket (module ``channel``:
+``/run/gpumem-exporter/bridge.sock``, or ``GPUMEM_BRIDGE_SOCKET``); the
+kernel, not the document, tells the exporter which process sent them, so
+neither side needs a privilege. For exporters before the socket it also
+keeps them in an anonymous memory file (``memfd_create("gpumem-bridge")``),
+which such an exporter reads through ``/proc/<pid>/fd`` (that takes
+``CAP_SYS_PTRACE`` there). Nothing is listened on and no file is written
+to disk.
 
 Opt-in, ``GPUMEM_BRIDGE_OOM_SNAPSHOT_DIR``: when torch runs out of memory
 the bridge writes ``torch.cuda.memory._snapshot()`` to that directory,
@@ -31,8 +34,10 @@ device, or a size such as ``70GiB``; module ``threshold``): one
 :class:`GpuMemoryThresholdWarning` and a call of each ``on_threshold``
 callback when reserved bytes reach it, re-armed below 95 % of it.
 
-Protocol, version 1 (the exporter's side is ``src/attribute/torch.rs``):
+Protocol, version 1 (the exporter's side is ``src/attribute/torch/``):
 
+* Over the socket each document is one ``SOCK_SEQPACKET`` packet,
+  ``gpumem-bridge 1\n`` and the document (module ``channel``).
 * The memfd is named ``gpumem-bridge``, so ``/proc/<pid>/fd/<n>`` reads
   ``/memfd:gpumem-bridge (deleted)``. It holds one UTF-8 JSON document of at
   most 64 KiB::
@@ -105,7 +110,7 @@ import os
 import sys
 import threading
 
-from . import allocconf, oom, steps
+from . import allocconf, channel, oom, steps
 from .base import Device as _Device
 from .base import Warn as _Warn
 from .base import normalize_uuid
@@ -118,6 +123,7 @@ __all__ = [
     "publish_now",
     "document",
     "fd",
+    "socket_connected",
     "step",
     "on_threshold",
     "GpuMemoryThresholdWarning",
@@ -125,7 +131,7 @@ __all__ = [
     "normalize_uuid",
     "NAME",
 ]
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 #: Name of the memfd; the exporter looks for ``/memfd:<NAME> (deleted)``.
 NAME = "gpumem-bridge"
@@ -317,6 +323,8 @@ class _Bridge:
         self.stopped = threading.Event()
         self.wake = threading.Event()  # an OOM snapshot: publish its count now
         self.snapshots = None
+        path = channel.path_from_env(os.environ)
+        self.channel = channel.Channel(path, self.warn) if path is not None else None
         cfg = oom.Config.from_env(os.environ, self.warn)
         if cfg is not None:
             try:
@@ -374,7 +382,10 @@ class _Bridge:
                 self.warn("emit", "gpumem_bridge: the threshold callbacks raised %r", e)
 
     def write(self, data):
-        """Publish raw bytes (replaces the previous document atomically)."""
+        """Publish raw bytes: over the socket, and in the memfd (replaced
+        atomically)."""
+        if self.channel is not None:
+            self.channel.send(data)
         fd = _sealed_memfd(data)
         if self.fd is None:
             self.fd = fd
@@ -405,6 +416,8 @@ class _Bridge:
             if self.fd is not None:
                 os.close(self.fd)
                 self.fd = None
+            if self.channel is not None:
+                self.channel.close()
 
 
 def _interval_from_env():
@@ -432,6 +445,8 @@ def _after_fork_in_child():
             os.close(old.fd)
         except OSError:
             pass
+    if old.channel is not None:
+        old.channel.forget_after_fork()
     try:
         start(old.interval)
     except Exception as e:
@@ -489,6 +504,12 @@ def fd():
     """The fd number of the published memfd, or None."""
     b = _bridge
     return None if b is None else b.fd
+
+
+def socket_connected():
+    """Whether the bridge holds a connection to the exporter's socket."""
+    b = _bridge
+    return b is not None and b.channel is not None and b.channel.connected
 
 
 def step():

@@ -34,10 +34,21 @@ Bounds: ``GPUMEM_BRIDGE_OOM_SNAPSHOT_MAX_FILES`` (default 5) files and
 ``GPUMEM_BRIDGE_OOM_SNAPSHOT_MAX_BYTES`` (default 1 GiB) in the directory,
 counting only files named as above, of any process: before a snapshot is
 written the oldest are deleted until it fits; a snapshot larger than the
-byte bound alone is not written (a warning says so). The check and the
-write hold an flock on the directory, so processes sharing it keep the
-bounds together. Files are written under a temporary name and renamed, mode
-0600.
+byte bound alone is not written (a warning says so). The bounds count,
+and the bridge deletes, only files of its own user: in a directory shared
+by several users each keeps its own bounds, and none deletes another's
+snapshots. The check and the write hold an flock on the directory, so a
+user's processes sharing it keep the bounds together; the lock is taken
+without blocking, retried for at most LOCK_WAIT seconds (the observer runs
+in the allocating thread, and anyone who can open the directory can hold
+its flock), then the snapshot is written without it (a warning says so).
+Files are written under a temporary name and renamed, mode 0600, all
+relative to the directory's fd (no path is looked up twice).
+
+The directory must be the user's own, and writable by no one else, or
+sticky (``/tmp``-like: others cannot delete or rename what is not theirs);
+any other directory is refused (a warning, no snapshots), checked when the
+bridge starts and again at each snapshot.
 
 Allocation history (``GPUMEM_BRIDGE_OOM_HISTORY=python`` or ``all``, off by
 default): ``torch.cuda.memory._record_memory_history(stacks=...,
@@ -51,6 +62,7 @@ import fcntl
 import os
 import pickle
 import re
+import stat
 import sys
 import threading
 import time
@@ -75,6 +87,8 @@ ENV_HISTORY_ENTRIES = "GPUMEM_BRIDGE_OOM_HISTORY_ENTRIES"
 DEFAULT_MAX_FILES = 5
 DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_HISTORY_ENTRIES = 100000
+#: Seconds a snapshot waits for the directory's lock, at most.
+LOCK_WAIT = 1.0
 
 #: Names of the snapshot files (the only files the bounds count or delete).
 NAME_RE = re.compile(r"^gpumem-oom-(\d+)-(\d{8}T\d{6}\.\d{6})Z\.pickle$")
@@ -149,6 +163,7 @@ class Snapshots:
         os.makedirs(config.directory, mode=0o700, exist_ok=True)
         if not os.access(config.directory, os.W_OK | os.X_OK):
             raise PermissionError("%s is not writable" % config.directory)
+        os.close(open_dir(config.directory))
 
     def count(self, device):
         return self.written.get(device, 0)
@@ -201,28 +216,34 @@ class Snapshots:
         self.last_t = t
         name = snapshot_name(os.getpid(), t)
         path = os.path.join(cfg.directory, name)
-        tmp = os.path.join(cfg.directory, ".%s.tmp" % name)
+        tmp = ".%s.tmp" % name
         try:
-            dfd = os.open(cfg.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            dfd = open_dir(cfg.directory)
         except OSError as e:
             self.warn("write", "gpumem_bridge: cannot write OOM snapshots to %s: %s", cfg.directory, e)
             return None, 0
         try:
-            fcntl.flock(dfd, fcntl.LOCK_EX)
-            if not self._make_room(len(data)):
+            if not lock(dfd, LOCK_WAIT):
+                self.warn(
+                    "lock",
+                    "gpumem_bridge: the OOM snapshot directory %s stayed locked by another process for %.1f s; writing the snapshot without the lock (the bounds are kept by this process alone)",
+                    cfg.directory,
+                    LOCK_WAIT,
+                )
+            if not self._make_room(dfd, len(data)):
                 return None, 0
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
             try:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
             finally:
                 os.close(fd)
-            os.rename(tmp, path)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except OSError as e:
             self.warn("write", "gpumem_bridge: cannot write OOM snapshot %s: %s", path, e)
             try:
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dfd)
             except OSError:
                 pass
             return None, 0
@@ -230,17 +251,21 @@ class Snapshots:
             os.close(dfd)  # releases the flock
         return path, len(data)
 
-    def _make_room(self, size):
-        """Delete the oldest snapshot files until one of ``size`` bytes
-        fits both bounds; False (and a warning) if it cannot."""
+    def _make_room(self, dfd, size):
+        """Delete this user's oldest snapshot files until one of ``size``
+        bytes fits both bounds; False (and a warning) if it cannot. Files
+        of other users are neither counted nor touched."""
         cfg = self.config
+        me = os.geteuid()
         files = []
-        with os.scandir(cfg.directory) as it:
+        with os.scandir(dfd) as it:
             for e in it:
                 if NAME_RE.match(e.name) and e.is_file(follow_symlinks=False):
                     try:
                         st = e.stat(follow_symlinks=False)
                     except FileNotFoundError:
+                        continue
+                    if st.st_uid != me:
                         continue
                     files.append((st.st_mtime_ns, e.name, st.st_size))
         files.sort()
@@ -248,7 +273,10 @@ class Snapshots:
         while files and (len(files) + 1 > cfg.max_files or total + size > cfg.max_bytes):
             _, name, n = files.pop(0)
             try:
-                os.unlink(os.path.join(cfg.directory, name))
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if st.st_uid != me:  # replaced meanwhile: not ours to delete
+                    continue
+                os.unlink(name, dir_fd=dfd)
             except FileNotFoundError:
                 pass
             except OSError as e:
@@ -265,6 +293,46 @@ class Snapshots:
         self.seen_ooms.update(ooms)
         if rose:
             self.write(torch, rose[0], late="no-observer")
+
+
+def open_dir(path):
+    """An fd of the snapshot directory, if it is one this user may trust:
+    its own and writable by no one else, or sticky. PermissionError
+    (saying why) otherwise."""
+    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(dfd)
+        sticky = bool(st.st_mode & stat.S_ISVTX)
+        others_write = bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+        if not sticky and (st.st_uid != os.geteuid() or others_write):
+            raise PermissionError(
+                "%s is %s (mode %o, owner uid %d): another user could replace or delete the snapshots; use a directory of your own, or a sticky one"
+                % (path, "not this user's own" if st.st_uid != os.geteuid() else "writable by others", st.st_mode & 0o7777, st.st_uid)
+            )
+    except BaseException:
+        os.close(dfd)
+        raise
+    return dfd
+
+
+def lock(dfd, wait, sleep=time.sleep, clock=time.monotonic):
+    """flock(LOCK_EX) on ``dfd`` without ever blocking: retried with short
+    sleeps for at most ``wait`` seconds. True when held."""
+    deadline = clock() + wait
+    pause = 0.005
+    while True:
+        try:
+            fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        except OSError:
+            return False
+        left = deadline - clock()
+        if left <= 0:
+            return False
+        sleep(min(pause, left))
+        pause = min(pause * 2, 0.1)
 
 
 # The observer is attached once per process and outlives a stop()/start()

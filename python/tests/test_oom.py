@@ -5,12 +5,14 @@ Run from the repository root: python3 -m unittest discover -s python/tests
 """
 
 import contextlib
+import fcntl
 import io
 import json
 import os
 import pickle
 import sys
 import tempfile
+import time
 import unittest
 
 from test_bridge import PYTHONPATH, UUID0, UUID1, StubState, stats
@@ -237,6 +239,87 @@ class OomTest(unittest.TestCase):
         self.assertIn(oom.ENV_DIR, logs.output[0])
         self.assertEqual(self.out_of_memory(), "")
         self.assertEqual(self.counts(), [None, None], "no counter: snapshots are off")
+
+    def test_a_lock_held_by_another_process_delays_the_oom_at_most_lock_wait(self):
+        self.start()
+        os.makedirs(self.dir, exist_ok=True)
+        holder = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        self.addCleanup(os.close, holder)
+        fcntl.flock(holder, fcntl.LOCK_EX)  # blocking, never released here
+        with self.assertLogs("gpumem_bridge", "WARNING") as logs:
+            t0 = time.monotonic()
+            said = self.out_of_memory()
+            took = time.monotonic() - t0
+        self.assertLess(took, oom.LOCK_WAIT + 1.0, "the OOM waited %.2f s" % took)
+        self.assertGreaterEqual(took, oom.LOCK_WAIT * 0.9)
+        self.assertIn("written to", said)
+        self.assertEqual(len(self.files()), 1)
+        self.assertIn("stayed locked", logs.output[0])
+
+    def test_lock_retries_without_blocking(self):
+        d = tempfile.mkdtemp(dir=self.tmp.name)
+        a = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        b = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        self.addCleanup(os.close, a)
+        self.addCleanup(os.close, b)
+        self.assertTrue(oom.lock(a, 0.0))
+        clock = [0.0]
+        slept = []
+
+        def sleep(s):
+            slept.append(s)
+            clock[0] += s
+
+        self.assertFalse(oom.lock(b, 0.5, sleep=sleep, clock=lambda: clock[0]))
+        self.assertAlmostEqual(sum(slept), 0.5)
+        self.assertLessEqual(max(slept), 0.1)
+        fcntl.flock(a, fcntl.LOCK_UN)
+        self.assertTrue(oom.lock(b, 0.5, sleep=sleep, clock=lambda: clock[0]))
+
+    def test_a_directory_writable_by_others_is_refused(self):
+        os.makedirs(self.dir)
+        os.chmod(self.dir, 0o777)
+        with self.assertLogs("gpumem_bridge", "WARNING") as logs:
+            self.start()
+        self.assertIn("writable by others", logs.output[0])
+        self.assertEqual(self.out_of_memory(), "")
+        self.assertEqual(self.counts(), [None, None], "snapshots are off")
+
+    def test_a_sticky_shared_directory_is_accepted(self):
+        os.makedirs(self.dir)
+        os.chmod(self.dir, 0o1777)
+        self.start()
+        self.assertIn("written to", self.out_of_memory())
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to make another user's directory and files")
+    def test_another_users_directory_is_refused(self):
+        os.makedirs(self.dir)
+        os.chown(self.dir, 4242, 4242)
+        with self.assertLogs("gpumem_bridge", "WARNING") as logs:
+            self.start()
+        self.assertIn("not this user's own", logs.output[0])
+        self.assertEqual(self.counts(), [None, None])
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to make another user's files")
+    def test_other_users_snapshots_are_neither_counted_nor_deleted(self):
+        os.makedirs(self.dir)
+        os.chmod(self.dir, 0o1777)
+        theirs = []
+        for i in range(3):
+            name = oom.snapshot_name(999000 + i, 1000000000 + i)  # older than any of ours
+            path = os.path.join(self.dir, name)
+            with open(path, "wb") as f:
+                f.write(b"x" * 100)
+            os.chown(path, 4242, 4242)
+            theirs.append(name)
+        os.environ[oom.ENV_MAX_FILES] = "2"
+        self.start()
+        self.out_of_memory(n=4)
+        names = self.files()
+        for n in theirs:
+            self.assertIn(n, names, "another user's snapshot was deleted")
+        ours = [n for n in names if n not in theirs]
+        self.assertEqual(len(ours), 2, names)
 
     def test_without_an_observer_the_snapshot_comes_at_the_next_publish(self):
         attach = self.torch._C._cuda_attach_out_of_memory_observer

@@ -115,6 +115,9 @@ impl Py {
         ] {
             cmd.env_remove(k);
         }
+        // The socket only where a test listens on one (never a socket of
+        // the machine's own exporter).
+        cmd.env("GPUMEM_BRIDGE_SOCKET", "off");
         for (k, v) in env {
             cmd.env(k, v);
         }
