@@ -20,15 +20,19 @@
 //! an `O_PATH` fd cannot even be read, and no path, device node or FIFO is
 //! ever opened on its behalf.
 //!
-//! **A budget per sample.** The fds of a process without a known bridge fd
-//! are probed by number (`readlinkat` on its fd directory: no listing),
-//! at most [`PROBES_PER_SAMPLE`] in all per full sample, resuming where the
-//! last sample stopped, and at most [`MAX_FDS_SCANNED`] per process (fewer
-//! when its fd table is smaller, `FDSize` in its status). A process found
-//! without one is scanned again after [`RESCAN_AFTER`], doubling up to
-//! [`MAX_RESCAN_AFTER`]; one first seen less than [`GRACE`] ago waits, so
-//! a bridge that sends over the socket is not scanned at all. What a
-//! process with thousands of fds costs is the budget's, not its choice.
+//! **A budget per sample, shared fairly.** The fds of a process without a
+//! known bridge fd are probed by number (`readlinkat` on its fd directory:
+//! no listing), at most [`PROBES_PER_SAMPLE`] in all per full sample. The
+//! probing happens at the end of the sample, for every process that is due,
+//! the least recently served first, each a share of the budget (at least
+//! [`MIN_SLICE`]), resuming where its last share stopped; a found fd is read
+//! from the next sample on. At most [`MAX_FDS_SCANNED`] fds per process
+//! (fewer when its fd table is smaller, `FDSize` in its status). A process
+//! found without one is scanned again after [`RESCAN_AFTER`], doubling up
+//! to [`MAX_RESCAN_AFTER`]; one first seen less than [`GRACE`] ago waits,
+//! so a bridge that sends over the socket is not scanned at all. What
+//! processes with thousands of fds cost is the budget's, not their choice,
+//! and they cannot keep another process's scan from its turn.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -51,6 +55,8 @@ pub(crate) const LINK_TARGET: &str = "/memfd:gpumem-bridge (deleted)";
 pub(crate) const MAX_FDS_SCANNED: u32 = 4096;
 /// Fd links probed per full sample, for all processes together.
 pub(crate) const PROBES_PER_SAMPLE: u32 = 512;
+/// A due process gets at least this many probes when it is served.
+pub(crate) const MIN_SLICE: u32 = 16;
 /// A process without the bridge's memfd is scanned again after this long
 /// (a process may start the bridge after it started using the GPU)...
 pub(crate) const RESCAN_AFTER: Duration = Duration::from_secs(5);
@@ -86,6 +92,12 @@ struct Tracked {
     backoff: Duration,
     /// Permission denials are counted once per process.
     denied: bool,
+    /// Due for probing in this sample (marked by `read`).
+    due: bool,
+    /// When its fds were last probed.
+    served: Option<Instant>,
+    /// A denial seen while probing, to be reported by the next `read`.
+    denied_pending: bool,
 }
 
 impl Tracked {
@@ -98,7 +110,17 @@ impl Tracked {
             next_scan: now,
             backoff: RESCAN_AFTER,
             denied: false,
+            due: false,
+            served: None,
+            denied_pending: false,
         }
+    }
+
+    /// Scanned to the end (or refused): again after the backoff.
+    fn back_off(&mut self, now: Instant) {
+        self.cursor = 0;
+        self.next_scan = now + self.backoff;
+        self.backoff = (self.backoff * 2).min(MAX_RESCAN_AFTER);
     }
 }
 
@@ -108,7 +130,6 @@ impl Tracked {
 pub(crate) struct FdScan {
     root: ProcRoot,
     tracked: HashMap<u32, Tracked>,
-    budget: u32,
     /// Fd links probed so far (for tests and benchmarks).
     probes: u64,
     grace: Duration,
@@ -129,7 +150,6 @@ impl FdScan {
         FdScan {
             root,
             tracked: HashMap::new(),
-            budget: PROBES_PER_SAMPLE,
             probes: 0,
             grace: GRACE,
         }
@@ -142,14 +162,64 @@ impl FdScan {
         self
     }
 
-    /// A full sample begins: the budget is whole again.
-    pub(crate) fn begin_tick(&mut self) {
-        self.budget = PROBES_PER_SAMPLE;
+    /// End of a full sample: forget the processes no longer on any GPU,
+    /// then probe the fds of those due, within the sample's budget.
+    pub(crate) fn end_tick(&mut self, live: &dyn Fn(u32) -> bool) {
+        self.tracked.retain(|pid, _| live(*pid));
+        self.scan_due();
     }
 
-    /// Forget the processes no longer on any GPU.
-    pub(crate) fn retain(&mut self, live: &dyn Fn(u32) -> bool) {
-        self.tracked.retain(|pid, _| live(*pid));
+    /// Share [`PROBES_PER_SAMPLE`] among the due processes, the least
+    /// recently served first.
+    fn scan_due(&mut self) {
+        let now = Instant::now();
+        let mut due: Vec<(Option<Instant>, u32)> = self
+            .tracked
+            .iter()
+            .filter(|(_, t)| t.due)
+            .map(|(pid, t)| (t.served, *pid))
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        due.sort();
+        let mut budget = PROBES_PER_SAMPLE;
+        let slice = (budget / due.len() as u32).max(MIN_SLICE);
+        for (_, pid) in due {
+            let Some(t) = self.tracked.get_mut(&pid) else {
+                continue;
+            };
+            t.due = false;
+            if budget == 0 {
+                continue;
+            }
+            let dir = self.root.path().join(pid.to_string()).join("fd");
+            let Ok(dirfd) = rustix::fs::open(
+                &dir,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) else {
+                continue;
+            };
+            t.served = Some(now);
+            let limit = fd_table_size(&self.root, pid).min(MAX_FDS_SCANNED);
+            let mut share = slice.min(budget);
+            let before = share;
+            let found = probe(&dirfd, t, limit, &mut share, &mut self.probes);
+            budget -= before - share;
+            match found {
+                Probe::Found(fd) => {
+                    t.fd = Some(fd);
+                    t.backoff = RESCAN_AFTER;
+                }
+                Probe::Later => {}
+                Probe::None => t.back_off(now),
+                Probe::Denied => {
+                    t.back_off(now);
+                    t.denied_pending = true;
+                }
+            }
+        }
     }
 
     #[cfg(test)]
@@ -171,6 +241,9 @@ impl FdScan {
         if now.saturating_duration_since(t.first_seen) < self.grace {
             return Outcome::Nothing;
         }
+        if std::mem::take(&mut t.denied_pending) {
+            return denied_once(t);
+        }
         let dir = self.root.path().join(pid.to_string()).join("fd");
         let Ok(dirfd) = rustix::fs::open(
             &dir,
@@ -188,32 +261,10 @@ impl FdScan {
             t.cursor = 0;
             t.next_scan = now;
         }
-        let fd = match t.fd {
-            Some(fd) => fd,
-            None if now < t.next_scan => return Outcome::Nothing,
-            None => {
-                let limit = fd_table_size(&self.root, pid).min(MAX_FDS_SCANNED);
-                match probe(&dirfd, t, limit, &mut self.budget, &mut self.probes) {
-                    Probe::Found(fd) => {
-                        t.fd = Some(fd);
-                        t.backoff = RESCAN_AFTER;
-                        fd
-                    }
-                    Probe::Later => return Outcome::Nothing,
-                    Probe::None => {
-                        t.cursor = 0;
-                        t.next_scan = now + t.backoff;
-                        t.backoff = (t.backoff * 2).min(MAX_RESCAN_AFTER);
-                        return Outcome::Nothing;
-                    }
-                    Probe::Denied => {
-                        t.cursor = 0;
-                        t.next_scan = now + t.backoff;
-                        t.backoff = (t.backoff * 2).min(MAX_RESCAN_AFTER);
-                        return denied_once(t);
-                    }
-                }
-            }
+        let Some(fd) = t.fd else {
+            // Probed at the end of this sample, if its turn has come.
+            t.due = now >= t.next_scan;
+            return Outcome::Nothing;
         };
         match take_fd(&self.root, pid, start, fd) {
             Ok(file) => read_document(file),
@@ -231,7 +282,8 @@ fn denied_once(t: &mut Tracked) -> Outcome {
     Outcome::Dropped(DropReason::Permission)
 }
 
-/// Probe `t`'s fds from its cursor, within `limit` and the budget.
+/// Probe `t`'s fds from its cursor, within `limit` and `budget` (what is
+/// left of it is left in it).
 fn probe(
     dirfd: &OwnedFd,
     t: &mut Tracked,
@@ -333,5 +385,69 @@ pub(crate) fn read_document(file: File) -> Outcome {
     match document::parse(&buf) {
         Ok(doc) => Outcome::Document(doc),
         Err(r) => Outcome::Dropped(r),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake /proc root of `n` processes, each with `fds` fd links named
+    /// like ordinary files, and a bridge memfd link at `bridge` in the last.
+    fn fake_root(n: u32, fds: u32, bridge: Option<u32>) -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        for pid in 1..=n {
+            let dir = root.path().join(pid.to_string());
+            std::fs::create_dir_all(dir.join("fd")).unwrap();
+            std::fs::write(dir.join("status"), format!("FDSize:\t{fds}\n")).unwrap();
+            for fd in 0..fds {
+                let target = if pid == n && Some(fd) == bridge {
+                    LINK_TARGET.to_string()
+                } else {
+                    format!("/dev/null-{fd}")
+                };
+                std::os::unix::fs::symlink(target, dir.join("fd").join(fd.to_string())).unwrap();
+            }
+        }
+        root
+    }
+
+    /// Forty processes with thousands of fds cost the budget per sample,
+    /// no more, and cannot keep a later process (an old bridge) from being
+    /// found within a few samples; a process found without one backs off.
+    #[test]
+    fn the_budget_is_shared_and_bounds_the_probes() {
+        let root = fake_root(41, 200, Some(5));
+        let mut scan = FdScan::new(ProcRoot::new(root.path())).without_grace();
+        let mut found_at = None;
+        for sample in 0..6 {
+            let before = scan.probes();
+            for pid in 1..=41 {
+                // The fake root has no stat file: the start time is 7.
+                let _ = scan.read(pid, 7);
+            }
+            scan.end_tick(&|_| true);
+            let spent = scan.probes() - before;
+            assert!(
+                spent <= u64::from(PROBES_PER_SAMPLE),
+                "sample {sample}: {spent} probes"
+            );
+            if found_at.is_none() && scan.tracked[&41].fd == Some(5) {
+                found_at = Some(sample);
+            }
+        }
+        assert!(
+            matches!(found_at, Some(s) if s <= 2),
+            "found at {found_at:?}"
+        );
+        // Fully scanned, found nothing: not due again before the backoff.
+        let small_root = fake_root(1, 10, None);
+        let mut small = FdScan::new(ProcRoot::new(small_root.path())).without_grace();
+        let _ = small.read(1, 7);
+        small.end_tick(&|_| true);
+        let t = &small.tracked[&1];
+        assert!(t.next_scan > Instant::now() + RESCAN_AFTER / 2);
+        assert_eq!(t.backoff, RESCAN_AFTER * 2);
+        assert_eq!(small.probes(), 10, "no probe past the fd table's size");
     }
 }

@@ -187,12 +187,11 @@ impl TorchReader {
     }
 
     /// End of a full tick: forget this tick's documents, and the processes
-    /// no longer on any GPU; the fallback's budget is whole again.
+    /// no longer on any GPU; the fallback probes the fds of those due.
     pub(crate) fn end_tick(&mut self, live: &dyn Fn(u32) -> bool) {
         self.this_tick.clear();
         if let Some(f) = &mut self.fds {
-            f.retain(live);
-            f.begin_tick();
+            f.end_tick(live);
         }
     }
 
@@ -318,11 +317,13 @@ mod tests {
         assert_eq!(tick(&mut r), None, "no memfd yet");
 
         let first = memfd(doc(100).as_bytes(), true);
-        // Not scanned again before RESCAN_AFTER: a fresh reader sees it.
+        // Not scanned again before RESCAN_AFTER: a fresh reader sees it,
+        // probed at the end of one sample, read in the next.
         let mut r = reader();
+        assert_eq!(tick(&mut r), None);
+        assert!(r.fd_probes() > 0);
         assert_eq!(tick(&mut r), Some(stats(100)));
         assert_eq!(r.counters().reports, 1);
-        assert!(r.fd_probes() > 0);
         // Read once per tick, however many GPUs ask.
         assert_eq!(r.stats(pid, start, &[U0]), Some(stats(100)));
         assert_eq!(r.stats(pid, start, &["GPU-other"]), None);
