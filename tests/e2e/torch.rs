@@ -13,6 +13,7 @@ use crate::harness::*;
 use serde_json::json;
 
 mod steps;
+mod tenants;
 
 /// CUDA's (bare) UUIDs of the stub's devices; NVML spells them `GPU-…`.
 const U0: &str = "8f2c1d3e-5a6b-4c7d-8e9f-00000000aaaa";

@@ -15,6 +15,8 @@ use super::tools::require_tool;
 
 /// How long a child may take to say it is ready.
 const READY: Duration = Duration::from_secs(20);
+/// PATH for children of other uids: the machine's own programs.
+pub const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 pub fn python3() -> &'static str {
     require_tool("python3")
@@ -42,6 +44,13 @@ impl StubState {
 
     pub fn path(&self) -> PathBuf {
         self.dir.path().join("torch-state.json")
+    }
+
+    /// Let other users (tenants' processes) read the state.
+    pub fn share(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        let open = std::fs::Permissions::from_mode(0o755);
+        std::fs::set_permissions(self.dir.path(), open).expect("chmod stub state dir");
     }
 
     /// Devices in CUDA order (`CUDA_VISIBLE_DEVICES` may differ from
@@ -84,12 +93,33 @@ impl Py {
 
     /// `spawn`, the child's stderr into the file `stderr` (else inherited).
     pub fn spawn_to(code: &str, env: &[(&str, &str)], stderr: Option<&Path>) -> Py {
+        Py::spawn_with(None, code, env, stderr)
+    }
+
+    /// `spawn_to` as `uid` (its gid the same, no supplementary groups, no
+    /// capabilities): a tenant. The machine's python3 (PATH without
+    /// root's own folders, which other users cannot enter).
+    pub fn spawn_as(uid: u32, code: &str, env: &[(&str, &str)], stderr: Option<&Path>) -> Py {
+        Py::spawn_with(Some(uid), code, env, stderr)
+    }
+
+    fn spawn_with(uid: Option<u32>, code: &str, env: &[(&str, &str)], stderr: Option<&Path>) -> Py {
         let pythonpath = format!(
             "{}:{}",
             repo().join("python").display(),
             repo().join("tests/torch_stub").display()
         );
-        let mut cmd = Command::new(python3());
+        let mut cmd = match uid {
+            None => Command::new(python3()),
+            Some(uid) => {
+                let id = uid.to_string();
+                let mut c = Command::new(require_tool("setpriv"));
+                c.args(["--reuid", &id, "--regid", &id, "--clear-groups"])
+                    .args(["--inh-caps=-all", "--bounding-set=-all", "--", "python3"])
+                    .env("PATH", SYSTEM_PATH);
+                c
+            }
+        };
         cmd.args(["-u", "-c", code])
             .env("PYTHONPATH", pythonpath)
             .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -159,6 +189,21 @@ impl Py {
             &Py::bridge_code(extra),
             &[("TORCH_STUB_STATE", state.path().to_str().unwrap())],
         )
+    }
+
+    /// `bridge_to` as `uid` (see [`Py::spawn_as`]); `state` must be
+    /// [`StubState::share`]d.
+    pub fn bridge_as(
+        uid: u32,
+        state: &StubState,
+        extra: &str,
+        env: &[(&str, &str)],
+        stderr: Option<&Path>,
+    ) -> Py {
+        let path = state.path();
+        let mut all = vec![("TORCH_STUB_STATE", path.to_str().unwrap())];
+        all.extend_from_slice(env);
+        Py::spawn_as(uid, &Py::bridge_code(extra), &all, stderr)
     }
 
     /// `bridge` with more environment (`env`), its stderr into `stderr`.
