@@ -13,9 +13,8 @@ const NAMESPACE: &str = "gpumem-exporter";
 /// Where links into this repository's files start; the rest of such a
 /// link is the file's path and maybe `#anchor`.
 const REPO_BLOB: &str = "https://github.com/gpumem-exporter/gpumem-exporter/blob/main/";
-/// What the torch bridge needs to read other users' /proc/<pid>/fd, and
-/// nothing more.
-const TORCH_CAPABILITIES: [&str; 2] = ["SYS_PTRACE", "DAC_READ_SEARCH"];
+/// Where the torch bridge's socket lives, on the node and in the pods.
+const TORCH_SOCKET_DIR: &str = "/run/gpumem-exporter";
 
 fn kinds(objects: &[Value]) -> BTreeSet<String> {
     objects
@@ -215,8 +214,8 @@ fn every_alert_has_severity_annotations_and_a_runbook() {
 enum Variant {
     /// Non-root, no capabilities, `processes.torch_bridge: false`.
     Plain,
-    /// overlays/torch-bridge: uid 0 with exactly CAP_SYS_PTRACE and
-    /// CAP_DAC_READ_SEARCH, `processes.torch_bridge: true`.
+    /// overlays/torch-bridge: the base's non-root uid and no capability,
+    /// the socket's host directory mounted, `processes.torch_bridge: true`.
     TorchBridge,
     /// overlays/pod-resources: uid 0 without any capability (for the
     /// kubelet's socket), the base's config.
@@ -307,15 +306,28 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
             );
         }
         Variant::TorchBridge => {
-            // Kubernetes sets no ambient capabilities: only uid 0 can use
-            // added ones.
-            assert_eq!(sc["runAsUser"].as_u64(), Some(0));
-            assert_eq!(sc["runAsNonRoot"].as_bool(), Some(false));
-            let mut added = strings(sc.pointer("/capabilities/add"));
-            added.sort();
-            let mut want = TORCH_CAPABILITIES.map(String::from).to_vec();
-            want.sort();
-            assert_eq!(added, want, "exactly these added capabilities");
+            // The same as the base: the socket needs no privilege.
+            assert_eq!(sc["runAsNonRoot"].as_bool(), Some(true));
+            assert!(sc.get("runAsUser").is_none(), "the pod's uid (non-root)");
+            assert!(
+                sc.pointer("/capabilities/add").is_none(),
+                "no added capabilities"
+            );
+            let mount = find_by(&c["volumeMounts"], "mountPath", TORCH_SOCKET_DIR)
+                .expect("the bridge socket's directory is mounted");
+            assert_ne!(
+                mount["readOnly"].as_bool(),
+                Some(true),
+                "the exporter makes the socket"
+            );
+            let volume = find_by(&pod["volumes"], "name", mount["name"].as_str().unwrap())
+                .expect("the socket's volume");
+            assert_eq!(volume["hostPath"]["path"].as_str(), Some(TORCH_SOCKET_DIR));
+            assert_eq!(
+                volume["hostPath"]["type"].as_str(),
+                Some("Directory"),
+                "made on the node, owned by the exporter's uid (never by the kubelet as root)"
+            );
         }
         Variant::PodResources => {
             assert_eq!(sc["runAsUser"].as_u64(), Some(0));
@@ -678,12 +690,16 @@ fn plain_annotations_overlay_swaps_operator_objects_for_annotations() {
     assert_eq!(ann["prometheus.io/path"].as_str(), Some("/metrics"));
 }
 
-/// overlays/torch-bridge: the base, with the container as uid 0 holding
-/// exactly CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (checked in
-/// `check_daemonset`) and the config file replaced by one that differs from
-/// the base's only in `processes.torch_bridge: true`.
+/// overlays/torch-bridge: the base, with no capability and the base's
+/// non-root uid (checked in `check_daemonset`), the node's
+/// /run/gpumem-exporter mounted for the bridge socket, and the config file
+/// replaced by one that differs from the base's only in
+/// `processes.torch_bridge: true` and the socket's path, which is in that
+/// directory. The node's tmpfiles line makes the directory owned by the
+/// DaemonSet's uid; the example training pod mounts it read-only, with no
+/// privilege.
 #[test]
-fn torch_bridge_overlay_grants_exactly_the_two_capabilities() {
+fn torch_bridge_overlay_grants_no_capability() {
     let base = render("deploy/kubernetes");
     let objects = render("deploy/kubernetes/overlays/torch-bridge");
     assert_eq!(kinds(&objects), kinds(&base), "same kinds as the base");
@@ -724,20 +740,72 @@ fn torch_bridge_overlay_grants_exactly_the_two_capabilities() {
             processes.remove("torch_bridge").is_some(),
             "{file}: processes.torch_bridge is set"
         );
+        processes.remove("torch_bridge_socket");
         tree
     };
     assert_eq!(
         without_torch_bridge(overlay),
         without_torch_bridge(base),
-        "overlays/torch-bridge/config.yaml must equal base/config.yaml except processes.torch_bridge"
+        "overlays/torch-bridge/config.yaml must equal base/config.yaml except processes.torch_bridge and torch_bridge_socket"
     );
     let mut read_as = shipped_config(overlay);
+    let socket = read_as.attribution.torch_bridge_socket.clone();
+    assert_eq!(
+        socket.as_deref().and_then(|p| p.parent()),
+        Some(Path::new(TORCH_SOCKET_DIR)),
+        "the socket is in the mounted directory"
+    );
     read_as.attribution.torch_bridge = false;
+    read_as.attribution.torch_bridge_socket = shipped_config(base).attribution.torch_bridge_socket;
     assert_eq!(
         read_as,
         shipped_config(base),
-        "the exporter reads the overlay's config as the base's, torch_bridge aside"
+        "the exporter reads the overlay's config as the base's, the torch bridge aside"
     );
+
+    // The node's directory: owned by the DaemonSet's uid and gid, 0755.
+    let ds = only(&objects, "DaemonSet");
+    let pod_sc = &ds["spec"]["template"]["spec"]["securityContext"];
+    let (uid, gid) = (pod_sc["runAsUser"].as_u64(), pod_sc["runAsGroup"].as_u64());
+    let tmpfiles = read("deploy/kubernetes/overlays/torch-bridge/tmpfiles.conf");
+    let lines: Vec<Vec<&str>> = tmpfiles
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines.len(), 1, "one tmpfiles line: {lines:?}");
+    let line = &lines[0];
+    assert_eq!(&line[..3], ["d", TORCH_SOCKET_DIR, "0755"], "{line:?}");
+    assert_eq!(
+        line[3].parse::<u64>().ok(),
+        uid,
+        "tmpfiles owner = runAsUser"
+    );
+    assert_eq!(
+        line[4].parse::<u64>().ok(),
+        gid,
+        "tmpfiles group = runAsGroup"
+    );
+
+    // The example training pod: the directory read-only, no privilege.
+    let example = yaml_tree("deploy/kubernetes/overlays/torch-bridge/training-pod.yaml");
+    let spec = &example["spec"];
+    assert_ne!(spec["hostPID"].as_bool(), Some(true));
+    let c = &list(&spec["containers"])[0];
+    let mount = find_by(&c["volumeMounts"], "mountPath", TORCH_SOCKET_DIR).expect("mounted");
+    assert_eq!(mount["readOnly"].as_bool(), Some(true));
+    assert_eq!(
+        strings(c.pointer("/securityContext/capabilities/drop")),
+        ["ALL"]
+    );
+    assert!(c.pointer("/securityContext/capabilities/add").is_none());
+    assert_eq!(
+        c["securityContext"]["allowPrivilegeEscalation"].as_bool(),
+        Some(false)
+    );
+    let volume = find_by(&spec["volumes"], "name", mount["name"].as_str().unwrap()).unwrap();
+    assert_eq!(volume["hostPath"]["path"].as_str(), Some(TORCH_SOCKET_DIR));
 }
 
 /// overlays/pod-resources: the base, with the container as uid 0 and no
@@ -1042,15 +1110,16 @@ fn exposed_capabilities(unit: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
-/// deploy/systemd/torch-bridge.conf, the drop-in for the torch bridge, adds
-/// exactly CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (bounding and ambient
-/// sets) and nothing else, as systemd itself reads it: `systemd-analyze
-/// verify` of the unit with the drop-in in its `.d` folder is silent (and
-/// does read that folder: an unknown key there draws a warning), and
-/// `systemd-analyze security --offline=yes` finds those capabilities
-/// exposed with the drop-in and none without it.
+/// deploy/systemd/torch-bridge.conf, the drop-in for the torch bridge,
+/// only makes the runtime directory the socket lives in (owned by the
+/// unit's dynamic user, 0755) and grants no capability, as systemd itself
+/// reads it: `systemd-analyze verify` of the unit with the drop-in in its
+/// `.d` folder is silent (and does read that folder: an unknown key there
+/// draws a warning), and `systemd-analyze security --offline=yes` finds no
+/// capability exposed, with the drop-in as without it. The socket's
+/// default path is in that directory.
 #[test]
-fn systemd_torch_bridge_drop_in_adds_exactly_two_capabilities() {
+fn systemd_torch_bridge_drop_in_grants_no_capability() {
     let conf = read("deploy/systemd/torch-bridge.conf");
     let sections: Vec<&str> = conf
         .lines()
@@ -1058,14 +1127,22 @@ fn systemd_torch_bridge_drop_in_adds_exactly_two_capabilities() {
         .filter(|l| l.starts_with('['))
         .collect();
     assert_eq!(sections, ["[Service]"], "torch-bridge.conf sections");
-    let caps = "CAP_SYS_PTRACE CAP_DAC_READ_SEARCH";
     assert_eq!(
         unit_settings(&conf),
         [
-            ("CapabilityBoundingSet".to_string(), caps.to_string()),
-            ("AmbientCapabilities".to_string(), caps.to_string()),
+            (
+                "RuntimeDirectory".to_string(),
+                "gpumem-exporter".to_string()
+            ),
+            ("RuntimeDirectoryMode".to_string(), "0755".to_string()),
         ],
         "torch-bridge.conf settings"
+    );
+    let shipped = shipped_config("deploy/systemd/config.yaml").attribution;
+    assert_eq!(
+        shipped.torch_bridge_socket.as_deref(),
+        Some(Path::new("/run/gpumem-exporter/bridge.sock")),
+        "the shipped config's socket is in the runtime directory"
     );
 
     let scratch = tempfile::tempdir().expect("tempdir");
@@ -1098,15 +1175,10 @@ fn systemd_torch_bridge_drop_in_adds_exactly_two_capabilities() {
         text.trim().is_empty(),
         "systemd-analyze verify complains about the unit with the drop-in:\n{text}"
     );
-
-    let mut exposed = exposed_capabilities(&unit);
-    exposed.sort();
-    assert_eq!(exposed.len(), 3, "exposed with the drop-in: {exposed:?}");
-    assert_eq!(exposed[0], "AmbientCapabilities=");
-    assert!(
-        exposed[1].starts_with("CapabilityBoundingSet=~CAP_(DAC_")
-            && exposed[2] == "CapabilityBoundingSet=~CAP_SYS_PTRACE",
-        "the bounding set adds CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE only: {exposed:?}"
+    assert_eq!(
+        exposed_capabilities(&unit),
+        Vec::<String>::new(),
+        "the unit with the drop-in exposes no capability"
     );
 }
 
@@ -1315,6 +1387,16 @@ fn rendered_manifests_validate_against_the_api_schemas() {
         checked += objects.len();
     }
     assert!(checked >= 30, "only {checked} objects checked");
+    // The torch bridge's example training pod, too.
+    let example = yaml_tree("deploy/kubernetes/overlays/torch-bridge/training-pod.yaml");
+    for version in KUBERNETES_VERSIONS {
+        let problems = kubernetes_validate(&dir, &[&example], version);
+        assert!(
+            problems.is_empty(),
+            "training-pod.yaml against Kubernetes {version}:\n{}",
+            problems.join("\n")
+        );
+    }
 
     // Controls: a wrong type, an unknown field, a CR of the wrong shape.
     let base = render("deploy/kubernetes");
