@@ -8,14 +8,23 @@ gpu_process_torch_reserved_bytes served by the exporter (must be equal),
 and with NVML's per-process bytes (must be >= reserved).
 
     scripts/gpu/torch-bridge.py [path/to/gpumem-exporter]   # default .dev/gpumem-exporter
+    sudo scripts/gpu/torch-bridge.py --nonroot [path/to/gpumem-exporter]
 
-This process is the torch process: it starts gpumem_bridge (from python/)
-and runs the exporter as the same user, so reading its /proc/<pid>/fd
-needs no capability. Prints a markdown table; exits 1 if a check fails,
-124 past 110 s. Needs an NVIDIA GPU and python3 with torch.
+This process is the torch process: it starts gpumem_bridge (from python/),
+which sends its figures over the exporter's socket and keeps its memfd.
+By default the exporter runs as the same user (the socket in a temporary
+directory). With --nonroot (run it as root) the torch process is root's
+and the exporter runs as uid 65534 (TORCH_BRIDGE_UID) with no capability
+at all (setpriv: no groups, empty bounding and inheritable sets; a copy
+of the binary in a temporary directory that user can reach): CapEff 0 is
+checked in /proc/<pid>/status, and since such an exporter cannot read a
+root process's fds, exact figures can only have come over the socket.
+Prints a markdown table; exits 1 if a check fails, 124 past 110 s. Needs
+an NVIDIA GPU and python3 with torch.
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,6 +36,10 @@ import gpucheck
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
+NONROOT = "--nonroot" in sys.argv
+if NONROOT:
+    sys.argv.remove("--nonroot")
+UID = int(os.environ.get("TORCH_BRIDGE_UID", "65534"))
 BIN = gpucheck.exporter(".dev/gpumem-exporter")
 PORT = int(os.environ.get("TORCH_BRIDGE_PORT", "19879"))
 INTERVAL = 0.5  # exporter sample_interval, seconds
@@ -75,11 +88,42 @@ def check(name, ok, detail):
         failures.append(name)
 
 
+work = tempfile.mkdtemp(prefix="gpumem-torch-bridge-")
+os.chmod(work, 0o755)
+sock_dir = os.path.join(work, "run")
+os.mkdir(sock_dir, 0o755)
+socket_path = os.path.join(sock_dir, "bridge.sock")
+config = os.path.join(work, "config.yaml")
+with open(config, "w") as f:
+    f.write(f"processes:\n  torch_bridge_socket: {socket_path}\n")
+os.chmod(config, 0o644)
+os.environ["GPUMEM_BRIDGE_SOCKET"] = socket_path
+cmd = [BIN]
+if NONROOT:
+    if os.geteuid() != 0:
+        sys.exit("--nonroot: run this as root (the torch process is root's; the exporter drops to an unprivileged uid)")
+    exe = os.path.join(work, "gpumem-exporter")
+    shutil.copy(BIN, exe)
+    os.chmod(exe, 0o755)
+    os.chown(sock_dir, UID, UID)
+    cmd = ["setpriv", "--reuid", str(UID), "--regid", str(UID), "--clear-groups",
+           "--inh-caps=-all", "--bounding-set=-all", "--", exe]
 log = tempfile.TemporaryFile(mode="w+")
 exporter = subprocess.Popen(
-    [BIN, "--web.listen-address", f"127.0.0.1:{PORT}", "--sample-interval", f"{int(INTERVAL * 1000)}ms"],
+    cmd + ["--config.file", config, "--web.listen-address", f"127.0.0.1:{PORT}",
+           "--sample-interval", f"{int(INTERVAL * 1000)}ms"],
     stderr=log,
 )
+
+
+def status_field(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return " ".join(line.split()[1:])
+    return None
+
+
 try:
     for _ in range(500):
         try:
@@ -91,7 +135,19 @@ try:
                 sys.exit("exporter exited:\n" + log.read())
             time.sleep(0.02)
 
+    for _ in range(250):
+        if os.path.exists(socket_path):
+            break
+        time.sleep(0.02)
+    uid_line, cap_eff = status_field(exporter.pid, "Uid:"), status_field(exporter.pid, "CapEff:")
+    print(f"exporter pid {exporter.pid}: Uid {uid_line}, CapEff {cap_eff}; this (torch) process: uid {os.geteuid()}\n")
+    if NONROOT:
+        check("exporter runs as the unprivileged uid", (uid_line or "").split()[:1] == [str(UID)], uid_line)
+        check("exporter has no capability (CapEff 0)", cap_eff == "0000000000000000", cap_eff)
+    check("bridge socket listening", os.path.exists(socket_path), socket_path)
+
     assert gpumem_bridge.start(interval=0.2)
+    check("bridge connected to the socket", gpumem_bridge.socket_connected(), socket_path)
     dev = torch.device("cuda", 0)
     torch.zeros(1, device=dev)  # CUDA context
     props = torch.cuda.get_device_properties(dev)
@@ -165,8 +221,13 @@ try:
     if rows and rows[0][5] is None:
         print("\nNo NVML series for this pid: is this process in the host's PID namespace?")
     text = scrape()
+    dropped = {r: value(text, 'gpumem_exporter_torch_reports_dropped_total', reason=r)
+               for r in ('malformed', 'oversized', 'permission', 'identity')}
     print(f"\ngpumem_exporter_torch_reports_total {value(text, 'gpumem_exporter_torch_reports_total')}, "
-          f"dropped {[value(text, 'gpumem_exporter_torch_reports_dropped_total', reason=r) for r in ('malformed', 'oversized', 'permission')]}")
+          f"dropped {dropped}, bridge connections {value(text, 'gpumem_exporter_torch_bridge_connections')}")
+    check("one bridge connection", value(text, "gpumem_exporter_torch_bridge_connections") == 1,
+          str(value(text, "gpumem_exporter_torch_bridge_connections")))
+    check("nothing dropped", all(v == 0 for v in dropped.values()), str(dropped))
 
     gpumem_bridge.stop()
     deadline = time.monotonic() + 5
@@ -179,6 +240,7 @@ finally:
         exporter.wait(timeout=5)
     except subprocess.TimeoutExpired:
         exporter.kill()
+    shutil.rmtree(work, ignore_errors=True)
 
 print(f"\n{'ALL PASS' if not failures else 'FAILED: ' + ', '.join(failures)}")
 sys.exit(1 if failures else 0)
