@@ -36,12 +36,36 @@
 
 use serde::Deserialize;
 
-use super::DropReason;
 use crate::model::{
     AllocatorBackend, AllocatorSettings, TorchPool, TorchPools, TorchStats, TorchSteps,
     TorchThreshold,
 };
 use crate::trend;
+
+/// Why a document was dropped: the `reason` label of
+/// `gpumem_exporter_torch_reports_dropped_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum DropReason {
+    /// Not JSON, wrong types, a missing field, an unknown version, no
+    /// socket header, or the file is not a sealed memfd.
+    Malformed,
+    /// Larger than [`MAX_DOCUMENT_BYTES`] (a socket message: than
+    /// [`super::frame::MAX_MESSAGE_BYTES`]).
+    Oversized,
+    /// The exporter may not look at the process's fds (counted once per
+    /// process).
+    Permission,
+}
+
+impl DropReason {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            DropReason::Malformed => "malformed",
+            DropReason::Oversized => "oversized",
+            DropReason::Permission => "permission",
+        }
+    }
+}
 
 /// Larger documents are dropped (reason `oversized`) without being parsed.
 pub(crate) const MAX_DOCUMENT_BYTES: u64 = 64 * 1024;

@@ -45,8 +45,7 @@ use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags, PidfdGetfdFlags};
 
-use super::DropReason;
-use super::document::{self, Document, MAX_DOCUMENT_BYTES};
+use super::document::{self, Document, DropReason, MAX_DOCUMENT_BYTES};
 use crate::attribute::procfs::ProcRoot;
 
 /// What `/proc/<pid>/fd/<n>` reads for the bridge's memfd.

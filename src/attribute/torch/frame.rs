@@ -16,8 +16,7 @@
 //! guessing: an unknown version is dropped as malformed and logged with
 //! the version this exporter speaks.
 
-use super::DropReason;
-use super::document::{self, Document, MAX_DOCUMENT_BYTES};
+use super::document::{self, Document, DropReason, MAX_DOCUMENT_BYTES};
 
 /// The header's first word.
 pub(crate) const MAGIC: &[u8] = b"gpumem-bridge ";

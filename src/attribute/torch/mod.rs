@@ -39,33 +39,8 @@ use std::sync::atomic::Ordering;
 use super::procfs::ProcRoot;
 use crate::model::{BridgeSocketCounters, TorchCounters, TorchStats};
 use crate::ratelimit::LogLimiter;
-pub(crate) use document::{Document, MAX_DOCUMENT_BYTES, parse};
+pub(crate) use document::{Document, DropReason, MAX_DOCUMENT_BYTES, parse};
 use fdscan::{FdScan, Outcome};
-
-/// Why a document was dropped: the `reason` label of
-/// `gpumem_exporter_torch_reports_dropped_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum DropReason {
-    /// Not JSON, wrong types, a missing field, an unknown version, no
-    /// socket header, or the file is not a sealed memfd.
-    Malformed,
-    /// Larger than [`MAX_DOCUMENT_BYTES`] (a socket message: than
-    /// [`frame::MAX_MESSAGE_BYTES`]).
-    Oversized,
-    /// The exporter may not look at the process's fds (counted once per
-    /// process).
-    Permission,
-}
-
-impl DropReason {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            DropReason::Malformed => "malformed",
-            DropReason::Oversized => "oversized",
-            DropReason::Permission => "permission",
-        }
-    }
-}
 
 /// Counters of the fd fallback (the socket keeps its own).
 #[derive(Debug, Clone, Copy, Default)]

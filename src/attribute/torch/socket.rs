@@ -51,8 +51,7 @@ use rustix::event::{PollFd, PollFlags};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use rustix::process::{Pid, PidfdFlags};
 
-use super::DropReason;
-use super::document::Document;
+use super::document::{Document, DropReason};
 use super::frame::{self, FRAME_VERSION, FrameError, MAX_MESSAGE_BYTES};
 use crate::attribute::procfs::ProcRoot;
 use crate::ratelimit::LogLimiter;
