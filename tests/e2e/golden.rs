@@ -21,11 +21,11 @@ use gpumem_exporter::testing::expose::{self, Format};
 use gpumem_exporter::testing::gpu::{ErrorKind, Operation};
 use gpumem_exporter::testing::model::{
     AllocatedDevice, AllocatorBackend, AllocatorSettings, AttributionRejections,
-    BridgeSocketCounters, ContainerInfo,
-    ContainerLookups, DeviceInfo, DeviceSample, DriverInfo, DurationHistogram, ExporterCounters,
-    JobAllocation, JobMappingErrors, JobMappingState, KubeState, MemoryInfo, MigInfo, MigSample,
-    OtherProcesses, ProcIdentity, ProcessSample, Readings, SlurmJob, Snapshot, TorchCounters,
-    TorchPool, TorchPools, TorchStats, TorchSteps, TorchThreshold,
+    BridgeSocketCounters, ContainerInfo, ContainerLookups, DeviceInfo, DeviceSample, DriverInfo,
+    DurationHistogram, ExporterCounters, JobAllocation, JobMappingErrors, JobMappingState,
+    KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses, ProcIdentity, ProcessSample,
+    Readings, SlurmJob, Snapshot, TorchCounters, TorchPool, TorchPools, TorchStats, TorchSteps,
+    TorchThreshold,
 };
 use gpumem_exporter::testing::readings::{
     Health, PowerThermal, ProcessUtilization, RemappedRows, RetiredPages, Utilization,
