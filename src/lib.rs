@@ -20,6 +20,7 @@
 
 #![warn(unreachable_pub)]
 
+pub(crate) mod accounting;
 pub(crate) mod attribute;
 pub(crate) mod backoff;
 pub(crate) mod collectors;

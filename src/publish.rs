@@ -16,10 +16,11 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 
+use crate::accounting::Ledger;
 use crate::history::History;
 use crate::jobmap::JobMap;
 use crate::model::Snapshot;
@@ -50,6 +51,9 @@ pub struct Shared {
     job_mapping: Option<Arc<JobMap>>,
     /// The last 10 minutes of used memory per GPU, fed by [`Self::publish`].
     history: Mutex<History>,
+    /// The memory-time and allocation ledger, fed by [`Self::publish`]
+    /// (the only one who locks it).
+    ledger: Mutex<Ledger>,
 }
 
 impl Shared {
@@ -65,6 +69,7 @@ impl Shared {
             pod_resources: None,
             job_mapping: None,
             history: Mutex::new(History::new()),
+            ledger: Mutex::new(Ledger::new()),
         }
     }
 
@@ -143,6 +148,11 @@ impl Shared {
         s.exporter = self.telemetry.read();
         s.pod_resources = self.pod_resources.as_ref().map(|p| p.state());
         s.job_mapping = self.job_mapping.as_ref().map(|j| j.state());
+        {
+            // A panic while recording leaves totals that only grew.
+            let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
+            s.accounting = ledger.record(&s, Instant::now());
+        }
         {
             let mut history = self.history();
             history.record(&s);

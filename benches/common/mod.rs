@@ -166,6 +166,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
         job_mapping: None,
         exporter: Default::default(),
         forecasts: Vec::new(),
+        accounting: Default::default(),
     }
 }
 

@@ -18,7 +18,8 @@ use std::fmt;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::encoding::gauge;
-use crate::model::{AllocatedDevice, Allocation, DeviceInfo, MigInfo, Snapshot};
+use crate::accounting::allocation_seconds;
+use crate::model::{AllocatedDevice, Allocation, AllocationRow, DeviceInfo, MigInfo, Snapshot};
 
 /// `gpu_allocation_info`, when the pod-resources client or the Slurm
 /// job-mapping reader is on.
@@ -91,11 +92,24 @@ fn row(
     let instance = place
         .instance
         .map(|(gi, ci)| (gi.to_string(), ci.to_string()));
-    let mut labels: Vec<(&str, &str)> = vec![("gpu", place.gpu), ("uuid", place.uuid)];
+    let labels = row_labels(place, instance.as_ref(), replica, owner);
+    m.encode_family(&labels)?.encode_gauge(&1u32)?;
+    Ok(())
+}
+
+/// A row's labels: the device's, then its owner's, none empty (see
+/// encoder::Labels).
+fn row_labels<'a>(
+    place: &Place<'a>,
+    instance: Option<&'a (String, String)>,
+    replica: Option<&'a str>,
+    owner: &[(&'static str, &'a str)],
+) -> Vec<(&'static str, &'a str)> {
+    let mut labels: Vec<(&'static str, &'a str)> = vec![("gpu", place.gpu), ("uuid", place.uuid)];
     if let Some(mig_uuid) = place.mig_uuid {
         labels.push(("mig_uuid", mig_uuid));
     }
-    if let Some((gi, ci)) = &instance {
+    if let Some((gi, ci)) = instance {
         labels.push(("gpu_instance_id", gi));
         labels.push(("compute_instance_id", ci));
     }
@@ -103,9 +117,103 @@ fn row(
         labels.push(("replica", r));
     }
     labels.extend_from_slice(owner);
-    // No label with an empty value (see encoder::Labels).
     labels.retain(|(_, v)| !v.is_empty());
-    m.encode_family(&labels)?.encode_gauge(&1u32)?;
+    labels
+}
+
+/// `gpu_allocation_seconds_total` and `gpu_allocation_idle_seconds_total`:
+/// the ledger's totals of each row of `gpu_allocation_info` (`accounting`),
+/// with the same labels; absent while no row has been seen.
+pub(super) fn counters(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    if s.accounting.allocations.is_empty() {
+        return Ok(());
+    }
+    let devices = Devices::of(s);
+    for (name, help, idle) in [
+        (
+            "gpu_allocation_seconds",
+            "Seconds the device of one gpu_allocation_info row was allocated (integrated at every memory sample; same labels as gpu_allocation_info).",
+            false,
+        ),
+        (
+            "gpu_allocation_idle_seconds",
+            "Of gpu_allocation_seconds_total, the seconds in which the allocated GPU held no process of the row's pod (device plugin: by namespace and pod; DRA: by pod UID) or Slurm job.",
+            true,
+        ),
+    ] {
+        let mut m = enc.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+        let mut each = |row: &AllocationRow,
+                        device: &AllocatedDevice,
+                        replica: Option<&str>,
+                        owner: &[(&'static str, &str)]|
+         -> fmt::Result {
+            let Some((all, idle_s)) = allocation_seconds(&s.accounting, row) else {
+                return Ok(());
+            };
+            let place = devices.place(device);
+            let instance = place
+                .instance
+                .map(|(gi, ci)| (gi.to_string(), ci.to_string()));
+            let labels = row_labels(&place, instance.as_ref(), replica, owner);
+            super::accounting::value(m.encode_family(&labels)?, if idle { idle_s } else { all })
+        };
+        for row in s.accounting.allocations.keys() {
+            match row {
+                AllocationRow::Kube(a) => {
+                    if !s
+                        .pod_resources
+                        .as_ref()
+                        .is_some_and(|p| p.allocations.binary_search(a).is_ok())
+                    {
+                        continue;
+                    }
+                    let replica = a.replica.map(|r| r.to_string());
+                    let owner = [
+                        ("namespace", a.namespace.as_str()),
+                        ("pod", a.pod.as_str()),
+                        ("container", a.container.as_str()),
+                        ("resource", a.resource.as_str()),
+                    ];
+                    each(row, &a.device, replica.as_deref(), &owner)?;
+                }
+                AllocationRow::Dra(a) => {
+                    if !s
+                        .pod_resources
+                        .as_ref()
+                        .is_some_and(|p| p.dra.binary_search(a).is_ok())
+                    {
+                        continue;
+                    }
+                    let owner = [
+                        ("namespace", a.namespace.as_str()),
+                        ("pod", a.pod.as_str()),
+                        ("container", a.container.as_str()),
+                        ("pod_uid", a.pod_uid.as_deref().unwrap_or("")),
+                        ("dra_claim_namespace", a.claim_namespace.as_str()),
+                        ("dra_claim_name", a.claim_name.as_str()),
+                        ("dra_driver_name", a.driver.as_str()),
+                        ("dra_pool_name", a.pool.as_str()),
+                        ("dra_device_name", a.device_name.as_str()),
+                    ];
+                    each(row, &a.device, None, &owner)?;
+                }
+                AllocationRow::Slurm(a) => {
+                    if !s
+                        .job_mapping
+                        .as_ref()
+                        .is_some_and(|j| j.allocations.binary_search(a).is_ok())
+                    {
+                        continue;
+                    }
+                    let owner = [
+                        ("slurm_job", a.job.as_str()),
+                        ("slurm_uid", a.uid.as_deref().unwrap_or("")),
+                    ];
+                    each(row, &a.device, None, &owner)?;
+                }
+            }
+        }
+    }
     Ok(())
 }
 

@@ -16,6 +16,7 @@
 //! [`json`] is the same snapshot as JSON for `/api/v1/snapshot` (and the
 //! memory history for `/api/v1/history`), the page's and scripts' view.
 
+mod accounting;
 mod allocation;
 mod exporter;
 mod format;

@@ -27,7 +27,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
 use super::format::Format;
-use super::{allocation, exporter, gpu, mig, process, torch};
+use super::{accounting, allocation, exporter, gpu, mig, process, torch};
 use crate::collectors::{Def, REGISTRY};
 use crate::model::{DeviceInfo, MigSample, OtherProcesses, ProcessSample, Readings, Snapshot};
 
@@ -40,6 +40,9 @@ pub(super) enum Group {
     Processes,
     /// The kubelet's and Slurm's allocations: copied in at each publish.
     Allocation,
+    /// The ledger's counters (`accounting`) and the allocation rows':
+    /// every publish.
+    Accounting,
     /// The switchable collectors' families, in registry order: full
     /// samples.
     Collectors,
@@ -52,10 +55,11 @@ pub(super) enum Group {
 
 impl Group {
     /// Every group, in scrape order.
-    pub(super) const ALL: [Group; 6] = [
+    pub(super) const ALL: [Group; 7] = [
         Group::Devices,
         Group::Processes,
         Group::Allocation,
+        Group::Accounting,
         Group::Collectors,
         Group::Driver,
         Group::Exporter,
@@ -80,6 +84,10 @@ pub(super) fn encode_group(
             mig::families(enc, s)
         }
         Group::Allocation => allocation::families(enc, s),
+        Group::Accounting => {
+            accounting::families(enc, s)?;
+            allocation::counters(enc, s)
+        }
         Group::Collectors => {
             for encode in registry.iter().filter_map(|d| d.encode) {
                 encode(enc, s)?;
@@ -273,7 +281,7 @@ pub fn encode_reusing(
     let registry = reuse.registry;
     append(&mut out, snapshot, format, &[Group::Devices], registry)?;
     out.push_str(&k.processes);
-    append(&mut out, snapshot, format, &[Group::Allocation], registry)?;
+    append(&mut out, snapshot, format, &[Group::Allocation, Group::Accounting], registry)?;
     out.push_str(&k.collectors);
     append(
         &mut out,

@@ -4,6 +4,7 @@
 //! importing none of them (only the error labels of `crate::gpu_error`
 //! and `crate::trend`'s slope).
 
+mod accounting;
 mod allocation;
 mod device;
 mod exporter;
@@ -12,6 +13,7 @@ mod readings;
 mod snapshot;
 mod torch;
 
+pub use accounting::*;
 pub use allocation::*;
 pub use device::*;
 pub use exporter::*;

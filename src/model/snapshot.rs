@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::{
-    ContainerLookups, DeviceSample, DriverInfo, ExporterCounters, JobMappingState, KubeState,
+    Accounts, ContainerLookups, DeviceSample, DriverInfo, ExporterCounters, JobMappingState, KubeState,
     PodResourcesState, TorchCounters,
 };
 use crate::gpu_error::{ErrorKind, Operation};
@@ -94,6 +94,9 @@ pub struct Snapshot {
     /// the rate of the last 10 minutes of the exporter's own history;
     /// `None` where it is not growing. Computed when published.
     pub forecasts: Vec<Option<Forecast>>,
+    /// Memory-time, busy-time and allocated time integrated since start
+    /// (`accounting`), as of this snapshot. Computed when published.
+    pub accounting: Accounts,
 }
 
 /// "Full in about N minutes at the last 10 minutes' rate", from the
@@ -129,6 +132,7 @@ impl Snapshot {
             job_mapping: None,
             exporter: ExporterCounters::default(),
             forecasts: Vec::new(),
+            accounting: Accounts::default(),
         }
     }
 }

@@ -318,6 +318,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             job_mapping: None,
             exporter: Default::default(),
             forecasts: Vec::new(),
+            accounting: Default::default(),
         }
     }
 }

@@ -407,6 +407,7 @@ fn fixed_snapshot() -> Snapshot {
         }),
         exporter: ExporterCounters::default(),
         forecasts: Vec::new(),
+        accounting: Default::default(),
     }
 }
 

@@ -1,0 +1,398 @@
+//! The ledger: memory-time, busy-time and allocated/idle time, integrated
+//! at every published sample (ten a second at the defaults), so what
+//! happens between two scrapes is counted. `publish::Shared` owns the one
+//! [`Ledger`] and feeds it each snapshot with the monotonic time it was
+//! published; the totals go into that snapshot ([`Accounts`]).
+//!
+//! Integration is the left rule: what one sample shows (a GPU's used
+//! bytes and utilisation, its process list, an allocation and whether its
+//! GPU holds a process of its owner) is taken to hold until the next
+//! sample, over the real elapsed time between them (`Instant`). A GPU that
+//! did not answer (or is gone) adds nothing until it answers again. The
+//! totals are keyed by what survives a reload — the GPU's UUID, the pid,
+//! the workload, the allocation row — and live in `Shared`, which SIGHUP,
+//! GPU loss and an NVML re-open leave in place: they only reset at a
+//! restart.
+//!
+//! Per-sample cost: a GPU whose process list is the very same `Arc` as in
+//! the last sample (every memory-only sample) costs two multiplications;
+//! the per-process and per-workload totals are folded only when a list
+//! changes (a full sample), see `model::accounting`. Hand-written: a few
+//! sums over the snapshot, nothing a library would do for us.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::collectors::utilization::Utilization;
+use crate::model::{
+    Accounts, AllocatedDevice, AllocationAccount, AllocationRow, GpuAccount, ProcessSample,
+    Snapshot, WORKLOAD_GRACE_SECONDS, Workload, WorkloadAccount,
+};
+
+/// What one GPU showed at the last sample: held until this one.
+#[derive(Debug)]
+struct Held {
+    used: Option<u64>,
+    busy: Option<f64>,
+    processes: Arc<[ProcessSample]>,
+}
+
+/// The integrator. Only `Shared::publish` calls it (one writer).
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
+    start: Option<Instant>,
+    last: Option<Instant>,
+    accounts: Accounts,
+    held: HashMap<Arc<str>, Held>,
+    /// The allocation rows of the last sample: which GPU each is on.
+    rows_key: Option<RowsKey>,
+}
+
+/// The inputs the allocation rows' idle flags were computed from
+/// (compared by address, like the body cache's).
+#[derive(Debug)]
+struct RowsKey {
+    kube: Option<Arc<[crate::model::Allocation]>>,
+    dra: Option<Arc<[crate::model::DraAllocation]>>,
+    slurm: Option<Arc<[crate::model::JobAllocation]>>,
+}
+
+impl Ledger {
+    pub(crate) fn new() -> Ledger {
+        Ledger::default()
+    }
+
+    /// Integrate from the last sample up to `now`, take in `s`, and
+    /// return the totals as of `s`.
+    pub(crate) fn record(&mut self, s: &Snapshot, now: Instant) -> Accounts {
+        let start = *self.start.get_or_insert(now);
+        let dt = self
+            .last
+            .map_or(0.0, |l| now.saturating_duration_since(l).as_secs_f64());
+        self.last = Some(now);
+        let t = now.saturating_duration_since(start).as_secs_f64();
+        self.integrate(dt);
+        let folded = self.take_in(s, t);
+        self.allocations(s, dt, t, folded);
+        self.accounts.clone()
+    }
+
+    /// What the last sample showed, over `dt` seconds.
+    fn integrate(&mut self, dt: f64) {
+        if dt <= 0.0 || self.held.is_empty() {
+            return;
+        }
+        let gpus = Arc::make_mut(&mut self.accounts.gpus);
+        for (uuid, h) in &self.held {
+            let Some(g) = gpus.get_mut(uuid) else {
+                continue;
+            };
+            if let Some(used) = h.used {
+                g.used_byte_seconds += used as f64 * dt;
+            }
+            if let Some(b) = h.busy {
+                *g.busy_seconds.get_or_insert(0.0) += b * dt;
+                g.pending_busy_seconds += b * dt;
+            }
+            g.pending_seconds += dt;
+        }
+    }
+
+    /// Hold `s`'s figures from now on; fold the process lists that
+    /// changed. Returns whether any was folded.
+    fn take_in(&mut self, s: &Snapshot, t: f64) -> bool {
+        let mut seen: HashSet<&str> = HashSet::with_capacity(s.devices.len());
+        let mut folded = false;
+        for d in s.devices.iter().filter(|d| d.info.is_known()) {
+            let uuid = d.info.uuid.as_str();
+            seen.insert(uuid);
+            let busy = d
+                .readings
+                .get::<Utilization>()
+                .and_then(|u| u.gpu)
+                .map(|pct| f64::from(pct.min(100)) / 100.0);
+            let used = d.memory.map(|m| m.used);
+            let key: Arc<str> = match self.held.get_key_value(uuid) {
+                Some((k, _)) => Arc::clone(k),
+                None => Arc::from(uuid),
+            };
+            let gpus = Arc::make_mut(&mut self.accounts.gpus);
+            let g = gpus.entry(Arc::clone(&key)).or_insert_with(GpuAccount::default);
+            if g.gpu != d.info.gpu {
+                g.gpu = d.info.gpu.clone();
+            }
+            if busy.is_some() && g.busy_seconds.is_none() {
+                g.busy_seconds = Some(0.0);
+            }
+            let same = self
+                .held
+                .get(uuid)
+                .is_some_and(|h| Arc::ptr_eq(&h.processes, &d.processes));
+            if !same {
+                let old = self.held.remove(uuid).map(|h| h.processes);
+                self.fold(&key, old.as_deref().unwrap_or(&[]), &d.processes, t);
+                folded = true;
+            }
+            self.held.insert(
+                key,
+                Held {
+                    used,
+                    busy,
+                    processes: Arc::clone(&d.processes),
+                },
+            );
+        }
+        // A GPU that left the snapshot (re-enumerated, not yet identified)
+        // holds nothing from now on; its totals stay.
+        let gone: Vec<Arc<str>> = self
+            .held
+            .keys()
+            .filter(|k| !seen.contains(&***k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(h) = self.held.remove(&key) {
+                self.fold(&key, &h.processes, &[], t);
+                folded = true;
+            }
+        }
+        if folded {
+            self.expire(t);
+        }
+        folded
+    }
+
+    /// Move GPU `uuid`'s pending seconds into the totals of the processes
+    /// and workloads of `old`, its list until now, and start `new`.
+    fn fold(&mut self, uuid: &Arc<str>, old: &[ProcessSample], new: &[ProcessSample], t: f64) {
+        let gpus = Arc::make_mut(&mut self.accounts.gpus);
+        let Some(g) = gpus.get_mut(uuid) else {
+            return;
+        };
+        let pending = std::mem::take(&mut g.pending_seconds);
+        let pending_busy = std::mem::take(&mut g.pending_busy_seconds);
+        let procs = Arc::make_mut(&mut self.accounts.processes);
+        let loads = Arc::make_mut(&mut self.accounts.workloads);
+        for p in old {
+            let key = (Arc::clone(uuid), p.pid);
+            let bytes = p.used_bytes.unwrap_or(0) as f64 * pending;
+            let still = new.binary_search_by_key(&p.pid, |n| n.pid).is_ok();
+            if still {
+                *procs.entry(key).or_insert(0.0) += bytes;
+            } else {
+                procs.remove(&key);
+            }
+            if let Some(w) = Workload::of(&p.ident)
+                && let Some(a) = loads.get_mut(&(w, Arc::clone(uuid)))
+            {
+                a.used_byte_seconds += bytes;
+                if a.live {
+                    // Once per workload per fold, however many processes.
+                    a.busy_seconds += pending_busy;
+                    a.live = false;
+                }
+                a.last_seen = t;
+            }
+        }
+        for p in new {
+            if let Some(w) = Workload::of(&p.ident) {
+                let a = loads
+                    .entry((w, Arc::clone(uuid)))
+                    .or_insert_with(WorkloadAccount::default);
+                a.live = true;
+                a.last_seen = t;
+            }
+        }
+    }
+
+    /// Forget workloads and allocation rows gone for longer than the grace.
+    fn expire(&mut self, t: f64) {
+        let grace = WORKLOAD_GRACE_SECONDS as f64;
+        if self
+            .accounts
+            .workloads
+            .values()
+            .any(|a| !a.live && t - a.last_seen > grace)
+        {
+            Arc::make_mut(&mut self.accounts.workloads)
+                .retain(|_, a| a.live || t - a.last_seen <= grace);
+        }
+        if self
+            .accounts
+            .allocations
+            .values()
+            .any(|a| !a.present && t - a.last_seen > grace)
+        {
+            Arc::make_mut(&mut self.accounts.allocations)
+                .retain(|_, a| a.present || t - a.last_seen <= grace);
+        }
+    }
+
+    /// Allocation rows: the last sample's, over `dt`; then `s`'s rows and
+    /// whether each GPU holds a process of its owner, recomputed only when
+    /// the rows or a process list changed.
+    fn allocations(&mut self, s: &Snapshot, dt: f64, t: f64, folded: bool) {
+        self.accounts.allocation_pending_seconds += dt;
+        let key = RowsKey {
+            kube: s.pod_resources.as_ref().map(|p| Arc::clone(&p.allocations)),
+            dra: s.pod_resources.as_ref().map(|p| Arc::clone(&p.dra)),
+            slurm: s.job_mapping.as_ref().map(|j| Arc::clone(&j.allocations)),
+        };
+        let same = !folded
+            && self.rows_key.as_ref().is_some_and(|k| {
+                ptr_eq_opt(&k.kube, &key.kube)
+                    && ptr_eq_opt(&k.dra, &key.dra)
+                    && ptr_eq_opt(&k.slurm, &key.slurm)
+            });
+        if same {
+            return;
+        }
+        let pending = std::mem::take(&mut self.accounts.allocation_pending_seconds);
+        let rows = Arc::make_mut(&mut self.accounts.allocations);
+        for a in rows.values_mut().filter(|a| a.present) {
+            a.seconds += pending;
+            if a.idle {
+                a.idle_seconds += pending;
+            }
+            a.present = false;
+        }
+        let by_uuid: HashMap<&str, &[ProcessSample]> = s
+            .devices
+            .iter()
+            .filter(|d| d.info.is_known())
+            .map(|d| (d.info.uuid.as_str(), &d.processes[..]))
+            .collect();
+        let gpu_of = |device: &AllocatedDevice| -> Option<&[ProcessSample]> {
+            let uuid = gpu_uuid(s, device)?;
+            by_uuid.get(uuid).copied()
+        };
+        let mut put = |row: AllocationRow, busy: bool| {
+            let a = rows.entry(row).or_insert_with(AllocationAccount::default);
+            a.present = true;
+            a.idle = !busy;
+            a.last_seen = t;
+        };
+        if let Some(p) = &s.pod_resources {
+            for a in p.allocations.iter() {
+                let busy = gpu_of(&a.device).is_some_and(|ps| {
+                    ps.iter()
+                        .any(|p| *p.ident.namespace == *a.namespace && *p.ident.pod == *a.pod)
+                });
+                put(AllocationRow::Kube(a.clone()), busy);
+            }
+            for a in p.dra.iter() {
+                let busy = gpu_of(&a.device).is_some_and(|ps| {
+                    ps.iter().any(|p| match &a.pod_uid {
+                        Some(uid) if !p.ident.pod_uid.is_empty() => *p.ident.pod_uid == **uid,
+                        _ => *p.ident.namespace == *a.namespace && *p.ident.pod == *a.pod,
+                    })
+                });
+                put(AllocationRow::Dra(a.clone()), busy);
+            }
+        }
+        if let Some(j) = &s.job_mapping {
+            for a in j.allocations.iter() {
+                let busy = gpu_of(&a.device).is_some_and(|ps| {
+                    ps.iter()
+                        .any(|p| p.ident.slurm.as_ref().is_some_and(|sj| *sj.job == *a.job))
+                });
+                put(AllocationRow::Slurm(a.clone()), busy);
+            }
+        }
+        self.rows_key = Some(key);
+    }
+}
+
+fn ptr_eq_opt<T: ?Sized>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    }
+}
+
+/// The UUID of the GPU (a MIG device's parent) an allocated device is on,
+/// in this snapshot.
+fn gpu_uuid<'a>(s: &'a Snapshot, device: &'a AllocatedDevice) -> Option<&'a str> {
+    let by_index = |gpu: &str| {
+        s.devices
+            .iter()
+            .find(|d| d.info.is_known() && d.info.gpu == gpu)
+            .map(|d| d.info.uuid.as_str())
+    };
+    match device {
+        AllocatedDevice::Gpu { uuid } => Some(uuid),
+        AllocatedDevice::MigOfParent { gpu_uuid, .. } | AllocatedDevice::MigOfGpu { gpu_uuid, .. } => {
+            Some(gpu_uuid)
+        }
+        AllocatedDevice::Mig { mig_uuid } => s
+            .devices
+            .iter()
+            .find(|d| d.mig.iter().any(|m| m.info.mig_uuid == *mig_uuid))
+            .map(|d| d.info.uuid.as_str()),
+        AllocatedDevice::GpuIndex { gpu } | AllocatedDevice::MigOfGpuIndex { gpu, .. } => {
+            by_index(gpu)
+        }
+        AllocatedDevice::Other { .. } => None,
+    }
+}
+
+/// A process's byte-seconds on GPU `uuid` as of the snapshot `a` came
+/// with: its folded total plus its bytes over the list's pending seconds.
+pub(crate) fn process_byte_seconds(a: &Accounts, uuid: &str, p: &ProcessSample) -> f64 {
+    let pending = a.gpus.get(uuid).map_or(0.0, |g| g.pending_seconds);
+    let folded = a
+        .processes
+        .get(&(Arc::from(uuid), p.pid))
+        .copied()
+        .unwrap_or(0.0);
+    folded + p.used_bytes.unwrap_or(0) as f64 * pending
+}
+
+/// Every workload's totals per GPU as of the snapshot (folded plus what
+/// the current lists hold since): (used byte-seconds, busy seconds).
+pub(crate) fn workload_totals(s: &Snapshot) -> BTreeMap<(Workload, Arc<str>), (f64, f64)> {
+    let a = &s.accounting;
+    let mut out: BTreeMap<(Workload, Arc<str>), (f64, f64)> = a
+        .workloads
+        .iter()
+        .map(|(k, w)| (k.clone(), (w.used_byte_seconds, w.busy_seconds)))
+        .collect();
+    for d in s.devices.iter().filter(|d| d.info.is_known()) {
+        let Some((uuid, g)) = a.gpus.get_key_value(d.info.uuid.as_str()) else {
+            continue;
+        };
+        let live: Vec<(Workload, u64)> = d
+            .processes
+            .iter()
+            .filter_map(|p| Some((Workload::of(&p.ident)?, p.used_bytes.unwrap_or(0))))
+            .collect();
+        let mut charged: HashSet<&Workload> = HashSet::new();
+        for (w, bytes) in &live {
+            let e = out.entry((w.clone(), Arc::clone(uuid))).or_insert((0.0, 0.0));
+            e.0 += *bytes as f64 * g.pending_seconds;
+            if charged.insert(w) {
+                e.1 += g.pending_busy_seconds;
+            }
+        }
+    }
+    out
+}
+
+/// An allocation row's (seconds, idle seconds) as of the snapshot.
+pub(crate) fn allocation_seconds(a: &Accounts, row: &AllocationRow) -> Option<(f64, f64)> {
+    let r = a.allocations.get(row)?;
+    let pending = if r.present {
+        a.allocation_pending_seconds
+    } else {
+        0.0
+    };
+    Some((
+        r.seconds + pending,
+        r.idle_seconds + if r.idle { pending } else { 0.0 },
+    ))
+}
+
+#[cfg(test)]
+mod tests;

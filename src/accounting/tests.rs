@@ -1,0 +1,198 @@
+use std::sync::Arc;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use super::*;
+use crate::model::{
+    AllocatedDevice, DeviceInfo, DeviceSample, JobAllocation, JobMappingState, MemoryInfo,
+    ProcIdentity, Readings, SlurmJob,
+};
+
+const GPU0: &str = "GPU-00000000-0000-0000-0000-000000000000";
+const GIB: u64 = 1 << 30;
+
+fn ident(user: &str, job: Option<&str>) -> Arc<ProcIdentity> {
+    Arc::new(ProcIdentity {
+        user: Arc::from(user),
+        slurm: job.map(|j| SlurmJob {
+            job: Arc::from(j),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+fn proc(pid: u32, used: u64, who: &Arc<ProcIdentity>) -> ProcessSample {
+    ProcessSample {
+        pid,
+        used_bytes: Some(used),
+        ident: Arc::clone(who),
+        gpu_instance_id: None,
+        compute_instance_id: None,
+        used_peak_bytes: None,
+        torch: None,
+        readings: Readings::default(),
+    }
+}
+
+/// One GPU using `used` bytes, busy `busy` %, with `processes`.
+fn snap(used: Option<u64>, busy: Option<u32>, processes: &Arc<[ProcessSample]>) -> Snapshot {
+    let mut s = Snapshot::empty(UNIX_EPOCH);
+    s.devices.push(DeviceSample {
+        info: Arc::new(DeviceInfo {
+            gpu: "0".into(),
+            uuid: GPU0.into(),
+            name: "NVIDIA H200".into(),
+            pci_bus_id: String::new(),
+            memory: Default::default(),
+        }),
+        memory: used.map(|used| MemoryInfo {
+            total: 100 * GIB,
+            reserved: Some(0),
+            used,
+            free: 100 * GIB - used,
+        }),
+        used_peak_bytes: None,
+        processes: Arc::clone(processes),
+        other: None,
+        mig: Arc::from(Vec::new()),
+        readings: match busy {
+            Some(pct) => Readings::default().with(Utilization {
+                gpu: Some(pct),
+                ..Default::default()
+            }),
+            None => Readings::default(),
+        },
+    });
+    s
+}
+
+fn gpu(a: &Accounts) -> &GpuAccount {
+    &a.gpus[GPU0]
+}
+
+fn close(got: f64, want: f64) {
+    assert!(
+        (got - want).abs() <= want.abs() * 1e-9 + 1e-6,
+        "got {got}, want {want}"
+    );
+}
+
+#[test]
+fn bytes_held_between_samples_integrate_exactly_and_survive_the_process() {
+    let alice = ident("alice", None);
+    let held: Arc<[ProcessSample]> = Arc::from(vec![proc(10, 8 * GIB, &alice)]);
+    let none: Arc<[ProcessSample]> = Arc::from(Vec::new());
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    // Ten memory samples a second for 30 s on the same list (the same
+    // Arc, as between full samples), with a new list every second.
+    let mut a = l.record(&snap(Some(8 * GIB), Some(50), &held), t0);
+    let mut list = Arc::clone(&held);
+    for i in 1..=300u64 {
+        if i % 10 == 0 {
+            list = Arc::from(vec![proc(10, 8 * GIB, &alice)]);
+        }
+        a = l.record(
+            &snap(Some(8 * GIB), Some(50), &list),
+            t0 + Duration::from_millis(100 * i),
+        );
+    }
+    let s = snap(Some(8 * GIB), Some(50), &list);
+    close(gpu(&a).used_byte_seconds, 240.0 * GIB as f64);
+    close(gpu(&a).busy_seconds.unwrap_or(0.0), 15.0);
+    close(
+        process_byte_seconds(&a, GPU0, &list[0]),
+        240.0 * GIB as f64,
+    );
+    let mut s2 = s.clone();
+    s2.accounting = a.clone();
+    let w = workload_totals(&s2);
+    let user = (
+        Workload::User {
+            user: Arc::from("alice"),
+        },
+        Arc::from(GPU0),
+    );
+    close(w[&user].0, 240.0 * GIB as f64);
+    close(w[&user].1, 15.0);
+
+    // It exits: its series goes, its workload keeps what it had.
+    let a = l.record(&snap(Some(0), Some(0), &none), t0 + Duration::from_millis(30_500));
+    assert!(a.processes.is_empty(), "{:?}", a.processes);
+    let mut s3 = snap(Some(0), Some(0), &none);
+    s3.accounting = a.clone();
+    let w = workload_totals(&s3);
+    close(w[&user].0, (240.0 + 4.0) * GIB as f64);
+    close(w[&user].1, 15.25);
+}
+
+#[test]
+fn totals_never_go_back_when_the_gpu_is_lost_or_re_enumerated() {
+    let alice = ident("alice", None);
+    let held: Arc<[ProcessSample]> = Arc::from(vec![proc(10, GIB, &alice)]);
+    let none: Arc<[ProcessSample]> = Arc::from(Vec::new());
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    l.record(&snap(Some(GIB), None, &held), at(0));
+    let before = l.record(&snap(Some(GIB), None, &held), at(1000));
+    close(gpu(&before).used_byte_seconds, GIB as f64);
+    assert_eq!(gpu(&before).busy_seconds, None, "no utilisation: no figure");
+    // Down for 5 s: the last answer held until it was seen down, then nothing.
+    let down = l.record(&snap(None, None, &none), at(2000));
+    close(gpu(&down).used_byte_seconds, 2.0 * GIB as f64);
+    let still = l.record(&snap(None, None, &none), at(7000));
+    close(gpu(&still).used_byte_seconds, 2.0 * GIB as f64);
+    // Re-opened: not identified yet, then back under the same UUID.
+    let mut unknown = Snapshot::empty(UNIX_EPOCH);
+    unknown.devices.push(DeviceSample {
+        info: Arc::new(DeviceInfo::unknown(0)),
+        ..snap(None, None, &none).devices.remove(0)
+    });
+    let gone = l.record(&unknown, at(8000));
+    close(gpu(&gone).used_byte_seconds, 2.0 * GIB as f64);
+    l.record(&snap(Some(GIB), None, &held), at(9000));
+    let back = l.record(&snap(Some(GIB), None, &held), at(10_000));
+    close(gpu(&back).used_byte_seconds, 3.0 * GIB as f64);
+}
+
+#[test]
+fn an_allocated_gpu_without_a_process_of_its_job_counts_idle_seconds() {
+    let job7 = ident("bob", Some("7"));
+    let other = ident("eve", Some("8"));
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    let row = JobAllocation {
+        device: AllocatedDevice::GpuIndex { gpu: "0".into() },
+        job: "7".into(),
+        uid: None,
+    };
+    let mapping = JobMappingState {
+        allocations: Arc::from(vec![row.clone()]),
+        ..Default::default()
+    };
+    let with = |procs: &Arc<[ProcessSample]>| {
+        let mut s = snap(Some(GIB), None, procs);
+        s.job_mapping = Some(mapping.clone());
+        s
+    };
+    let key = AllocationRow::Slurm(row);
+    // Another job's process does not make it busy.
+    let theirs: Arc<[ProcessSample]> = Arc::from(vec![proc(20, GIB, &other)]);
+    l.record(&with(&theirs), at(0));
+    let mut a = l.record(&with(&theirs), at(100));
+    for i in 2..=40 {
+        a = l.record(&with(&theirs), at(100 * i));
+    }
+    let (all, idle) = allocation_seconds(&a, &key).unwrap_or_default();
+    close(all, 4.0);
+    close(idle, 4.0);
+    // Its own process appears: idle stops, allocated goes on.
+    let ours: Arc<[ProcessSample]> = Arc::from(vec![proc(20, GIB, &other), proc(21, GIB, &job7)]);
+    l.record(&with(&ours), at(4100));
+    let a = l.record(&with(&ours), at(6100));
+    let (all, idle) = allocation_seconds(&a, &key).unwrap_or_default();
+    close(all, 6.1);
+    close(idle, 4.1);
+}

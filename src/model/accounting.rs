@@ -1,0 +1,157 @@
+//! What the ledger (`crate::accounting`) has integrated so far: memory-time
+//! and busy-time per GPU, per process, per workload, and allocated and idle
+//! seconds per allocation row. Plain totals, copied (`Arc`) into every
+//! snapshot when it is published, so a scrape shows counters exact to the
+//! snapshot it encodes.
+//!
+//! The per-process and per-workload totals change only when a GPU's
+//! process list changes (a full sample): in between, each GPU carries the
+//! seconds its current list has held since it was folded in
+//! ([`GpuAccount::pending_seconds`]), and a process's total is its folded
+//! total plus its bytes × those seconds, computed when encoded. A memory
+//! sample so costs a few additions per GPU, whatever the process count.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use super::{Allocation, DraAllocation, JobAllocation, ProcIdentity};
+
+/// The totals as of one published snapshot.
+#[derive(Debug, Clone, Default)]
+pub struct Accounts {
+    /// Per GPU ever seen since start, by UUID (a GPU that is lost or
+    /// re-enumerated keeps its totals).
+    pub gpus: Arc<BTreeMap<Arc<str>, GpuAccount>>,
+    /// Byte-seconds of each process on each GPU (GPU UUID, pid) up to the
+    /// last fold of that GPU's process list; present while the process is.
+    pub processes: Arc<HashMap<(Arc<str>, u32), f64>>,
+    /// Per workload and GPU, up to the last fold; kept for
+    /// [`WORKLOAD_GRACE_SECONDS`] after the workload's last process left.
+    pub workloads: Arc<BTreeMap<(Workload, Arc<str>), WorkloadAccount>>,
+    /// Per allocation row (device plugin, DRA, Slurm): present while the
+    /// row is, and kept for the same grace after it left.
+    pub allocations: Arc<BTreeMap<AllocationRow, AllocationAccount>>,
+    /// Seconds since the allocation rows were last folded: each present
+    /// row's total is its folded one plus these (and its idle total too
+    /// while it is idle).
+    pub allocation_pending_seconds: f64,
+}
+
+/// How long a workload's (or an allocation row's) totals outlive it: a
+/// workload that comes back within it carries on counting; after it, it
+/// starts from 0 (a counter reset, which Prometheus' `increase` handles).
+pub const WORKLOAD_GRACE_SECONDS: u64 = 300;
+
+/// One GPU's totals.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuAccount {
+    /// The NVML index it had when last seen: the `gpu` label.
+    pub gpu: String,
+    /// ∫ used bytes dt, in byte-seconds.
+    pub used_byte_seconds: f64,
+    /// ∫ utilisation dt (0–1 × seconds); `None` while its utilisation was
+    /// never read (collector off or not supported).
+    pub busy_seconds: Option<f64>,
+    /// Seconds the GPU's current process list has held since it was
+    /// folded into [`Accounts::processes`] and [`Accounts::workloads`].
+    pub pending_seconds: f64,
+    /// Busy seconds over the same span.
+    pub pending_busy_seconds: f64,
+}
+
+/// One workload's totals on one GPU.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkloadAccount {
+    pub used_byte_seconds: f64,
+    /// Busy seconds of the GPU while the workload held a process on it.
+    pub busy_seconds: f64,
+    /// Seconds since start (monotonic) it was last seen on the GPU.
+    pub last_seen: f64,
+    /// Processes of it on the GPU in the current list.
+    pub live: bool,
+}
+
+/// Who a process's memory-time is charged to: its pod, else its Slurm job,
+/// else its container, else its user. Ordered, so families come out in a
+/// stable order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Workload {
+    /// A pod, by UID (from the cgroup path) with its names where the pod
+    /// watcher knows them.
+    Pod {
+        namespace: Arc<str>,
+        pod: Arc<str>,
+        pod_uid: Arc<str>,
+    },
+    SlurmJob { job: Arc<str> },
+    Container { container_id: Arc<str> },
+    User { user: Arc<str> },
+}
+
+impl Workload {
+    /// The workload a process belongs to; `None` when nothing is known of
+    /// it (not visible in /proc).
+    pub fn of(ident: &ProcIdentity) -> Option<Workload> {
+        if !ident.pod_uid.is_empty() || !ident.pod.is_empty() {
+            return Some(Workload::Pod {
+                namespace: Arc::clone(&ident.namespace),
+                pod: Arc::clone(&ident.pod),
+                pod_uid: Arc::clone(&ident.pod_uid),
+            });
+        }
+        if let Some(s) = &ident.slurm {
+            return Some(Workload::SlurmJob {
+                job: Arc::clone(&s.job),
+            });
+        }
+        if !ident.container_id.is_empty() {
+            return Some(Workload::Container {
+                container_id: Arc::clone(&ident.container_id),
+            });
+        }
+        if !ident.user.is_empty() {
+            return Some(Workload::User {
+                user: Arc::clone(&ident.user),
+            });
+        }
+        None
+    }
+
+    /// Its labels, in exposition order (empty values are left out when
+    /// encoded).
+    pub fn labels(&self) -> Vec<(&'static str, &str)> {
+        match self {
+            Workload::Pod {
+                namespace,
+                pod,
+                pod_uid,
+            } => vec![("namespace", namespace), ("pod", pod), ("pod_uid", pod_uid)],
+            Workload::SlurmJob { job } => vec![("slurm_job", job)],
+            Workload::Container { container_id } => vec![("container_id", container_id)],
+            Workload::User { user } => vec![("user", user)],
+        }
+    }
+}
+
+/// One row of `gpu_allocation_info`, as the key of its totals.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AllocationRow {
+    Kube(Allocation),
+    Dra(DraAllocation),
+    Slurm(JobAllocation),
+}
+
+/// One allocation row's totals.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AllocationAccount {
+    /// Seconds the row was allocated.
+    pub seconds: f64,
+    /// Of those, seconds its GPU held no process of its pod (or job).
+    pub idle_seconds: f64,
+    /// Seconds since start (monotonic) it was last in an answer.
+    pub last_seen: f64,
+    /// In the current answer.
+    pub present: bool,
+    /// Its GPU holds no process of its owner in the current sample.
+    pub idle: bool,
+}
