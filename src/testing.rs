@@ -12,6 +12,10 @@ pub mod model {
     pub use crate::model::*;
 }
 
+pub mod accounting {
+    pub use crate::accounting::Ledger;
+}
+
 pub mod trend {
     pub use crate::trend::*;
 }

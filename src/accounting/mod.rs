@@ -40,7 +40,7 @@ struct Held {
 
 /// The integrator. Only `Shared::publish` calls it (one writer).
 #[derive(Debug, Default)]
-pub(crate) struct Ledger {
+pub struct Ledger {
     start: Option<Instant>,
     last: Option<Instant>,
     accounts: Accounts,
@@ -59,13 +59,13 @@ struct RowsKey {
 }
 
 impl Ledger {
-    pub(crate) fn new() -> Ledger {
+    pub fn new() -> Ledger {
         Ledger::default()
     }
 
     /// Integrate from the last sample up to `now`, take in `s`, and
     /// return the totals as of `s`.
-    pub(crate) fn record(&mut self, s: &Snapshot, now: Instant) -> Accounts {
+    pub fn record(&mut self, s: &Snapshot, now: Instant) -> Accounts {
         let start = *self.start.get_or_insert(now);
         let dt = self
             .last

@@ -15,8 +15,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use gpumem_exporter::testing::accounting::Ledger;
 use gpumem_exporter::testing::expose::{self, Format};
 use gpumem_exporter::testing::gpu::{ErrorKind, Operation};
 use gpumem_exporter::testing::model::{
@@ -336,7 +337,7 @@ fn fixed_snapshot() -> Snapshot {
         (Operation::RUNNING_COMPUTE_PROCESSES, ErrorKind::Unknown),
         1,
     );
-    Snapshot {
+    let mut s = Snapshot {
         taken_at: UNIX_EPOCH + Duration::from_millis(1_796_112_000_250),
         driver: Arc::new(DriverInfo {
             driver_version: "580.159.04".into(),
@@ -408,7 +409,14 @@ fn fixed_snapshot() -> Snapshot {
         exporter: ExporterCounters::default(),
         forecasts: Vec::new(),
         accounting: Default::default(),
-    }
+    };
+    // The ledger's counters: this snapshot held for 10 s, exact in binary
+    // (a fixed start, a fixed span), so the fixture stays deterministic.
+    let mut ledger = Ledger::new();
+    let t0 = Instant::now();
+    ledger.record(&s, t0);
+    s.accounting = ledger.record(&s, t0 + Duration::from_secs(10));
+    s
 }
 
 fn fixture(name: &str) -> PathBuf {
