@@ -131,7 +131,10 @@ impl Ledger {
                 .is_some_and(|h| Arc::ptr_eq(&h.processes, &d.processes));
             if !same {
                 let old = self.held.remove(uuid).map(|h| h.processes);
-                self.fold(&key, old.as_deref().unwrap_or(&[]), &d.processes, t);
+                // A GPU that does not answer lists no process: keep its
+                // processes' totals until it answers without them.
+                let keep = d.memory.is_none();
+                self.fold(&key, old.as_deref().unwrap_or(&[]), &d.processes, keep, t);
                 folded = true;
             }
             self.held.insert(
@@ -153,7 +156,7 @@ impl Ledger {
             .collect();
         for key in gone {
             if let Some(h) = self.held.remove(&key) {
-                self.fold(&key, &h.processes, &[], t);
+                self.fold(&key, &h.processes, &[], true, t);
                 folded = true;
             }
         }
@@ -164,8 +167,17 @@ impl Ledger {
     }
 
     /// Move GPU `uuid`'s pending seconds into the totals of the processes
-    /// and workloads of `old`, its list until now, and start `new`.
-    fn fold(&mut self, uuid: &Arc<str>, old: &[ProcessSample], new: &[ProcessSample], t: f64) {
+    /// and workloads of `old`, its list until now, and start `new`. A
+    /// process of `old` not in `new` loses its total unless `keep` (the
+    /// GPU is down or gone: it may list the process again).
+    fn fold(
+        &mut self,
+        uuid: &Arc<str>,
+        old: &[ProcessSample],
+        new: &[ProcessSample],
+        keep: bool,
+        t: f64,
+    ) {
         let gpus = Arc::make_mut(&mut self.accounts.gpus);
         let Some(g) = gpus.get_mut(uuid) else {
             return;
@@ -178,7 +190,7 @@ impl Ledger {
             let key = (Arc::clone(uuid), p.pid);
             let bytes = p.used_bytes.unwrap_or(0) as f64 * pending;
             let still = new.binary_search_by_key(&p.pid, |n| n.pid).is_ok();
-            if still {
+            if still || keep {
                 *procs.entry(key).or_insert(0.0) += bytes;
             } else {
                 procs.remove(&key);

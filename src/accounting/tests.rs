@@ -196,3 +196,21 @@ fn an_allocated_gpu_without_a_process_of_its_job_counts_idle_seconds() {
     close(all, 6.1);
     close(idle, 4.1);
 }
+
+#[test]
+fn a_process_listed_again_after_its_gpu_was_down_carries_on() {
+    let alice = ident("alice", None);
+    let held: Arc<[ProcessSample]> = Arc::from(vec![proc(10, GIB, &alice)]);
+    let none: Arc<[ProcessSample]> = Arc::from(Vec::new());
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    l.record(&snap(Some(GIB), None, &held), at(0));
+    l.record(&snap(None, None, &none), at(2000));
+    let again: Arc<[ProcessSample]> = Arc::from(vec![proc(10, GIB, &alice)]);
+    let a = l.record(&snap(Some(GIB), None, &again), at(5000));
+    close(process_byte_seconds(&a, GPU0, &again[0]), 2.0 * GIB as f64);
+    // Gone from a GPU that answers: its total goes with it.
+    let a = l.record(&snap(Some(GIB), None, &none), at(6000));
+    assert!(a.processes.is_empty());
+}

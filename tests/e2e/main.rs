@@ -73,6 +73,7 @@ mod harness;
 // The fast loop, `cargo test`: these need only the fake NVML and the binary
 // (and, as root, cgroups). Where an area also has tests that need a tool,
 // they are in its `external` module, built with the feature below.
+mod accounting;
 mod allocation;
 mod attribution;
 mod collectors;
