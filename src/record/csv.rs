@@ -3,7 +3,7 @@
 //! per full sample. Columns (docs/record.md has the table):
 //!
 //! ```text
-//! time,unix_seconds,kind,gpu,uuid,used_bytes,reserved_bytes,free_bytes,total_bytes,pid,process,user,namespace,pod,torch_allocated_bytes,torch_reserved_bytes,container,resource,torch_steps,torch_step_allocated_bytes,torch_step_growth_bytes
+//! time,unix_seconds,kind,gpu,uuid,used_bytes,reserved_bytes,free_bytes,total_bytes,pid,process,user,namespace,pod,torch_allocated_bytes,torch_reserved_bytes,container,resource,torch_steps,torch_step_allocated_bytes,torch_step_growth_bytes,used_byte_seconds,busy_seconds
 //! ```
 //!
 //! `kind` is `gpu`, `process`, `mig` or `allocation`. Allocation rows (the
@@ -18,12 +18,16 @@
 //! `csv` crate's (RFC 4180), since process and user names may hold commas
 //! or quotes. The `torch_step*` columns (steps taken, allocated at the
 //! last step end, growth per step) are filled for torch processes whose
-//! bridge records steps.
+//! bridge records steps. `used_byte_seconds` and `busy_seconds` are the
+//! ledger's counters (`gpu_memory_used_byte_seconds_total`,
+//! `gpu_busy_seconds_total` on `gpu` rows, at every sample;
+//! `gpu_process_memory_used_byte_seconds_total` on `process` rows).
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::format::{EncodeError, Encoder, SampleKind, Stamp};
+use crate::accounting;
 use crate::expose;
 use crate::model::{Allocation, MemoryInfo, Snapshot};
 
@@ -52,10 +56,12 @@ enum Col {
     TorchSteps,
     TorchStepAllocated,
     TorchStepGrowth,
+    UsedByteSeconds,
+    BusySeconds,
 }
 
 /// The header row, column by column (the order of [`Col`]).
-pub(crate) const COLUMNS: [&str; 21] = [
+pub(crate) const COLUMNS: [&str; 23] = [
     "time",
     "unix_seconds",
     "kind",
@@ -77,6 +83,8 @@ pub(crate) const COLUMNS: [&str; 21] = [
     "torch_steps",
     "torch_step_allocated_bytes",
     "torch_step_growth_bytes",
+    "used_byte_seconds",
+    "busy_seconds",
 ];
 
 pub(crate) struct Csv {
@@ -135,14 +143,13 @@ fn done(mut w: Rows) -> Result<(), EncodeError> {
 
 /// A `gpu` or `mig` row: who, then used / reserved / free / total bytes
 /// (empty when the device did not answer); the process columns empty.
-fn memory_row(
-    w: &mut Rows,
-    at: (&str, &str),
-    kind: &str,
-    gpu: &str,
-    uuid: &str,
+fn memory_row<'a>(
+    at: (&'a str, &'a str),
+    kind: &'a str,
+    gpu: &'a str,
+    uuid: &'a str,
     m: Option<MemoryInfo>,
-) -> Result<(), EncodeError> {
+) -> Row<'a> {
     Row::new(at, kind)
         .set(Col::Gpu, gpu)
         .set(Col::Uuid, uuid)
@@ -150,7 +157,6 @@ fn memory_row(
         .num(Col::Reserved, m.and_then(|m| m.reserved))
         .num(Col::Free, m.map(|m| m.free))
         .num(Col::Total, m.map(|m| m.total))
-        .write(w)
 }
 
 impl Csv {
@@ -212,7 +218,11 @@ impl Encoder for Csv {
         let mut w = self.builder.from_writer(out);
         let at = (at.rfc3339.as_str(), at.unix_seconds.as_str());
         for d in &s.devices {
-            memory_row(&mut w, at, "gpu", &d.info.gpu, &d.info.uuid, d.memory)?;
+            let account = s.accounting.gpus.get(d.info.uuid.as_str());
+            memory_row(at, "gpu", &d.info.gpu, &d.info.uuid, d.memory)
+                .num(Col::UsedByteSeconds, account.map(|a| a.used_byte_seconds))
+                .num(Col::BusySeconds, account.and_then(|a| a.busy_seconds))
+                .write(&mut w)?;
             rows += 1;
         }
         if kind == SampleKind::Full {
@@ -235,6 +245,14 @@ impl Encoder for Csv {
                         .num(Col::TorchSteps, steps.map(|st| st.total))
                         .num(Col::TorchStepAllocated, steps.and_then(|st| st.allocated))
                         .num(Col::TorchStepGrowth, steps.and_then(|st| st.growth_bytes()))
+                        .num(
+                            Col::UsedByteSeconds,
+                            Some(accounting::process_byte_seconds(
+                                &s.accounting,
+                                &d.info.uuid,
+                                p,
+                            )),
+                        )
                         .write(&mut w)?;
                     rows += 1;
                 }
@@ -248,14 +266,8 @@ impl Encoder for Csv {
                     rows += 1;
                 }
                 for mig in d.mig.iter() {
-                    memory_row(
-                        &mut w,
-                        at,
-                        "mig",
-                        &d.info.gpu,
-                        &mig.info.mig_uuid,
-                        mig.memory,
-                    )?;
+                    memory_row(at, "mig", &d.info.gpu, &mig.info.mig_uuid, mig.memory)
+                        .write(&mut w)?;
                     rows += 1;
                 }
             }

@@ -244,3 +244,40 @@ fn an_allocated_gpu_without_its_jobs_process_is_idle_until_one_appears_and_count
         "GPU 0's total carried through the re-open"
     );
 }
+
+/// An OpenMetrics recording carries the counters at each full sample,
+/// growing (the CSV's columns are checked in `record::`).
+#[test]
+fn an_openmetrics_recording_carries_the_counters() {
+    let sc = Scenario::new(&scenario("", true, false, "null"));
+    let out = sc.dir.path().join("run.om");
+    let run = std::process::Command::new(BIN)
+        .arg("record")
+        .arg("--nvml.library")
+        .arg(fake_nvml())
+        .args(["--log.level", "warn", "-o"])
+        .arg(&out)
+        .args(["--duration", "2500ms"])
+        .env("FAKE_NVML_CONFIG", &sc.path)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("record");
+    assert!(run.status.success(), "{}", output_text(&run));
+    let text = std::fs::read_to_string(&out).expect("recording");
+    let series = format!("uuid=\"{UUID0}\"}} ");
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with("gpu_memory_used_byte_seconds_total{"))
+        .filter_map(|l| l.split_once(series.as_str()))
+        .filter_map(|(_, rest)| rest.split(' ').next()?.parse().ok())
+        .collect();
+    assert!(values.len() >= 2, "{series} in\n{text}");
+    assert!(values.windows(2).all(|w| w[0] <= w[1]), "{values:?}");
+    assert!(values[values.len() - 1] > 0.0, "{values:?}");
+    for family in [
+        "gpu_busy_seconds_total{",
+        "gpu_process_memory_used_byte_seconds_total{",
+    ] {
+        assert!(text.contains(family), "{family} in the recording");
+    }
+}

@@ -25,7 +25,7 @@ const RESERVED: u64 = 644_939_776;
 /// The trace pid of GPU 0 (docs/record.md).
 const GPU0_TRACK: u64 = 4_194_304;
 
-const COLUMNS: [&str; 21] = [
+const COLUMNS: [&str; 23] = [
     "time",
     "unix_seconds",
     "kind",
@@ -47,6 +47,8 @@ const COLUMNS: [&str; 21] = [
     "torch_steps",
     "torch_step_allocated_bytes",
     "torch_step_growth_bytes",
+    "used_byte_seconds",
+    "busy_seconds",
 ];
 
 /// One GPU using `used`, with these (pid, bytes) on it.
@@ -251,10 +253,25 @@ fn csv_rows_are_the_scenarios_bytes() {
         assert_eq!(r.u64("reserved_bytes"), RESERVED);
         assert_eq!(r.u64("free_bytes"), TOTAL - RESERVED - used);
         assert_eq!(r.u64("total_bytes"), TOTAL);
-        for c in &COLUMNS[9..] {
+        for c in &COLUMNS[9..COLUMNS.len() - 2] {
             assert_eq!(r.get(c), "", "{c} is empty on a gpu row");
         }
+        assert_eq!(r.get("busy_seconds"), "", "no utilisation in this scenario");
     }
+    // The memory-time counter: the GPU's bytes over the rows' own times.
+    let byte_seconds = |r: &Row| -> f64 { r.get("used_byte_seconds").parse().unwrap() };
+    let (first, last) = (gpu[0], gpu[gpu.len() - 1]);
+    assert!(
+        gpu.windows(2).all(|w| byte_seconds(w[0]) <= byte_seconds(w[1])),
+        "used_byte_seconds never goes back"
+    );
+    let span = (last.ms() - first.ms()) as f64 / 1000.0;
+    let got = byte_seconds(last) - byte_seconds(first);
+    let want = used as f64 * span;
+    assert!(
+        (got - want).abs() <= 0.005 * want,
+        "used_byte_seconds grew {got} over {span} s, want {want}"
+    );
     let process: Vec<&Row> = rows.iter().filter(|r| r.get("kind") == "process").collect();
     let mut full_samples: Vec<u64> = process.iter().map(|r| r.ms()).collect();
     full_samples.dedup();
@@ -284,6 +301,21 @@ fn csv_rows_are_the_scenarios_bytes() {
         ] {
             assert_eq!(r.get(c), "", "{c} is empty on this process row");
         }
+    }
+    // Each process's memory-time over its rows: its bytes × the time.
+    for (pid, bytes) in [(a, a_used), (b, b_used)] {
+        let rs: Vec<&&Row> = process
+            .iter()
+            .filter(|r| r.get("pid") == pid.to_string())
+            .collect();
+        let (first, last) = (rs[0], rs[rs.len() - 1]);
+        let span = (last.ms() - first.ms()) as f64 / 1000.0;
+        let got = byte_seconds(last) - byte_seconds(first);
+        let want = bytes as f64 * span;
+        assert!(
+            (got - want).abs() <= 0.005 * want,
+            "pid {pid}: used_byte_seconds grew {got} over {span} s, want {want}"
+        );
     }
     // A full sample writes its gpu row and its process rows at one time.
     for t in &full_samples {
