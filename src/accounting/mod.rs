@@ -75,6 +75,7 @@ impl Ledger {
         self.integrate(dt);
         let folded = self.take_in(s, t);
         self.allocations(s, dt, t, folded);
+        self.accounts.seconds = t;
         self.accounts.clone()
     }
 

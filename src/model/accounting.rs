@@ -35,6 +35,9 @@ pub struct Accounts {
     /// row's total is its folded one plus these (and its idle total too
     /// while it is idle).
     pub allocation_pending_seconds: f64,
+    /// Seconds from the ledger's first sample to this one, on the
+    /// monotonic clock the totals were integrated with.
+    pub seconds: f64,
 }
 
 /// How long a workload's (or an allocation row's) totals outlive it: a

@@ -19,7 +19,8 @@
 //! The rooms: `format.rs` (which format, a sample's time and kind, the
 //! [`Encoder`] trait), the formats `csv.rs`, `trace.rs`, `openmetrics.rs`,
 //! `output.rs` (the file), `regroup.rs` (an OpenMetrics file rewritten
-//! family by family after a clean stop), `session.rs` (one recording's steps over the
+//! family by family after a clean stop), `summary.rs` (the summary on stderr and
+//! `<file>.summary.json` at the end), `session.rs` (one recording's steps over the
 //! shared [`Pipeline`](crate::pipeline::Pipeline)) and `child.rs` (the
 //! command).
 
@@ -30,6 +31,7 @@ pub(crate) mod openmetrics;
 pub(crate) mod output;
 mod regroup;
 mod session;
+mod summary;
 pub(crate) mod trace;
 
 pub use format::Format;

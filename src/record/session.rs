@@ -7,14 +7,16 @@
 
 use std::ffi::OsString;
 use std::process::ExitStatus;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{Receiver, sync_channel};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use super::child::{self, EXIT_CANNOT_START};
 use super::format::{Classifier, EncodeError, Encoder, Format, Stamp};
 use super::output::{self, OutputError, Target};
+use super::summary::{self, Tracker};
 use super::{csv, openmetrics, regroup, trace};
 use crate::config::{Config, HumanDuration};
 use crate::gpu::GpuSource;
@@ -87,11 +89,15 @@ pub(crate) fn write_all(
     mut out: output::Output,
     mut enc: Box<dyn Encoder>,
     rx: Receiver<Arc<Snapshot>>,
+    tracker: Option<&Mutex<Tracker>>,
 ) -> Result<Summary, WriteError> {
     let mut kinds = Classifier::default();
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut summary = Summary::default();
     for s in rx.iter() {
+        if let Some(t) = tracker {
+            t.lock().unwrap_or_else(|e| e.into_inner()).add(&s);
+        }
         let kind = kinds.next(&s);
         let at = Stamp::new(s.taken_at);
         buf.clear();
@@ -134,7 +140,14 @@ where
     // output is opened, and no file is left behind when NVML cannot load.
     let pipeline = Pipeline::start(cfg, reload, Some(sink_tx), open)
         .map_err(|e| RecordError::Sampler(Box::new(e)))?;
-    let started = match Writer::start(&opts, sink_rx).and_then(|w| Ok((w, runtime()?))) {
+    let command_pid = Arc::new(AtomicU32::new(0));
+    let tracker = Arc::new(Mutex::new(Tracker::new(
+        Arc::clone(&command_pid),
+        std::path::Path::new(&pipeline.config().attribution.procfs),
+    )));
+    let started = match Writer::start(&opts, sink_rx, Arc::clone(&tracker))
+        .and_then(|w| Ok((w, runtime()?)))
+    {
         Ok(s) => s,
         Err(e) => {
             pipeline.stop_and_join();
@@ -153,7 +166,7 @@ where
     );
     let (stopped, mut child) = runtime.block_on(async {
         let signals = pipeline.run_background();
-        wait_for_end(&opts, signals, &mut writer.done).await
+        wait_for_end(&opts, signals, &mut writer.done, &command_pid).await
     });
     let dropped = pipeline.shared().sink_dropped();
     pipeline.stop_and_join();
@@ -164,6 +177,13 @@ where
             "samples left out of the recording because writing them fell behind"
         );
     }
+    let end = match &stopped {
+        Stopped::Exited(_) => "exited",
+        Stopped::CannotStart(_) => "cannot_start",
+        Stopped::Duration => "duration",
+        Stopped::Signal => "interrupted",
+        Stopped::WriterEnded => "writer_ended",
+    };
     let status = match stopped {
         Stopped::Exited(status) => Some(status),
         Stopped::CannotStart(e) => {
@@ -183,10 +203,16 @@ where
         }
         Stopped::Duration | Stopped::WriterEnded | Stopped::Signal => None,
     };
+    let mut command_code = None;
+    let mut end = end.to_string();
     match status {
         Some(Ok(s)) => {
             let c = child::exit_code(s);
             tracing::info!(status = %s, "command exited");
+            if std::os::unix::process::ExitStatusExt::signal(&s).is_some() {
+                end = "signalled".into();
+            }
+            command_code = Some(i32::from(c));
             if code == 0 {
                 code = c;
             }
@@ -197,7 +223,31 @@ where
         }
         None => {}
     }
+    let report = tracker
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .report(&end, command_code);
+    write_summary(&opts.target, &report);
     Ok(code)
+}
+
+/// The summary on stderr, and as JSON beside a recording in a file. A
+/// summary that cannot be written is said, and changes no exit code.
+fn write_summary(target: &Target, report: &summary::Report) {
+    eprint!("{}", report.text());
+    let Target::Path(p) = target else {
+        return;
+    };
+    let path = summary::json_path(p);
+    let written = serde_json::to_vec_pretty(report)
+        .map_err(std::io::Error::other)
+        .and_then(|json| std::fs::write(&path, json));
+    if let Err(e) = written {
+        eprintln!(
+            "gpumem-exporter: cannot write the summary {}: {e}",
+            path.display()
+        );
+    }
 }
 
 /// The recorder's runtime: signals, the pod watcher, the pod-resources
@@ -218,7 +268,11 @@ struct Writer {
 
 impl Writer {
     /// Open the output (header written) and start writing what `rx` yields.
-    fn start(opts: &Options, rx: Receiver<Arc<Snapshot>>) -> Result<Writer, RecordError> {
+    fn start(
+        opts: &Options,
+        rx: Receiver<Arc<Snapshot>>,
+        tracker: Arc<Mutex<Tracker>>,
+    ) -> Result<Writer, RecordError> {
         let started = Stamp::new(SystemTime::now());
         let mut enc = encoder(opts.format, &started);
         let header = enc.header()?;
@@ -236,7 +290,7 @@ impl Writer {
         let thread = std::thread::Builder::new()
             .name("recorder".into())
             .spawn(move || {
-                let mut r = write_all(out, enc, rx);
+                let mut r = write_all(out, enc, rx, Some(&tracker));
                 if let (Ok(summary), Some(path)) = (&mut r, regroup) {
                     match regroup::regroup(&path) {
                         Ok(done) => summary.bytes = done.bytes,
@@ -282,11 +336,15 @@ async fn wait_for_end(
     opts: &Options,
     mut signals: Signals,
     writer_done: &mut tokio::sync::oneshot::Receiver<()>,
+    command_pid: &AtomicU32,
 ) -> (Stopped, Option<tokio::process::Child>) {
     let mut child = None;
     if let Some((program, args)) = opts.command.split_first() {
         match child::start(program, args, opts.target == Target::Stdout) {
-            Ok(c) => child = Some(c),
+            Ok(c) => {
+                command_pid.store(c.id().unwrap_or(0), Ordering::Release);
+                child = Some(c);
+            }
             Err(e) => return (Stopped::CannotStart(e), None),
         }
     }

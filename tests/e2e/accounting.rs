@@ -281,3 +281,129 @@ fn an_openmetrics_recording_carries_the_counters() {
         assert!(text.contains(family), "{family} in the recording");
     }
 }
+
+// ------------------------------------------------------------ record's summary
+
+const TOTAL: u64 = 10 << 30;
+const BASE: u64 = 1 << 30;
+/// The command's process: 9 GiB, so the GPU (1 + 9 of 10 GiB) is above
+/// 90 % while it is listed.
+const OWN: u64 = 9 << 30;
+
+fn summary_scenario(own_pid: Option<&str>) -> String {
+    let (used, procs) = match own_pid {
+        Some(pid) => (
+            BASE + OWN,
+            format!("\n      - {{pid: {pid}, used: {OWN}}}\n"),
+        ),
+        None => (BASE, " []\n".to_string()),
+    };
+    format!(
+        "devices:\n  - uuid: {UUID0}\n    memory: {{total: {TOTAL}, reserved: 0, used: {used}}}\n    processes:{procs}"
+    )
+}
+
+/// `record -o run.csv -- sh -c SCRIPT`, where the script first lists its
+/// own pid in the scenario (the fake re-reads it), then does `then`.
+fn record_command(sc: &Scenario, then: &str) -> std::process::Command {
+    let listed = summary_scenario(Some("$$"));
+    let script = format!(
+        "printf '%s' \"{}\" > {p}.tmp && mv {p}.tmp {p}; {then}",
+        listed.replace('"', "\\\""),
+        p = sc.path.display()
+    );
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.arg("record")
+        .arg("--nvml.library")
+        .arg(fake_nvml())
+        .args(["--log.level", "warn", "--sample-interval", "200ms", "-o"])
+        .arg(sc.dir.path().join("run.csv"))
+        .args(["--", "sh", "-c", &script])
+        .env("FAKE_NVML_CONFIG", &sc.path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+/// The summary's figures against the recording's own rows (the fake's
+/// history as the recorder saw it): the same samples, the same sums.
+fn check_summary(sc: &Scenario, out: &std::process::Output, end: &str, code: i32) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("gpumem-exporter record: "), "{stderr}");
+    assert!(stderr.contains(&format!("ended: {end} (exit code {code})")), "{stderr}");
+    let json = std::fs::read_to_string(sc.dir.path().join("run.csv.summary.json"))
+        .expect("the summary beside the recording");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("summary JSON");
+    assert_eq!(v["end"], end, "{json}");
+    assert_eq!(v["exit_code"], code, "{json}");
+    // The recording's gpu rows: (seconds, used bytes).
+    let mut r = csv::Reader::from_path(sc.dir.path().join("run.csv")).expect("csv");
+    let header = r.headers().expect("header").clone();
+    let col = |name: &str| header.iter().position(|h| h == name).expect("column");
+    let (t, used, kind, pid) = (col("unix_seconds"), col("used_bytes"), col("kind"), col("pid"));
+    let rows: Vec<csv::StringRecord> = r.records().map(|x| x.expect("row")).collect();
+    let gpu: Vec<(f64, u64)> = rows
+        .iter()
+        .filter(|x| &x[kind] == "gpu")
+        .map(|x| (x[t].parse().unwrap(), x[used].parse().unwrap()))
+        .collect();
+    let g = &v["gpus"][0];
+    assert_eq!(g["uuid"], UUID0);
+    assert_eq!(g["peak_used_bytes"], BASE + OWN, "{json}");
+    let above: f64 = gpu
+        .windows(2)
+        .filter(|w| w[0].1 as f64 >= 0.9 * TOTAL as f64)
+        .map(|w| w[1].0 - w[0].0)
+        .sum();
+    let got = g["seconds_above_90_percent"].as_f64().unwrap();
+    assert!((got - above).abs() < 0.01, "above 90 %: {got} vs the rows' {above}");
+    assert!(above > 0.5, "{above}");
+    // Mean and GiB-hours: the rows' time-weighted sum (left rule).
+    let bs: f64 = gpu
+        .windows(2)
+        .map(|w| w[0].1 as f64 * (w[1].0 - w[0].0))
+        .sum();
+    let span = gpu[gpu.len() - 1].0 - gpu[0].0;
+    let gib_hours = g["gib_hours"].as_f64().unwrap();
+    let want = bs / 3600.0 / (1u64 << 30) as f64;
+    assert!((gib_hours - want).abs() <= want * 0.005, "GiB-hours {gib_hours} vs {want}");
+    let mean = g["mean_used_bytes"].as_f64().unwrap();
+    assert!((mean - bs / span).abs() <= bs / span * 0.005, "mean {mean} vs {}", bs / span);
+    // The command's own process: exactly its bytes, and it is the only one.
+    let procs = v["processes"].as_array().expect("processes");
+    assert_eq!(procs.len(), 1, "{json}");
+    let p = &procs[0];
+    assert_eq!(p["peak_used_bytes"], OWN);
+    let mean = p["mean_used_bytes"].as_f64().unwrap();
+    assert!((mean - OWN as f64).abs() < 1.0, "mean of a constant: {mean}");
+    assert!(
+        rows.iter().any(|x| &x[kind] == "process" && x[pid] == p["pid"].to_string()),
+        "the pid is the recording's"
+    );
+}
+
+#[test]
+fn record_ends_with_a_summary_when_the_command_succeeds_fails_or_is_interrupted() {
+    for (then, end, code) in [
+        ("sleep 2", "exited", 0),
+        ("sleep 2; exit 3", "exited", 3),
+    ] {
+        let sc = Scenario::new(&summary_scenario(None));
+        let out = record_command(&sc, then).output().expect("record");
+        assert_eq!(out.status.code(), Some(code), "{}", output_text(&out));
+        check_summary(&sc, &out, end, code);
+    }
+    // Ctrl-C: SIGINT to the recorder's process group, as a terminal does.
+    let sc = Scenario::new(&summary_scenario(None));
+    let mut cmd = record_command(&sc, "sleep 30");
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let child = cmd.spawn().expect("record");
+    std::thread::sleep(Duration::from_millis(2500));
+    let pgid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: kill(2) on the process group we just made, a valid signal.
+    assert_eq!(unsafe { libc::kill(-pgid, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().expect("record");
+    assert_eq!(out.status.code(), Some(130), "{}", output_text(&out));
+    check_summary(&sc, &out, "signalled", 130);
+}
