@@ -6,6 +6,10 @@
 //! its own, all labels filled: the largest body) and `bare` (a host without
 //! Kubernetes: namespace, pod and container empty).
 //!
+//! `{shape}/ledger`: what the memory-time ledger adds to each published
+//! sample (`memory_sample`: the same process lists, `full_sample`: every
+//! list new, 2,048 processes folded), and the body with its families.
+//!
 //!     cargo bench --bench encode
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench/test: a panic is the failure report
 
@@ -16,6 +20,7 @@ use std::io::Write as _;
 use std::sync::Arc;
 
 use criterion::{BatchSize, Throughput};
+use gpumem_exporter::testing::accounting::Ledger;
 use gpumem_exporter::testing::expose::{self, Format};
 use gpumem_exporter::testing::http::BodyCache;
 
@@ -61,6 +66,48 @@ fn main() {
         });
         assert!(reuse.reused() > 0, "the full-sample segments were reused");
         g.finish();
+
+        // The ledger: a memory-only sample (the very same process lists)
+        // and a full one (every list a new Arc), 100 ms apart.
+        let mut g = c.benchmark_group(format!("{shape}/ledger"));
+        let mut ledger = Ledger::new();
+        let mut at = std::time::Instant::now();
+        ledger.record(&snapshot, at);
+        g.bench_function("memory_sample", |b| {
+            b.iter(|| {
+                at += std::time::Duration::from_millis(100);
+                black_box(ledger.record(&snapshot, at))
+            })
+        });
+        g.bench_function("full_sample", |b| {
+            b.iter_batched(
+                || {
+                    let mut s = (*snapshot).clone();
+                    for d in &mut s.devices {
+                        d.processes = Arc::from(d.processes.to_vec());
+                    }
+                    s
+                },
+                |s| {
+                    at += std::time::Duration::from_millis(100);
+                    ledger.record(&s, at)
+                },
+                BatchSize::SmallInput,
+            )
+        });
+        g.finish();
+        let mut accounted = (*snapshot).clone();
+        accounted.accounting = ledger.record(&snapshot, at + std::time::Duration::from_secs(1));
+        let accounted = Arc::new(accounted);
+        let with = expose::encode(&accounted, Format::Text).expect("encode text");
+        let series = |t: &str| t.lines().filter(|l| !l.starts_with('#')).count();
+        println!(
+            "{shape}: with the ledger's families text {} bytes (+{}), {} series (+{})",
+            with.len(),
+            with.len() - text.len(),
+            series(&with),
+            series(&with) - series(&text)
+        );
 
         let mut g = c.benchmark_group(format!("{shape}/published"));
         // Every scrape of a snapshot after the first: a OnceLock read and a

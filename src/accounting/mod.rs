@@ -26,8 +26,8 @@ use std::time::Instant;
 
 use crate::collectors::utilization::Utilization;
 use crate::model::{
-    Accounts, AllocatedDevice, AllocationAccount, AllocationRow, GpuAccount, ProcessSample,
-    Snapshot, WORKLOAD_GRACE_SECONDS, Workload, WorkloadAccount,
+    Accounts, AllocatedDevice, AllocationRow, ProcessSample, Snapshot, WORKLOAD_GRACE_SECONDS,
+    Workload,
 };
 
 /// What one GPU showed at the last sample: held until this one.
@@ -119,7 +119,7 @@ impl Ledger {
                 None => Arc::from(uuid),
             };
             let gpus = Arc::make_mut(&mut self.accounts.gpus);
-            let g = gpus.entry(Arc::clone(&key)).or_insert_with(GpuAccount::default);
+            let g = gpus.entry(Arc::clone(&key)).or_default();
             if g.gpu != d.info.gpu {
                 g.gpu = d.info.gpu.clone();
             }
@@ -210,9 +210,7 @@ impl Ledger {
         }
         for p in new {
             if let Some(w) = Workload::of(&p.ident) {
-                let a = loads
-                    .entry((w, Arc::clone(uuid)))
-                    .or_insert_with(WorkloadAccount::default);
+                let a = loads.entry((w, Arc::clone(uuid))).or_default();
                 a.live = true;
                 a.last_seen = t;
             }
@@ -281,7 +279,7 @@ impl Ledger {
             by_uuid.get(uuid).copied()
         };
         let mut put = |row: AllocationRow, busy: bool| {
-            let a = rows.entry(row).or_insert_with(AllocationAccount::default);
+            let a = rows.entry(row).or_default();
             a.present = true;
             a.idle = !busy;
             a.last_seen = t;
@@ -336,9 +334,8 @@ fn gpu_uuid<'a>(s: &'a Snapshot, device: &'a AllocatedDevice) -> Option<&'a str>
     };
     match device {
         AllocatedDevice::Gpu { uuid } => Some(uuid),
-        AllocatedDevice::MigOfParent { gpu_uuid, .. } | AllocatedDevice::MigOfGpu { gpu_uuid, .. } => {
-            Some(gpu_uuid)
-        }
+        AllocatedDevice::MigOfParent { gpu_uuid, .. }
+        | AllocatedDevice::MigOfGpu { gpu_uuid, .. } => Some(gpu_uuid),
         AllocatedDevice::Mig { mig_uuid } => s
             .devices
             .iter()
@@ -383,7 +380,9 @@ pub(crate) fn workload_totals(s: &Snapshot) -> BTreeMap<(Workload, Arc<str>), (f
             .collect();
         let mut charged: HashSet<&Workload> = HashSet::new();
         for (w, bytes) in &live {
-            let e = out.entry((w.clone(), Arc::clone(uuid))).or_insert((0.0, 0.0));
+            let e = out
+                .entry((w.clone(), Arc::clone(uuid)))
+                .or_insert((0.0, 0.0));
             e.0 += *bytes as f64 * g.pending_seconds;
             if charged.insert(w) {
                 e.1 += g.pending_busy_seconds;

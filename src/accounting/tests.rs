@@ -3,8 +3,8 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use super::*;
 use crate::model::{
-    AllocatedDevice, DeviceInfo, DeviceSample, JobAllocation, JobMappingState, MemoryInfo,
-    ProcIdentity, Readings, SlurmJob,
+    AllocatedDevice, DeviceInfo, DeviceSample, GpuAccount, JobAllocation, JobMappingState,
+    MemoryInfo, ProcIdentity, Readings, SlurmJob,
 };
 
 const GPU0: &str = "GPU-00000000-0000-0000-0000-000000000000";
@@ -100,10 +100,7 @@ fn bytes_held_between_samples_integrate_exactly_and_survive_the_process() {
     let s = snap(Some(8 * GIB), Some(50), &list);
     close(gpu(&a).used_byte_seconds, 240.0 * GIB as f64);
     close(gpu(&a).busy_seconds.unwrap_or(0.0), 15.0);
-    close(
-        process_byte_seconds(&a, GPU0, &list[0]),
-        240.0 * GIB as f64,
-    );
+    close(process_byte_seconds(&a, GPU0, &list[0]), 240.0 * GIB as f64);
     let mut s2 = s.clone();
     s2.accounting = a.clone();
     let w = workload_totals(&s2);
@@ -117,7 +114,10 @@ fn bytes_held_between_samples_integrate_exactly_and_survive_the_process() {
     close(w[&user].1, 15.0);
 
     // It exits: its series goes, its workload keeps what it had.
-    let a = l.record(&snap(Some(0), Some(0), &none), t0 + Duration::from_millis(30_500));
+    let a = l.record(
+        &snap(Some(0), Some(0), &none),
+        t0 + Duration::from_millis(30_500),
+    );
     assert!(a.processes.is_empty(), "{:?}", a.processes);
     let mut s3 = snap(Some(0), Some(0), &none);
     s3.accounting = a.clone();

@@ -17,8 +17,8 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use crate::encoding::gauge;
 use crate::accounting::allocation_seconds;
+use crate::encoding::gauge;
 use crate::model::{AllocatedDevice, Allocation, AllocationRow, DeviceInfo, MigInfo, Snapshot};
 
 /// `gpu_allocation_info`, when the pod-resources client or the Slurm
@@ -141,7 +141,12 @@ pub(super) fn counters(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
             true,
         ),
     ] {
-        let mut m = enc.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+        let mut m = enc.encode_descriptor(
+            name,
+            help,
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
         let mut each = |row: &AllocationRow,
                         device: &AllocatedDevice,
                         replica: Option<&str>,
@@ -160,10 +165,9 @@ pub(super) fn counters(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
         for row in s.accounting.allocations.keys() {
             match row {
                 AllocationRow::Kube(a) => {
-                    if !s
-                        .pod_resources
+                    if s.pod_resources
                         .as_ref()
-                        .is_some_and(|p| p.allocations.binary_search(a).is_ok())
+                        .is_none_or(|p| p.allocations.binary_search(a).is_err())
                     {
                         continue;
                     }
@@ -177,10 +181,9 @@ pub(super) fn counters(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
                     each(row, &a.device, replica.as_deref(), &owner)?;
                 }
                 AllocationRow::Dra(a) => {
-                    if !s
-                        .pod_resources
+                    if s.pod_resources
                         .as_ref()
-                        .is_some_and(|p| p.dra.binary_search(a).is_ok())
+                        .is_none_or(|p| p.dra.binary_search(a).is_err())
                     {
                         continue;
                     }
@@ -198,10 +201,9 @@ pub(super) fn counters(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
                     each(row, &a.device, None, &owner)?;
                 }
                 AllocationRow::Slurm(a) => {
-                    if !s
-                        .job_mapping
+                    if s.job_mapping
                         .as_ref()
-                        .is_some_and(|j| j.allocations.binary_search(a).is_ok())
+                        .is_none_or(|j| j.allocations.binary_search(a).is_err())
                     {
                         continue;
                     }

@@ -281,7 +281,13 @@ pub fn encode_reusing(
     let registry = reuse.registry;
     append(&mut out, snapshot, format, &[Group::Devices], registry)?;
     out.push_str(&k.processes);
-    append(&mut out, snapshot, format, &[Group::Allocation, Group::Accounting], registry)?;
+    append(
+        &mut out,
+        snapshot,
+        format,
+        &[Group::Allocation, Group::Accounting],
+        registry,
+    )?;
     out.push_str(&k.collectors);
     append(
         &mut out,

@@ -86,9 +86,15 @@ pub enum Workload {
         pod: Arc<str>,
         pod_uid: Arc<str>,
     },
-    SlurmJob { job: Arc<str> },
-    Container { container_id: Arc<str> },
-    User { user: Arc<str> },
+    SlurmJob {
+        job: Arc<str>,
+    },
+    Container {
+        container_id: Arc<str>,
+    },
+    User {
+        user: Arc<str>,
+    },
 }
 
 impl Workload {

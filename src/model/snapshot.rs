@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::{
-    Accounts, ContainerLookups, DeviceSample, DriverInfo, ExporterCounters, JobMappingState, KubeState,
-    PodResourcesState, TorchCounters,
+    Accounts, ContainerLookups, DeviceSample, DriverInfo, ExporterCounters, JobMappingState,
+    KubeState, PodResourcesState, TorchCounters,
 };
 use crate::gpu_error::{ErrorKind, Operation};
 

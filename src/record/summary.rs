@@ -158,10 +158,7 @@ impl Tracker {
                 if !self.is_own(p.pid) {
                     continue;
                 }
-                let e = self
-                    .procs
-                    .entry((d.info.uuid.clone(), p.pid))
-                    .or_default();
+                let e = self.procs.entry((d.info.uuid.clone(), p.pid)).or_default();
                 e.gpu = d.info.gpu.clone();
                 if e.process.is_empty() {
                     e.process = p.ident.comm.to_string();

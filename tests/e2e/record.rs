@@ -262,7 +262,8 @@ fn csv_rows_are_the_scenarios_bytes() {
     let byte_seconds = |r: &Row| -> f64 { r.get("used_byte_seconds").parse().unwrap() };
     let (first, last) = (gpu[0], gpu[gpu.len() - 1]);
     assert!(
-        gpu.windows(2).all(|w| byte_seconds(w[0]) <= byte_seconds(w[1])),
+        gpu.windows(2)
+            .all(|w| byte_seconds(w[0]) <= byte_seconds(w[1])),
         "used_byte_seconds never goes back"
     );
     let span = (last.ms() - first.ms()) as f64 / 1000.0;
