@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::harness::cluster::{cgroup_containerd, pod_uid, write_proc};
+use crate::harness::cluster::{cgroup_containerd, cgroupfs_of, pod_uid, write_proc};
 use crate::harness::*;
 
 const UUID0: &str = "GPU-acc00000-0000-0000-0000-000000000000";
@@ -69,8 +69,9 @@ fn start() -> Node {
     std::fs::create_dir_all(&jobs).expect("job dir");
     std::fs::write(jobs.join("1"), "42\n").expect("job file");
     let config = format!(
-        "sample_interval: 500ms\npath:\n  procfs: {}\nslurm:\n  job_mapping_dir: {}\n  job_mapping_interval: 200ms\n",
+        "sample_interval: 500ms\npath:\n  procfs: {}\n  cgroupfs: {}\nslurm:\n  job_mapping_dir: {}\n  job_mapping_interval: 200ms\n",
         proc_root.display(),
+        cgroupfs_of(&proc_root).display(),
         jobs.display()
     );
     let ex = Exporter::with_config(&sc, &config, &[]);
