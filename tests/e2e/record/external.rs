@@ -29,13 +29,16 @@ fn csv_process_rows_carry_torch_figures_when_bridged() {
     let py = Py::bridge(&state, "");
     let sc = Scenario::new(&scenario(12 << 30, &[(py.pid, 10 << 30)]));
     let out_path = sc.dir.path().join("run.csv");
+    // The harness's bridge sends no socket messages (GPUMEM_BRIDGE_SOCKET
+    // off), so its figures come by the fd fallback, which first looks for
+    // a bridge 2 s after the process is seen: record for longer than that.
     let out = run(record(
         &sc,
         &[
             "-o",
             path_str(&out_path),
             "--duration",
-            "1500ms",
+            "4s",
             "--sample-interval",
             "200ms",
         ],
