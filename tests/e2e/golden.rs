@@ -393,7 +393,7 @@ fn fixed_snapshot() -> Snapshot {
             },
         }),
         exporter: ExporterCounters::default(),
-        forecasts: Vec::new(),
+        forecasts: Default::default(),
     }
 }
 

@@ -1,0 +1,219 @@
+//! The table of histories (`forecast/table.rs`, the same rows the unit
+//! test of `src/history.rs` plays) on the fake NVML: one fake GPU a row,
+//! its used memory from the fake's `used_timeline`, every row at once,
+//! the real binary under `faketime` at 30 times real speed (its wall
+//! clock only: samples every 33 ms real are one a fake second, so its
+//! one-second history is what it would be at 10 Hz). The test reads
+//! `gpu_memory_full_in_seconds` from each scrape with the sample's own
+//! time (`gpumem_exporter_last_sample_timestamp_seconds`): every ramp's
+//! read at 25, 50 and 75 % of the way within 15 % of the truth, no
+//! forecast for a step, a sawtooth without a leak or noise, and none a
+//! few seconds after a ramp stops. About 90 s.
+
+#[path = "forecast/table.rs"]
+mod table;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::harness::tools::require_tool;
+use crate::harness::*;
+use table::{Expect, Row};
+
+/// Fake seconds per real second.
+const SPEED: u32 = 30;
+/// The fake clock at the exporter's start: 2030-01-01T00:00:00Z.
+const FAKE_START: f64 = 1_893_456_000.0;
+/// The rows start this long after it (the exporter is up by then).
+const LEAD: f64 = 60.0;
+
+fn scenario(rows: &[Row]) -> String {
+    let mut y = String::from("devices:\n");
+    for (i, r) in rows.iter().enumerate() {
+        let knots: Vec<String> = r
+            .knots
+            .iter()
+            .map(|&(t, v)| format!("[{:.3}, {v}]", FAKE_START + LEAD + t))
+            .collect();
+        y += &format!(
+            "  - uuid: GPU-f0{i:06x}-0000-0000-0000-000000000000\n    memory: {{total: {}, reserved: {}, used: {}}}\n    used_timeline: [{}]\n",
+            r.total,
+            table::RESERVED,
+            r.used(0.0),
+            knots.join(", ")
+        );
+    }
+    y
+}
+
+/// What a row needs to be watched for (row seconds).
+fn until(r: &Row) -> f64 {
+    match r.expect {
+        Expect::Ramp { .. } => r.reads().last().map_or(r.seconds, |x| x.1 + 2.0),
+        Expect::Never => r.seconds.min(900.0),
+        Expect::Stops { stop, within, .. } => stop + within + 60.0,
+    }
+}
+
+#[derive(Default)]
+struct Seen {
+    /// (share, truth, forecast) per read.
+    reads: Vec<(f64, f64, Option<f64>)>,
+    /// A forecast seen where there must be none: (row second, value).
+    wrong: Option<(f64, f64)>,
+    /// A forecast seen while a stopping ramp ran; and the first time
+    /// after `start + first_within` had one.
+    during: bool,
+    first: Option<(f64, bool)>,
+}
+
+#[test]
+fn the_table_of_histories_on_the_fake_nvml() {
+    let faketime = require_tool("faketime");
+    let rows = table::rows();
+    let sc = Scenario::new(&scenario(&rows));
+    let mut cmd = Command::new(faketime);
+    cmd.args(["-f", &format!("@2030-01-01 00:00:00 x{SPEED}"), BIN])
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    let interval = format!("{}ms", 1000 / SPEED);
+    let ex = Exporter::spawn(Exporter::command(
+        cmd,
+        &sc,
+        &["--memory-sample-interval", &interval],
+    ));
+    let end = rows.iter().map(until).fold(0.0, f64::max);
+    let mut seen: Vec<Seen> = rows.iter().map(|_| Seen::default()).collect();
+    let started = Instant::now();
+    let mut t = f64::NEG_INFINITY;
+    while t < end {
+        assert!(
+            started.elapsed() < Duration::from_secs_f64(end / f64::from(SPEED) + 60.0),
+            "the fake clock does not run at {SPEED}x: at {t} of {end} s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let m = ex.metrics();
+        let Some(ts) = m.get("gpumem_exporter_last_sample_timestamp_seconds", &[]) else {
+            continue;
+        };
+        t = ts - FAKE_START - LEAD;
+        for (i, (r, s)) in rows.iter().zip(&mut seen).enumerate() {
+            let gpu = i.to_string();
+            let f = m.get("gpu_memory_full_in_seconds", &[("gpu", gpu.as_str())]);
+            match r.expect {
+                Expect::Ramp {
+                    start,
+                    first_within,
+                    ..
+                } => {
+                    for (q, at, _) in r.reads() {
+                        if t >= at && !s.reads.iter().any(|x| x.0 == q) {
+                            let truth = r.full_at().unwrap_or(f64::NAN) - t;
+                            s.reads.push((q, truth, f));
+                        }
+                    }
+                    if t < start && s.wrong.is_none() {
+                        s.wrong = f.map(|f| (t, f));
+                    }
+                    if let Some(w) = first_within
+                        && t >= start + w
+                        && s.first.is_none()
+                    {
+                        s.first = Some((t - start, f.is_some()));
+                    }
+                }
+                Expect::Never => {
+                    if t >= 0.0 && s.wrong.is_none() {
+                        s.wrong = f.map(|f| (t, f));
+                    }
+                }
+                Expect::Stops {
+                    start,
+                    stop,
+                    within,
+                } => {
+                    s.during |= t >= start && t < stop && f.is_some();
+                    if t >= stop + within && s.wrong.is_none() {
+                        s.wrong = f.map(|f| (t, f));
+                    }
+                }
+            }
+        }
+    }
+    let mut failures = Vec::new();
+    println!("| row | read at | truth s | forecast s | error |");
+    println!("|---|---|---|---|---|");
+    for (r, s) in rows.iter().zip(&seen) {
+        for &(q, truth, f) in &s.reads {
+            let error = f.map(|f| (f - truth) / truth);
+            println!(
+                "| {} | {:.0} % | {truth:.1} | {} | {} |",
+                r.name,
+                q * 100.0,
+                f.map_or("none".into(), |f| format!("{f:.1}")),
+                error.map_or("-".into(), |e| format!("{:+.1} %", e * 100.0))
+            );
+            if !error.is_some_and(|e| e.abs() <= table::TOLERANCE) {
+                failures.push(format!(
+                    "{}: at {:.0} %: {f:?} against {truth:.1}",
+                    r.name,
+                    q * 100.0
+                ));
+            }
+        }
+        if matches!(r.expect, Expect::Ramp { .. }) && s.reads.len() != table::READS.len() {
+            failures.push(format!("{}: read {} times", r.name, s.reads.len()));
+        }
+        if let Some((t, f)) = s.wrong {
+            failures.push(format!("{}: a forecast of {f:.1} s at {t:.1} s", r.name));
+        }
+        match (&r.expect, s.first) {
+            (
+                Expect::Ramp {
+                    first_within: Some(_),
+                    ..
+                },
+                Some((after, true)),
+            ) => {
+                println!(
+                    "| {} | first forecast | - | there {after:.1} s after the start | - |",
+                    r.name
+                )
+            }
+            (
+                Expect::Ramp {
+                    first_within: Some(_),
+                    ..
+                },
+                other,
+            ) => failures.push(format!("{}: no forecast in time: {other:?}", r.name)),
+            _ => {}
+        }
+        match r.expect {
+            Expect::Never => println!(
+                "| {} | any time | - | {} | - |",
+                r.name,
+                if s.wrong.is_some() {
+                    "a forecast"
+                } else {
+                    "none (as it should)"
+                }
+            ),
+            Expect::Stops { .. } => {
+                println!(
+                    "| {} | after the stop | - | {} | - |",
+                    r.name,
+                    if s.wrong.is_some() {
+                        "still one"
+                    } else {
+                        "gone (as it should)"
+                    }
+                );
+                if !s.during {
+                    failures.push(format!("{}: no forecast while it grew", r.name));
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
