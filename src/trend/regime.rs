@@ -44,7 +44,7 @@
 
 /// Each side of a split, and the regime a forecast is made from, holds at
 /// least this many points (seconds).
-pub const MIN_SEGMENT: usize = 8;
+pub const MIN_SEGMENT: usize = 7;
 /// ... over at least this many seconds.
 pub const MIN_SPAN: u64 = 7;
 /// Splits tried, the latest part each time.
@@ -72,8 +72,8 @@ pub struct Regime {
     /// Growth in y units (bytes) per x unit (second).
     pub slope: f64,
     /// The top of the regime at its last point: the fitted line there
-    /// plus the largest residual above the line within the regime (the
-    /// peak of a sawtooth's teeth, or of the noise), in y units.
+    /// plus the 80th percentile of the residuals within the regime (the
+    /// tops of a sawtooth's teeth), in y units.
     pub level: f64,
     /// x of the regime's last point.
     pub last_x: u64,
@@ -169,9 +169,11 @@ impl Finder {
     }
 
     /// Where the last regime of points `..m` starts (binary segmentation
-    /// of the latest part), and where the one before it started.
+    /// of the latest part, then merged back over the parts before that
+    /// continue it), and where the one before it started.
     fn segment(&self, m: usize) -> (usize, usize) {
-        let (mut before, mut start) = (0, 0);
+        let mut cuts = vec![0];
+        let mut start = 0;
         for _ in 0..MAX_SPLITS {
             let n = m - start;
             if n < 2 * MIN_SEGMENT {
@@ -187,12 +189,40 @@ impl Finder {
             }
             let variance = (best / (n as f64 - 4.0)).max(NOISE_FLOOR_MIB * NOISE_FLOOR_MIB);
             if whole - best > SPLIT_PENALTY * (n as f64).ln() * variance {
-                (before, start) = (start, at);
+                start = at;
+                cuts.push(at);
             } else {
                 break;
             }
         }
-        (before, start)
+        // A cut where nothing changed: one odd point (a sample read late,
+        // a tooth's edge) makes two lines fit better than one, though the
+        // growth on either side is the same. Merged back while the part
+        // before has the regime's slope and meets its line at the cut.
+        cuts.pop();
+        while let Some(&before) = cuts.last() {
+            if !self.continues(before, start, m) {
+                return (before, start);
+            }
+            start = before;
+            cuts.pop();
+        }
+        (0, start)
+    }
+
+    /// Points `a..b` go on as `b..m` do: the same slope (within a fifth,
+    /// or three standard errors) and the lines meeting at `b` (within
+    /// three standard deviations of the residuals, or two seconds of the
+    /// growth).
+    fn continues(&self, a: usize, b: usize, m: usize) -> bool {
+        let (p, r) = (self.fit(a, b), self.fit(b, m));
+        let se = |f: &Fit| f.variance() / f.cxx;
+        let slopes = (p.slope - r.slope).abs()
+            <= 0.2 * p.slope.abs().max(r.slope.abs()) + 3.0 * (se(&p) + se(&r)).sqrt();
+        let x = self.xy[b].0;
+        let meet = (p.at(x) - r.at(x)).abs()
+            <= 3.0 * (p.variance() + r.variance()).sqrt() + 2.0 * r.slope.abs();
+        slopes && meet
     }
 
     /// The slope and the level at the last point (relative units) of
@@ -234,7 +264,7 @@ impl Finder {
             } else {
                 start + self.xy[start..m].partition_point(|p| p.0 <= first + third * k as f64)
             };
-            if to - from < 3 {
+            if to - from < 2 {
                 return None;
             }
             let part = self.fit(from, to);
@@ -251,10 +281,12 @@ impl Finder {
         if tail_mean < -allowed {
             return None;
         }
-        let above = self.xy[start..m]
-            .iter()
-            .map(residual)
-            .fold(0.0f64, f64::max);
-        Some((f.slope, f.at(last) + above))
+        // The top of the regime: the line plus the 80th percentile of the
+        // residuals (the teeth's tops of a sawtooth high a fifth of the time
+        // or more; one odd point does not move it).
+        let mut above: Vec<f64> = self.xy[start..m].iter().map(residual).collect();
+        let at = (above.len() * 4 / 5).min(above.len() - 1);
+        let top = *above.select_nth_unstable_by(at, f64::total_cmp).1;
+        Some((f.slope, f.at(last) + top.max(0.0)))
     }
 }

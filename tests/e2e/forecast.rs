@@ -1,14 +1,14 @@
 //! The table of histories (`forecast/table.rs`, the same rows the unit
 //! test of `src/history.rs` plays) on the fake NVML: one fake GPU a row,
 //! its used memory from the fake's `used_timeline`, every row at once,
-//! the real binary under `faketime` at 30 times real speed (its wall
-//! clock only: samples every 33 ms real are one a fake second, so its
+//! the real binary under `faketime` at 20 times real speed (its wall
+//! clock only: samples every 50 ms real are one a fake second, so its
 //! one-second history is what it would be at 10 Hz). The test reads
 //! `gpu_memory_full_in_seconds` from each scrape with the sample's own
 //! time (`gpumem_exporter_last_sample_timestamp_seconds`): every ramp's
 //! read at 25, 50 and 75 % of the way within 15 % of the truth, no
 //! forecast for a step, a sawtooth without a leak or noise, and none a
-//! few seconds after a ramp stops. About 90 s.
+//! few seconds after a ramp stops. About 130 s.
 
 #[path = "forecast/table.rs"]
 mod table;
@@ -21,7 +21,7 @@ use crate::harness::*;
 use table::{Expect, Row};
 
 /// Fake seconds per real second.
-const SPEED: u32 = 30;
+const SPEED: u32 = 20;
 /// The fake clock at the exporter's start: 2030-01-01T00:00:00Z.
 const FAKE_START: f64 = 1_893_456_000.0;
 /// The rows start this long after it (the exporter is up by then).
@@ -55,6 +55,25 @@ fn until(r: &Row) -> f64 {
     }
 }
 
+/// The sample's time and each GPU's `gpu_memory_full_in_seconds` (by
+/// the `gpu` label), from an exposition body.
+fn scan(body: &str, gpus: usize) -> Option<(f64, Vec<Option<f64>>)> {
+    let mut ts = None;
+    let mut out = vec![None; gpus];
+    for line in body.lines() {
+        if let Some(v) = line.strip_prefix("gpumem_exporter_last_sample_timestamp_seconds ") {
+            ts = v.trim().parse().ok();
+        } else if let Some(rest) = line.strip_prefix("gpu_memory_full_in_seconds{gpu=\"") {
+            let (gpu, rest) = rest.split_once('"')?;
+            let value = rest.rsplit_once(' ')?.1.parse().ok()?;
+            if let Some(slot) = gpu.parse::<usize>().ok().and_then(|g| out.get_mut(g)) {
+                *slot = Some(value);
+            }
+        }
+    }
+    Some((ts?, out))
+}
+
 #[derive(Default)]
 struct Seen {
     /// (share, truth, forecast) per read.
@@ -81,6 +100,9 @@ fn the_table_of_histories_on_the_fake_nvml() {
         &sc,
         &["--memory-sample-interval", &interval],
     ));
+    wait_for(Duration::from_secs(10), "every row's GPU served", || {
+        (ex.metrics().find("gpu_memory_used_bytes", &[]).len() == rows.len()).then_some(())
+    });
     let end = rows.iter().map(until).fold(0.0, f64::max);
     let mut seen: Vec<Seen> = rows.iter().map(|_| Seen::default()).collect();
     let started = Instant::now();
@@ -90,15 +112,15 @@ fn the_table_of_histories_on_the_fake_nvml() {
             started.elapsed() < Duration::from_secs_f64(end / f64::from(SPEED) + 60.0),
             "the fake clock does not run at {SPEED}x: at {t} of {end} s"
         );
-        std::thread::sleep(Duration::from_millis(100));
-        let m = ex.metrics();
-        let Some(ts) = m.get("gpumem_exporter_last_sample_timestamp_seconds", &[]) else {
+        std::thread::sleep(Duration::from_millis(20));
+        // A scan of the two families, not a parse of the body: a scrape is
+        // a few fake seconds at this speed, the fast rows fill in 50.
+        let Some((ts, forecasts)) = scan(&ex.get("/metrics").body, rows.len()) else {
             continue;
         };
         t = ts - FAKE_START - LEAD;
         for (i, (r, s)) in rows.iter().zip(&mut seen).enumerate() {
-            let gpu = i.to_string();
-            let f = m.get("gpu_memory_full_in_seconds", &[("gpu", gpu.as_str())]);
+            let f = forecasts[i];
             match r.expect {
                 Expect::Ramp {
                     start,
