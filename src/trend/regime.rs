@@ -212,16 +212,19 @@ impl Finder {
 
     /// Points `a..b` go on as `b..m` do: the same slope (within a fifth,
     /// or three standard errors) and the lines meeting at `b` (within
-    /// three standard deviations of the residuals, or two seconds of the
-    /// growth).
+    /// three standard errors of the two lines' levels there, or two
+    /// seconds of the growth: a sample read late). A step, even into a
+    /// noisy part, does not meet: the levels of many points are known
+    /// far better than the noise of one.
     fn continues(&self, a: usize, b: usize, m: usize) -> bool {
         let (p, r) = (self.fit(a, b), self.fit(b, m));
         let se = |f: &Fit| f.variance() / f.cxx;
         let slopes = (p.slope - r.slope).abs()
             <= 0.2 * p.slope.abs().max(r.slope.abs()) + 3.0 * (se(&p) + se(&r)).sqrt();
         let x = self.xy[b].0;
+        let level_se2 = |f: &Fit| f.variance() * (1.0 / f.n + (x - f.mean_x).powi(2) / f.cxx);
         let meet = (p.at(x) - r.at(x)).abs()
-            <= 3.0 * (p.variance() + r.variance()).sqrt() + 2.0 * r.slope.abs();
+            <= 3.0 * (level_se2(&p) + level_se2(&r)).sqrt() + 2.0 * r.slope.abs();
         slopes && meet
     }
 

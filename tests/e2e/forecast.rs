@@ -76,7 +76,7 @@ fn scan(body: &str, gpus: usize) -> Option<(f64, Vec<Option<f64>>)> {
 
 #[derive(Default)]
 struct Seen {
-    /// (share, truth, forecast) per read.
+    /// (share, truth, forecast) per read, from the scrape nearest it.
     reads: Vec<(f64, f64, Option<f64>)>,
     /// A forecast seen where there must be none: (row second, value).
     wrong: Option<(f64, f64)>,
@@ -105,6 +105,8 @@ fn the_table_of_histories_on_the_fake_nvml() {
     });
     let end = rows.iter().map(until).fold(0.0, f64::max);
     let mut seen: Vec<Seen> = rows.iter().map(|_| Seen::default()).collect();
+    // Every scrape: (row seconds of its sample, each GPU's forecast).
+    let mut scrapes: Vec<(f64, Vec<Option<f64>>)> = Vec::new();
     let started = Instant::now();
     let mut t = f64::NEG_INFINITY;
     while t < end {
@@ -119,6 +121,7 @@ fn the_table_of_histories_on_the_fake_nvml() {
             continue;
         };
         t = ts - FAKE_START - LEAD;
+        scrapes.push((t, forecasts.clone()));
         for (i, (r, s)) in rows.iter().zip(&mut seen).enumerate() {
             let f = forecasts[i];
             match r.expect {
@@ -127,12 +130,6 @@ fn the_table_of_histories_on_the_fake_nvml() {
                     first_within,
                     ..
                 } => {
-                    for (q, at, _) in r.reads() {
-                        if t >= at && !s.reads.iter().any(|x| x.0 == q) {
-                            let truth = r.full_at().unwrap_or(f64::NAN) - t;
-                            s.reads.push((q, truth, f));
-                        }
-                    }
                     if t < start && s.wrong.is_none() {
                         s.wrong = f.map(|f| (t, f));
                     }
@@ -158,6 +155,20 @@ fn the_table_of_histories_on_the_fake_nvml() {
                         s.wrong = f.map(|f| (t, f));
                     }
                 }
+            }
+        }
+    }
+    // Each read from the scrape nearest its time while the ramp still ran
+    // (a loaded machine can hold a scrape back a few fake seconds).
+    for (i, (r, s)) in rows.iter().zip(&mut seen).enumerate() {
+        let Some(full) = r.full_at() else { continue };
+        for (q, at, _) in r.reads() {
+            let near = scrapes
+                .iter()
+                .filter(|x| x.0 >= at - 2.0 && x.0 < full - 0.5)
+                .min_by(|a, b| (a.0 - at).abs().total_cmp(&(b.0 - at).abs()));
+            if let Some((t, f)) = near {
+                s.reads.push((q, full - t, f[i]));
             }
         }
     }

@@ -157,6 +157,19 @@ fn noisy(mut row: Row, amplitude: u64, seed: u64) -> Row {
     row
 }
 
+/// `row` after `seconds` flat at its first value (a job that loads, then
+/// starts its loop): a step into what the row does.
+fn after_flat(mut row: Row, seconds: f64) -> Row {
+    let first = row.knots.first().map_or(0, |k| k.1);
+    for k in &mut row.knots {
+        k.0 += seconds;
+    }
+    row.knots.insert(0, (0.0, first));
+    row.seconds += seconds;
+    row.name = format!("{} after {seconds:.0} s flat", row.name);
+    row
+}
+
 /// A training loop: `amplitude` allocated for the first half of every
 /// `period` seconds and freed for the second, on a base that grows by
 /// `leak` bytes/s from the start.
@@ -331,6 +344,32 @@ pub fn rows() -> Vec<Row> {
             seed,
         ));
     }
+    rows.push(after_flat(
+        sawtooth(
+            "sawtooth (8 GiB every 6 s) without a leak",
+            h100,
+            30 * GIB,
+            8 * GIB,
+            6.0,
+            0,
+            780.0,
+        ),
+        120.0,
+    ));
+    rows.push(after_flat(
+        noisy(
+            Row {
+                name: "flat with noise (±512 MiB, seed 4)".into(),
+                total: h100,
+                knots: vec![(0.0, 40 * GIB)],
+                expect: Expect::Never,
+                seconds: 780.0,
+            },
+            512 * MIB,
+            4,
+        ),
+        120.0,
+    ));
     rows.push(sawtooth(
         "sawtooth (16 GiB every 20 s) without a leak",
         h200,
