@@ -275,7 +275,7 @@ fn unix_seconds_f64(t: SystemTime) -> f64 {
 /// end-to-end test.
 #[cfg(test)]
 #[path = "../tests/e2e/forecast/table.rs"]
-mod table;
+pub(crate) mod table;
 
 #[cfg(test)]
 mod tests {
@@ -342,30 +342,16 @@ mod tests {
     }
 
     /// One row of the table played at 10 Hz, a forecast asked at every
-    /// sample (as publishing does): what it said at each time. `rough`:
-    /// about one sample a second instead, one in ten 1 to 4 s apart and
-    /// one in ten read up to 1 s after its time (what the end-to-end test
-    /// sees at 20x speed on a loaded machine).
-    fn play(row: &table::Row, rough: bool) -> Vec<(f64, u64, Option<Forecast>)> {
+    /// sample (as publishing does): what it said at each time.
+    fn play(row: &table::Row) -> Vec<(f64, u64, Option<Forecast>)> {
         let mut h = History::new();
         let mut out = Vec::new();
-        let origin = 1_700_000_000_000u64;
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 1000) as f64 / 1000.0
-        };
-        let mut t = 0.0;
-        while t <= row.seconds {
-            let late = if rough && rnd() < 0.1 {
-                2.0 * rnd()
-            } else {
-                0.0
-            };
-            let used = row.used(t + late);
-            let mut s = snap(origin + (t * 1000.0) as u64, &[Some(used)]);
+        let origin = 1_700_000_000_000i64;
+        let mut ms: i64 = 0;
+        while ms as f64 <= row.seconds * 1000.0 {
+            let t = ms as f64 / 1000.0;
+            let used = row.used(t);
+            let mut s = snap((origin + ms) as u64, &[Some(used)]);
             if let Some(m) = s.devices[0].memory.as_mut() {
                 m.total = row.total;
                 m.reserved = Some(table::RESERVED);
@@ -373,11 +359,7 @@ mod tests {
             }
             h.record(&s);
             out.push((t, used, h.forecasts(&s).gpu(0)));
-            t += match (rough, rnd() < 0.1) {
-                (false, _) => 0.1,
-                (true, true) => 1.0 + 3.0 * rnd(),
-                (true, false) => 0.8 + 0.4 * rnd(),
-            };
+            ms += 100;
         }
         out
     }
@@ -390,19 +372,11 @@ mod tests {
     #[test]
     fn table() {
         let mut failures = Vec::new();
-        for rough in [false, true] {
-            println!(
-                "\n{}\n",
-                if rough {
-                    "About 1 Hz, irregular, one sample in ten read up to 1 s late:"
-                } else {
-                    "10 Hz:"
-                }
-            );
+        {
             println!("| row | read at | truth s | forecast s | error |");
             println!("|---|---|---|---|---|");
             for row in table::rows() {
-                let said = play(&row, rough);
+                let said = play(&row);
                 if std::env::var_os("FORECAST_TRACE").is_some() {
                     let mut prev = None;
                     for s in &said {
@@ -440,6 +414,9 @@ mod tests {
                         for (q, t, _) in row.reads() {
                             let truth = full - t;
                             let got = at(t).and_then(|s| s.2).map(|f| f.full_in_seconds);
+                            if std::env::var_os("FORECAST_TRACE").is_some() {
+                                eprintln!("{} {q}: {:?}", row.name, at(t).and_then(|s| s.2));
+                            }
                             let error = got.map(|g| (g - truth) / truth);
                             println!(
                                 "| {} | {:.0} % | {truth:.1} | {} | {} |",

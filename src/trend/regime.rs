@@ -18,11 +18,12 @@
 //! is the slow leak underneath, if any.
 //!
 //! **Growth** is then asked of the last regime: at least [`MIN_SEGMENT`]
-//! points over [`MIN_SPAN`] seconds; a slope above 0 by
-//! [`MIN_T`] standard errors (noise and teeth are not growth) and a rise
-//! over the regime of [`MIN_RISE`] standard deviations of the regime
-//! before (a short stretch of noise that happened to line up is not
-//! either); rising over
+//! points over [`MIN_SPAN`] seconds; a line that fits better than a
+//! single step (flat, a jump, flat); a slope above 0 by
+//! [`MIN_T`] standard errors (noise and teeth are not growth) and, for a
+//! regime under a minute, a rise of [`MIN_RISE`] standard deviations of
+//! the regime before (a short stretch of noise that happened to line up
+//! is not either); rising over
 //! each third at a quarter of the rate or more (a step the segmentation
 //! has not cut off yet, within [`MIN_SEGMENT`] seconds of it, leaves a
 //! flat third); and its last
@@ -57,6 +58,11 @@ pub const MIN_T: f64 = 5.0;
 /// The regime must rise by this many standard deviations of the previous
 /// regime's residuals (the noise it came out of).
 pub const MIN_RISE: f64 = 8.0;
+/// ... when it holds fewer points than this: over a longer regime the
+/// slope's standard error already tells growth from chance, and a slow
+/// leak under a sawtooth (the regime before as noisy as this one) need
+/// not rise by eight teeth to be seen.
+pub const RISE_CHECKED_BELOW: usize = 60;
 /// The last points that must not have fallen clearly below the line.
 pub const TAIL: usize = 3;
 /// Noise below this (in MiB, one standard deviation) is not told apart
@@ -72,8 +78,8 @@ pub struct Regime {
     /// Growth in y units (bytes) per x unit (second).
     pub slope: f64,
     /// The top of the regime at its last point: the fitted line there
-    /// plus the 80th percentile of the residuals within the regime (the
-    /// tops of a sawtooth's teeth), in y units.
+    /// plus the largest residual above the line within the regime (the
+    /// peak of a sawtooth's teeth, or of the noise), in y units.
     pub level: f64,
     /// x of the regime's last point.
     pub last_x: u64,
@@ -211,21 +217,41 @@ impl Finder {
     }
 
     /// Points `a..b` go on as `b..m` do: the same slope (within a fifth,
-    /// or three standard errors) and the lines meeting at `b` (within
-    /// three standard errors of the two lines' levels there, or two
-    /// seconds of the growth: a sample read late). A step, even into a
-    /// noisy part, does not meet: the levels of many points are known
-    /// far better than the noise of one.
+    /// three standard errors, or the tilt a sawtooth gives a line) and the lines meeting at `b`, within
+    /// three standard errors of the two lines' levels there, plus two
+    /// seconds of the growth (a sample read late), plus the smaller of
+    /// the two sides' residual deviations (a sawtooth's line tilts with
+    /// the phase its ends cut the teeth at). A step out of a flat stretch
+    /// does not meet; one inside a sawtooth must exceed its teeth.
     fn continues(&self, a: usize, b: usize, m: usize) -> bool {
         let (p, r) = (self.fit(a, b), self.fit(b, m));
         let se = |f: &Fit| f.variance() / f.cxx;
+        // A sawtooth tilts a line by up to about its deviation over the
+        // span, with the phase the ends cut the teeth at.
+        let span = |i: usize, j: usize| (self.xy[j - 1].0 - self.xy[i].0).max(1.0);
+        let tilt = 2.0 * (p.variance().sqrt() / span(a, b) + r.variance().sqrt() / span(b, m));
         let slopes = (p.slope - r.slope).abs()
-            <= 0.2 * p.slope.abs().max(r.slope.abs()) + 3.0 * (se(&p) + se(&r)).sqrt();
+            <= 0.2 * p.slope.abs().max(r.slope.abs()) + 3.0 * (se(&p) + se(&r)).sqrt() + tilt;
         let x = self.xy[b].0;
         let level_se2 = |f: &Fit| f.variance() * (1.0 / f.n + (x - f.mean_x).powi(2) / f.cxx);
         let meet = (p.at(x) - r.at(x)).abs()
-            <= 3.0 * (level_se2(&p) + level_se2(&r)).sqrt() + 2.0 * r.slope.abs();
+            <= 3.0 * (level_se2(&p) + level_se2(&r)).sqrt()
+                + 2.0 * r.slope.abs()
+                + p.variance().min(r.variance()).sqrt();
         slopes && meet
+    }
+
+    /// The squared error of the best single step over points `i..j`: a
+    /// constant on each side of one jump.
+    fn step_sse(&self, i: usize, j: usize) -> f64 {
+        let flat = |a: usize, b: usize| {
+            let (p, q) = (&self.sums[a], &self.sums[b]);
+            let (n, sy, syy) = (q[0] - p[0], q[2] - p[2], q[5] - p[5]);
+            (syy - sy * sy / n).max(0.0)
+        };
+        (i + 1..j)
+            .map(|k| flat(i, k) + flat(k, j))
+            .fold(f64::INFINITY, f64::min)
     }
 
     /// The slope and the level at the last point (relative units) of
@@ -238,22 +264,28 @@ impl Finder {
             return None;
         }
         let f = self.fit(start, m);
-        // The noise of the regime before: where a short stretch of noise
-        // lined up by chance into this one, its own residuals are smaller
-        // than the noise around it.
+        // The noise: the regime's own residuals, or the regime before's
+        // where larger (a short stretch of noise that lined up by chance
+        // has smaller residuals than the noise around it).
         let noise = if start - before >= MIN_SEGMENT {
-            self.fit(before, start).variance()
+            self.fit(before, start).variance().max(f.variance())
         } else {
-            0.0
+            f.variance()
         };
         let sigma2 = f.variance().max(noise);
         let se = (sigma2 / f.cxx).sqrt();
         if !(f.slope > 0.0 && f.slope > MIN_T * se) {
             return None;
         }
+        // A step explains it at least as well: flat, a jump, flat (a
+        // model load, a sawtooth that began after a flat stretch, whose
+        // teeth hid the jump from the cut) is not growth.
+        if self.step_sse(start, m) <= f.sse {
+            return None;
+        }
         // A fluke of noise that happens to line up over a short regime
         // rises by a few standard deviations; growth keeps rising.
-        if f.slope * (last - first) < MIN_RISE * noise.sqrt() {
+        if n < RISE_CHECKED_BELOW && f.slope * (last - first) < MIN_RISE * noise.sqrt() {
             return None;
         }
         // Each third rises too, at a quarter of the regime's rate or more
@@ -284,12 +316,12 @@ impl Finder {
         if tail_mean < -allowed {
             return None;
         }
-        // The top of the regime: the line plus the 80th percentile of the
-        // residuals (the teeth's tops of a sawtooth high a fifth of the time
-        // or more; one odd point does not move it).
-        let mut above: Vec<f64> = self.xy[start..m].iter().map(residual).collect();
-        let at = (above.len() * 4 / 5).min(above.len() - 1);
-        let top = *above.select_nth_unstable_by(at, f64::total_cmp).1;
-        Some((f.slope, f.at(last) + top.max(0.0)))
+        // The top of the regime: the line plus its largest residual (the
+        // tops of a sawtooth's teeth).
+        let top = self.xy[start..m]
+            .iter()
+            .map(residual)
+            .fold(0.0f64, f64::max);
+        Some((f.slope, f.at(last) + top))
     }
 }

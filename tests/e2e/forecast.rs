@@ -1,14 +1,13 @@
 //! The table of histories (`forecast/table.rs`, the same rows the unit
 //! test of `src/history.rs` plays) on the fake NVML: one fake GPU a row,
 //! its used memory from the fake's `used_timeline`, every row at once,
-//! the real binary under `faketime` at 20 times real speed (its wall
-//! clock only: samples every 50 ms real are one a fake second, so its
-//! one-second history is what it would be at 10 Hz). The test reads
+//! the real binary under `faketime` at 10 times real speed (its wall
+//! clock only: samples every 20 ms real are five a fake second). The test reads
 //! `gpu_memory_full_in_seconds` from each scrape with the sample's own
 //! time (`gpumem_exporter_last_sample_timestamp_seconds`): every ramp's
 //! read at 25, 50 and 75 % of the way within 15 % of the truth, no
 //! forecast for a step, a sawtooth without a leak or noise, and none a
-//! few seconds after a ramp stops. About 130 s.
+//! few seconds after a ramp stops. About 270 s.
 
 #[path = "forecast/table.rs"]
 mod table;
@@ -21,11 +20,13 @@ use crate::harness::*;
 use table::{Expect, Row};
 
 /// Fake seconds per real second.
-const SPEED: u32 = 20;
+const SPEED: u32 = 10;
 /// The fake clock at the exporter's start: 2030-01-01T00:00:00Z.
 const FAKE_START: f64 = 1_893_456_000.0;
-/// The rows start this long after it (the exporter is up by then).
-const LEAD: f64 = 60.0;
+/// The rows start this long after it: at once, as in the unit test (the
+/// exporter's first sample comes a few fake seconds in; a flat minute
+/// before every row would put a step in front of each).
+const LEAD: f64 = 0.0;
 
 fn scenario(rows: &[Row]) -> String {
     let mut y = String::from("devices:\n");
@@ -94,7 +95,9 @@ fn the_table_of_histories_on_the_fake_nvml() {
     let mut cmd = Command::new(faketime);
     cmd.args(["-f", &format!("@2030-01-01 00:00:00 x{SPEED}"), BIN])
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-    let interval = format!("{}ms", 1000 / SPEED);
+    // Five samples a fake second (two a second at 10 Hz would be the
+    // exporter's default): a second's largest figure is near its end.
+    let interval = format!("{}ms", 200 / SPEED);
     let ex = Exporter::spawn(Exporter::command(
         cmd,
         &sc,
@@ -143,6 +146,10 @@ fn the_table_of_histories_on_the_fake_nvml() {
                 Expect::Never => {
                     if t >= 0.0 && s.wrong.is_none() {
                         s.wrong = f.map(|f| (t, f));
+                        if s.wrong.is_some() && std::env::var_os("FORECAST_DUMP").is_some() {
+                            let h = ex.get("/api/v1/history").body;
+                            std::fs::write(format!("/tmp/fc-hist-{i}.json"), h).ok();
+                        }
                     }
                 }
                 Expect::Stops {

@@ -135,14 +135,16 @@ fn noise(i: u64, amplitude: u64, seed: u64) -> i64 {
     (x % span) as i64 - amplitude as i64
 }
 
-/// `row`'s knots with noise of `amplitude` added once a second (`seed`
-/// picks the noise).
+/// `row`'s knots with noise of `amplitude` added once a second, held for
+/// the second (`seed` picks the noise).
 fn noisy(mut row: Row, amplitude: u64, seed: u64) -> Row {
     // Past the end, so a ramp's last knot is full.
     row.seconds += 5.0;
     let cap = row.capacity();
+    // Held for each second (two knots a second): a second's largest
+    // figure does not depend on how many samples fell in it.
     let knots = (0..=row.seconds as u64)
-        .map(|i| {
+        .flat_map(|i| {
             let clean = row.used(i as f64);
             let v = clean as i64 + noise(i, amplitude, seed);
             let v = if clean >= cap {
@@ -150,7 +152,7 @@ fn noisy(mut row: Row, amplitude: u64, seed: u64) -> Row {
             } else {
                 (v.max(0) as u64).min(cap)
             };
-            (i as f64, v)
+            [(i as f64, v), (i as f64 + 0.999, v)]
         })
         .collect();
     row.knots = knots;
