@@ -37,7 +37,7 @@ fn at(base: &Snapshot, ms: u64) -> Snapshot {
             m.used = used(ms);
             m.free = m.total - m.used - m.reserved.unwrap_or(0);
         }
-        if ms % 1000 == 0 {
+        if ms.is_multiple_of(1000) {
             d.processes = Arc::from(d.processes.to_vec());
         }
     }
