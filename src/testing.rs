@@ -20,6 +20,10 @@ pub mod trend {
     pub use crate::trend::*;
 }
 
+pub mod history {
+    pub use crate::history::History;
+}
+
 pub mod expose {
     pub use crate::expose::{Format, REVISION, Reuse, VERSION, encode, encode_reusing};
 }

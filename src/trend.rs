@@ -7,6 +7,11 @@
 //! loop retaining 3 MiB per step reads 3145728 bytes per step, not
 //! 3145727.9999. A slope is kept as a reduced fraction ([`Slope`]) so the
 //! model stays `Eq`; it becomes a float only where it is written out.
+//!
+//! [`regime`] finds where a series' present regime began and whether it
+//! grows (the forecasts of `history.rs`).
+
+pub mod regime;
 
 /// The growth figure needs at least this many steps.
 pub const MIN_GROWTH_STEPS: usize = 16;

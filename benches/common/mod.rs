@@ -165,7 +165,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
         pod_resources: None,
         job_mapping: None,
         exporter: Default::default(),
-        forecasts: Vec::new(),
+        forecasts: Default::default(),
         accounting: Default::default(),
     }
 }

@@ -472,7 +472,7 @@ fn encode_snapshot(
             .iter()
             .zip(parts)
             .enumerate()
-            .map(|(i, (d, p))| gpu(d, s.forecasts.get(i).copied().flatten(), p))
+            .map(|(i, (d, p))| gpu(d, s.forecasts.gpu(i), p))
             .collect(),
         nvml_errors: s
             .nvml_errors
@@ -727,7 +727,7 @@ mod tests {
         );
         assert_eq!(v["gpus"][0]["forecast"], serde_json::Value::Null);
         let mut s = one_gpu(vec![]);
-        s.forecasts = vec![Some(crate::model::Forecast {
+        s.forecasts.gpus = vec![Some(crate::model::Forecast {
             full_in_seconds: 744.5,
             growth_bytes_per_second: 1048576.0,
             window_seconds: 599,

@@ -1,6 +1,7 @@
 //! Snapshot → exposition text (Prometheus text 0.0.4 or OpenMetrics 1.0).
 //! Every metric name the exporter serves is defined in this folder, one
-//! file per family group, in the order a scrape shows them: `gpu`,
+//! file per family group, in the order a scrape shows them: `gpu`
+//! (with `forecast`, the time-to-full families, absent unless growing),
 //! `process`, `torch`, `mig`, `allocation` (the kubelet's device
 //! allocations), then each switchable collector's families in registry
 //! order (they live in `collectors/<name>/families.rs`; `segments.rs`
@@ -19,6 +20,7 @@
 mod accounting;
 mod allocation;
 mod exporter;
+mod forecast;
 mod format;
 mod gpu;
 pub(crate) mod json;

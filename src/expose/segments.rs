@@ -27,7 +27,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
 use super::format::Format;
-use super::{accounting, allocation, exporter, gpu, mig, process, torch};
+use super::{accounting, allocation, exporter, forecast, gpu, mig, process, torch};
 use crate::collectors::{Def, REGISTRY};
 use crate::model::{DeviceInfo, MigSample, OtherProcesses, ProcessSample, Readings, Snapshot};
 
@@ -74,7 +74,10 @@ pub(super) fn encode_group(
     registry: &[Def],
 ) -> Result<(), fmt::Error> {
     match group {
-        Group::Devices => gpu::devices(enc, s),
+        Group::Devices => {
+            gpu::devices(enc, s)?;
+            forecast::families(enc, s)
+        }
         Group::Processes => {
             process::memory(enc, s)?;
             if s.torch.is_some() {

@@ -90,24 +90,59 @@ pub struct Snapshot {
     /// The exporter's own counters outside the sampler (reloads, HTTP),
     /// copied in when the snapshot is published.
     pub exporter: ExporterCounters,
-    /// Per GPU (by position in `devices`), when its memory would be full at
-    /// the rate of the last 10 minutes of the exporter's own history;
-    /// `None` where it is not growing. Computed when published.
-    pub forecasts: Vec<Option<Forecast>>,
+    /// When each GPU's memory, and each PyTorch process's reserved memory
+    /// under its limit, would be full at the growth of the present regime
+    /// of the exporter's own history; computed when published.
+    pub forecasts: Forecasts,
     /// Memory-time, busy-time and allocated time integrated since start
     /// (`accounting`), as of this snapshot. Computed when published.
     pub accounting: Accounts,
 }
 
-/// "Full in about N minutes at the last 10 minutes' rate", from the
-/// exporter's one-second used-memory history (see `history`).
+/// The forecasts of one snapshot (see `history`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Forecasts {
+    /// Per GPU (by position in `devices`); `None` where it is not growing.
+    pub gpus: Vec<Option<Forecast>>,
+    /// PyTorch processes with a memory limit whose reserved memory grows,
+    /// by (GPU position, pid).
+    pub torch: Vec<TorchForecast>,
+}
+
+impl Forecasts {
+    /// The forecast of GPU `gpu` (by position), if it grows.
+    pub fn gpu(&self, gpu: usize) -> Option<Forecast> {
+        self.gpus.get(gpu).copied().flatten()
+    }
+
+    /// The limit forecast of process `pid` on GPU `gpu`, if it grows.
+    pub fn torch(&self, gpu: usize, pid: u32) -> Option<Forecast> {
+        self.torch
+            .binary_search_by_key(&(gpu, pid), |t| (t.gpu, t.pid))
+            .ok()
+            .map(|i| self.torch[i].forecast)
+    }
+}
+
+/// When a PyTorch process's reserved memory reaches its memory limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TorchForecast {
+    pub gpu: usize,
+    pub pid: u32,
+    /// `full_in_seconds`: until reserved reaches the limit.
+    pub forecast: Forecast,
+}
+
+/// "Full in about N minutes at the present growth", from the exporter's
+/// one-second history (see `history`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Forecast {
-    /// Seconds until free memory reaches 0 at `growth_bytes_per_second`.
+    /// Seconds until the figure reaches its ceiling (free memory 0, or the
+    /// torch limit) at `growth_bytes_per_second`.
     pub full_in_seconds: f64,
-    /// Least-squares slope of used bytes over the window.
+    /// Least-squares slope of the present regime, bytes per second.
     pub growth_bytes_per_second: f64,
-    /// Seconds of history the slope is over.
+    /// Seconds of history the regime covers.
     pub window_seconds: u64,
 }
 
@@ -131,7 +166,7 @@ impl Snapshot {
             pod_resources: None,
             job_mapping: None,
             exporter: ExporterCounters::default(),
-            forecasts: Vec::new(),
+            forecasts: Forecasts::default(),
             accounting: Accounts::default(),
         }
     }

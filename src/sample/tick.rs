@@ -317,7 +317,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             pod_resources: None,
             job_mapping: None,
             exporter: Default::default(),
-            forecasts: Vec::new(),
+            forecasts: Default::default(),
             accounting: Default::default(),
         }
     }

@@ -407,7 +407,7 @@ fn fixed_snapshot() -> Snapshot {
             },
         }),
         exporter: ExporterCounters::default(),
-        forecasts: Vec::new(),
+        forecasts: Default::default(),
         accounting: Default::default(),
     };
     // The ledger's counters: this snapshot held for 10 s, exact in binary

@@ -104,6 +104,8 @@ mod chaos; // the long run: every fault at once for CHAOS_SECONDS
 #[cfg(feature = "external-tools")]
 mod empty_labels; // a real Prometheus
 #[cfg(feature = "external-tools")]
+mod forecast; // faketime: the table of histories at 30x real speed
+#[cfg(feature = "external-tools")]
 mod image; // buildah, podman, runc, kubectl: the image built and run as the DaemonSet runs it
 #[cfg(feature = "external-tools")]
 mod in_cluster; // unshare and mount (util-linux), as root: a private mount namespace

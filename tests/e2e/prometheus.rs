@@ -158,19 +158,36 @@ pub(super) fn job_mapping(dir: &Path) {
     std::fs::write(dir.join("1.1"), "4243\n").unwrap();
 }
 
+/// GPU 0's used memory when the test starts.
+const GPU0_USED: u64 = 80_000_000_000;
+
+/// When GPU 0's used memory starts growing: the first time a scenario is
+/// written (Unix seconds).
+fn gpu0_ramp_start() -> f64 {
+    static START: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *START.get_or_init(|| unix_now().floor())
+}
+
 /// The main exporter's GPUs; GPU 2 is lost (every call on it fails).
 /// GPU 0 is busy and unhealthy (uncorrectable ECC errors, a pending and a
 /// failed row remap, `xids` critical Xid 79 events so far); GPU 1 holds
 /// memory while idle and retires pages (a GPU before Ampere).
 pub(super) fn main_scenario(trainer_pid: u32, xids: usize, gpu1_used: u64) -> String {
     let xid_list = vec!["79"; xids].join(", ");
-    // Free memory of GPU 0 creeps down, 1 kB per rewrite (every 2 s), so
-    // the time-to-full rule has a slope to divide by.
-    let gpu0_used = 80_000_000_000 + 1_000 * xids as u64;
+    // GPU 0's used memory grows 20 MB/s from when the test started (the
+    // fake's used_timeline, the same in every rewrite): the time-to-full
+    // rules have a slope to divide by, and the exporter's forecast a growth
+    // (gpu_memory_growth_bytes_per_second): its free memory less the
+    // headroom is gone in under a minute (GpuMemoryFillingFast), and it
+    // stops growing 250 s in, well after the test.
+    let start = gpu0_ramp_start();
+    let (from, to) = (GPU0_USED, GPU0_USED + 250 * 20_000_000);
+    let gpu0_timeline = format!("[[{start}, {from}], [{}, {to}]]", start + 250.0);
     format!(
         "devices:
   - uuid: {GPU0}
-    memory: {{total: 85899345920, reserved: 536870912, used: {gpu0_used}}}
+    memory: {{total: 85899345920, reserved: 536870912, used: {from}}}
+    used_timeline: {gpu0_timeline}
     processes:
       - {{pid: {trainer_pid}, used: {TRAINER_USED}}}
       - {{pid: 4102, used: 29000000000}}
@@ -516,10 +533,16 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
             ("uuid", GPU1.into()),
         ]]),
         "GpuMemoryWillFillSoon" => Expect::SelectorsOnly(
-            "needs 5 minutes of falling free memory (offset 5m); GPU 0's creeps down so its recording rule has data",
+            "needs 5 minutes of falling free memory (offset 5m); GPU 0's falls 20 MB/s so its recording rule has data",
         ),
         "GpuTorchWillHitLimit" => Expect::SelectorsOnly(
             "needs 5 minutes of growing reserved memory (offset 5m); the trainer's creeps up so its recording rule has data",
+        ),
+        // GPU 0 grows 20 MB/s from the start: its free memory is within a
+        // minute of the headroom.
+        "GpuMemoryFillingFast" => Expect::Now(vec![vec![i(&t.main), ("gpu", "0".into())]]),
+        "GpuTorchLimitFillingFast" => Expect::SelectorsOnly(
+            "needs reserved memory growing above the forecast's noise floor (64 KiB); the trainer's creeps 2 kB a second so the deriv checks stay exact",
         ),
         "GpuTorchMemoryLeak" => Expect::SelectorsOnly(
             "needs 15 minutes of steps (offset 15m); the trainer steps, without a leak",
@@ -1094,8 +1117,7 @@ impl World {
 impl World {
     /// Start rewriting the main scenario, once Prometheus scrapes: a
     /// critical Xid every 2 s on GPU 0, so its counter grows while
-    /// Prometheus watches (GpuXidCritical's increase() branch) and its free
-    /// memory creeps down (the time-to-full rule); GPU 1 spikes for 300 ms
+    /// Prometheus watches (GpuXidCritical's increase() branch); GPU 1 spikes for 300 ms
     /// at the second rewrite (4 s in: rule evaluation has begun) and its
     /// level rises at the fourth, after several evaluations have recorded
     /// the spike over the old level (GpuMemorySpikeWouldNotFit).

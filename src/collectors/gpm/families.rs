@@ -4,11 +4,14 @@
 //! averaged between two full samples. `gpu_gpm_*` per GPU,
 //! `gpu_mig_gpm_*` per MIG GPU instance (labels gpu, uuid,
 //! gpu_instance_id), so summing a family never adds an instance to its
-//! GPU. A family is absent when no GPU has its figure.
+//! GPU. A family is absent when no GPU has its figure. Last, the stale
+//! answers not served (`gpumem_exporter_gpm_stale_readings_total`, per GPU
+//! with GPM).
 
 use std::fmt;
 
-use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
 
 use super::{Gpm, GpmMetric, GpmReading, GpmUnit};
 use crate::encoding::{Labels, gauge, gpu_labels};
@@ -117,6 +120,23 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fm
                 ("gpu_instance_id", gi.as_str()),
             ]);
             f.encode_family(&labels)?.encode_gauge(&v)?;
+        }
+    }
+    let stale: Vec<_> = s
+        .devices
+        .iter()
+        .filter_map(|d| Some((d, d.readings.get::<GpmReading>()?.stale)))
+        .collect();
+    if !stale.is_empty() {
+        let mut f = enc.encode_descriptor(
+            "gpumem_exporter_gpm_stale_readings",
+            "GPM answers not served because they repeated the previous answer of the GPU (or a MIG instance) bit for bit while busy: samples that did not advance, e.g. with another GPM client on the GPU. Per GPU with GPM.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (d, n) in stale {
+            f.encode_family(&gpu_labels(d))?
+                .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
         }
     }
     Ok(())

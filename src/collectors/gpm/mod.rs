@@ -7,7 +7,18 @@
 //! sample, see `calls.rs`), so the first full sample has none.
 //!
 //! Support is asked once per GPU (`nvmlGpmQueryDeviceSupport`); a GPU
-//! without it is logged once and never sampled. Cost on the H200 (driver
+//! without it is logged once and never sampled.
+//!
+//! **No silent stale reading.** An answer equal, metric for metric and bit
+//! for bit, to the previous answer of the same GPU (or instance), with any
+//! figure above 0, is not served: those are ratios of hardware counters
+//! over two different intervals, which a busy GPU never repeats to 16
+//! digits, so such an answer comes from samples that did not advance (seen
+//! on an H200 with `nvidia-smi dmon --gpm-metrics` beside the exporter: the
+//! same figures for over 4 s while the GPU kept computing, no error). Its
+//! families are absent for that sample, it is counted
+//! (`gpumem_exporter_gpm_stale_readings_total`) and logged once per GPU. An
+//! idle GPU's answer (every figure 0) repeats and is served. Cost on the H200 (driver
 //! 580), measured in the exporter by scripts/gpu/gpm.py: +254 µs per GPU
 //! per full sample (196 → 450 µs); off by default until it has run on
 //! more than one GPU model.
@@ -87,11 +98,28 @@ pub(crate) struct Gpm {
 impl Eq for Gpm {}
 
 /// What the `gpm` collector read of one GPU: the GPU's own figures, and
-/// each MIG GPU instance's (by GPU instance id).
+/// each MIG GPU instance's (by GPU instance id); and the stale answers of
+/// this GPU so far (not served).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct GpmReading {
     pub gpu: Option<Gpm>,
     pub instances: Vec<(u32, Gpm)>,
+    pub stale: u64,
+}
+
+impl Gpm {
+    /// Any figure above 0 (a GPU doing something).
+    fn busy(&self) -> bool {
+        self.values.iter().flatten().any(|v| *v != 0.0)
+    }
+
+    /// The same answer, bit for bit.
+    fn same(&self, other: &Gpm) -> bool {
+        self.values
+            .iter()
+            .zip(&other.values)
+            .all(|(a, b)| a.map(f64::to_bits) == b.map(f64::to_bits))
+    }
 }
 
 impl Eq for GpmReading {}
@@ -105,6 +133,41 @@ struct Gpu {
     gpu_unsupported: bool,
     instances_unsupported: Vec<u32>,
     read: Option<Arc<GpmReading>>,
+    /// The last answer of the GPU (key `None`) and of each instance.
+    last: Vec<(Option<u32>, Gpm)>,
+    /// Stale answers so far; whether that was logged.
+    stale: u64,
+    stale_logged: bool,
+}
+
+impl Gpu {
+    /// `g`, unless it repeats the last answer of `key` while busy: then
+    /// `None`, counted, logged once.
+    fn fresh(&mut self, gpu: usize, key: Option<u32>, g: Gpm) -> Option<Gpm> {
+        let repeated = match self.last.iter().position(|l| l.0 == key) {
+            Some(i) => {
+                let same = self.last[i].1.same(&g) && g.busy();
+                self.last[i].1 = g;
+                same
+            }
+            None => {
+                self.last.push((key, g));
+                false
+            }
+        };
+        if !repeated {
+            return Some(g);
+        }
+        self.stale += 1;
+        if !self.stale_logged {
+            self.stale_logged = true;
+            tracing::warn!(
+                gpu,
+                "GPM answered exactly the figures of the previous sample while busy (samples that did not advance, e.g. another GPM client on the GPU); such answers are not served and are counted in gpumem_exporter_gpm_stale_readings_total"
+            );
+        }
+        None
+    }
 }
 
 #[derive(Default)]
@@ -146,7 +209,7 @@ impl Collector for GpmCollector {
         let mut reading = GpmReading::default();
         if !state.gpu_unsupported {
             match cx.call(gpu, calls::GPM_SAMPLE_GET, |h| calls::sample(h, gpu, None)) {
-                Ok(g) => reading.gpu = g,
+                Ok(g) => reading.gpu = g.and_then(|g| state.fresh(gpu, None, g)),
                 Err(e) => {
                     state.gpu_unsupported = e.kind.is_unsupported();
                     cx.failed(gpu, e);
@@ -160,7 +223,11 @@ impl Collector for GpmCollector {
             match cx.call(gpu, calls::GPM_MIG_SAMPLE_GET, |h| {
                 calls::sample(h, gpu, Some(gi))
             }) {
-                Ok(Some(g)) => reading.instances.push((gi, g)),
+                Ok(Some(g)) => {
+                    if let Some(g) = state.fresh(gpu, Some(gi), g) {
+                        reading.instances.push((gi, g));
+                    }
+                }
                 Ok(None) => {}
                 Err(e) => {
                     if e.kind.is_unsupported() {
@@ -170,6 +237,7 @@ impl Collector for GpmCollector {
                 }
             }
         }
+        reading.stale = state.stale;
         state.read = (reading != GpmReading::default()).then(|| Arc::new(reading));
     }
 
@@ -180,5 +248,50 @@ impl Collector for GpmCollector {
     fn reading(&self, gpu: usize) -> Option<Arc<dyn Reading>> {
         let r = self.gpus.get(gpu)?.read.clone()?;
         Some(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_busy_answer_is_not_served_and_counted() {
+        let busy = Gpm {
+            values: [
+                Some(85.5),
+                Some(42.0),
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+            ],
+        };
+        let mut moved = busy;
+        moved.values[0] = Some(85.500_000_000_1);
+        let idle = Gpm {
+            values: [Some(0.0); 11],
+        };
+        let mut g = Gpu::default();
+        assert_eq!(g.fresh(0, None, busy), Some(busy), "the first answer");
+        assert_eq!(g.fresh(0, None, busy), None, "the same figures again, busy");
+        assert_eq!(g.fresh(0, None, busy), None, "and again");
+        assert_eq!(g.stale, 2);
+        assert_eq!(g.fresh(0, None, moved), Some(moved), "moved on");
+        // Each instance is compared with its own previous answer.
+        assert_eq!(g.fresh(0, Some(1), moved), Some(moved));
+        assert_eq!(g.fresh(0, Some(2), idle), Some(idle));
+        assert_eq!(
+            g.fresh(0, Some(2), idle),
+            Some(idle),
+            "idle repeats: served"
+        );
+        assert_eq!(g.stale, 2);
+        assert!(g.stale_logged);
     }
 }

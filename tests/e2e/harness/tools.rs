@@ -23,6 +23,9 @@ fn install_hint(program: &str) -> &'static str {
         "slowhttptest" | "sslscan" | "openssl" => {
             "install it: `apt-get install -y slowhttptest sslscan openssl` (Debian/Ubuntu; scripts/ci/test does)"
         }
+        "faketime" => {
+            "install it: `apt-get install -y faketime` (Debian/Ubuntu; scripts/ci/test does)"
+        }
         _ => "install it and put it on PATH",
     }
 }

@@ -9,6 +9,16 @@
 //! lacks it. Without `gpm:` the sample calls are NOT_SUPPORTED and the
 //! support query says 0. Samples are live from `nvmlGpmSampleAlloc` to
 //! `nvmlGpmSampleFree`; any other pointer is INVALID_ARGUMENT.
+//!
+//! Like a real GPU, whose counters never give a busy GPU the same figure
+//! for two intervals, every other sample of a GPU (or instance) answers
+//! its values times (1 + 2^-40) (a relative 1e-12: the exact value to 11
+//! digits), so two successive answers of a GPU with any non-zero figure
+//! differ; an idle one (all 0) answers 0 every time. With `gpm_stale:
+//! true` a sample does not advance: it is a copy of the GPU's previous
+//! one (same figures, same place in time), and nvmlGpmMetricsGet over
+//! such a pair answers those figures again without an error, as an H200
+//! did with `nvidia-smi dmon --gpm-metrics` beside the exporter.
 
 use std::collections::BTreeMap;
 use std::ffi::c_uint;
@@ -33,12 +43,18 @@ struct Samples {
     next_seq: u64,
     /// Live samples by address: `None` until filled.
     live: BTreeMap<usize, Option<Filled>>,
+    /// The last sample filled of each (GPU, instance), and how many so far.
+    last: BTreeMap<(usize, Option<u32>), (Filled, u64)>,
 }
 
 static SAMPLES: Mutex<Samples> = Mutex::new(Samples {
     next_seq: 1,
     live: BTreeMap::new(),
+    last: BTreeMap::new(),
 });
+
+/// The wobble of every other sample (see the module doc).
+const WOBBLE: f64 = 1.0 / (1u64 << 40) as f64;
 
 fn samples() -> std::sync::MutexGuard<'static, Samples> {
     SAMPLES.lock().unwrap_or_else(|e| e.into_inner())
@@ -69,12 +85,14 @@ pub unsafe extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlRetur
     })
 }
 
-/// Fill `sample` with `values` (None: NOT_SUPPORTED).
+/// Fill `sample` with `values` (None: NOT_SUPPORTED); with `stale`, a
+/// copy of the last sample of the same GPU (or instance) instead.
 fn fill(
     sample: nvmlGpmSample_t,
     device: usize,
     gpu_instance_id: Option<u32>,
     values: Option<&Vec<(c_uint, f64)>>,
+    stale: bool,
 ) -> nvmlReturn_t {
     let mut s = samples();
     if !s.live.contains_key(&(sample as usize)) {
@@ -83,17 +101,23 @@ fn fill(
     let Some(values) = values else {
         return NOT_SUPPORTED;
     };
+    let key = (device, gpu_instance_id);
+    if stale && let Some((previous, _)) = s.last.get(&key).cloned() {
+        s.live.insert(sample as usize, Some(previous));
+        return SUCCESS;
+    }
     let seq = s.next_seq;
     s.next_seq += 1;
-    s.live.insert(
-        sample as usize,
-        Some(Filled {
-            device,
-            gpu_instance_id,
-            seq,
-            values: values.clone(),
-        }),
-    );
+    let count = s.last.get(&key).map_or(0, |l| l.1) + 1;
+    let factor = if count.is_multiple_of(2) { 1.0 + WOBBLE } else { 1.0 };
+    let filled = Filled {
+        device,
+        gpu_instance_id,
+        seq,
+        values: values.iter().map(|&(id, v)| (id, v * factor)).collect(),
+    };
+    s.last.insert(key, (filled.clone(), count));
+    s.live.insert(sample as usize, Some(filled));
     SUCCESS
 }
 
@@ -103,7 +127,7 @@ pub unsafe extern "C" fn nvmlGpmSampleGet(
     gpm_sample: nvmlGpmSample_t,
 ) -> nvmlReturn_t {
     with_gpu("nvmlGpmSampleGet", device, |i, g| {
-        fill(gpm_sample, i, None, g.gpm.as_ref())
+        fill(gpm_sample, i, None, g.gpm.as_ref(), g.gpm_stale)
     })
 }
 
@@ -121,7 +145,13 @@ pub unsafe extern "C" fn nvmlGpmMigSampleGet(
         let Some(mig) = g.migs.iter().find(|m| m.gpu_instance_id == gpu_instance_id) else {
             return INVALID_ARGUMENT;
         };
-        fill(gpm_sample, i, Some(gpu_instance_id), mig.gpm.as_ref())
+        fill(
+            gpm_sample,
+            i,
+            Some(gpu_instance_id),
+            mig.gpm.as_ref(),
+            g.gpm_stale,
+        )
     })
 }
 
@@ -147,10 +177,11 @@ pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
     })
 }
 
-/// Both samples filled, of the same GPU (or instance), the second later.
+/// Both samples filled, of the same GPU (or instance), the second later
+/// (or, on a GPU with `gpm_stale`, two copies of one: answered again).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlGpmMetricsGet(metrics_get: *mut nvmlGpmMetricsGet_t) -> nvmlReturn_t {
-    with_scenario("nvmlGpmMetricsGet", |_| {
+    with_scenario("nvmlGpmMetricsGet", |scenario| {
         if metrics_get.is_null() {
             return INVALID_ARGUMENT;
         }
@@ -167,7 +198,12 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(metrics_get: *mut nvmlGpmMetricsGet_t
         let (Some(a), Some(b)) = (get(req.sample1), get(req.sample2)) else {
             return INVALID_ARGUMENT;
         };
-        if (a.device, a.gpu_instance_id) != (b.device, b.gpu_instance_id) || b.seq <= a.seq {
+        let stale_pair = b.seq == a.seq
+            && req.sample1 != req.sample2
+            && scenario.gpus.get(a.device).is_some_and(|g| g.gpm_stale);
+        if (a.device, a.gpu_instance_id) != (b.device, b.gpu_instance_id)
+            || (b.seq <= a.seq && !stale_pair)
+        {
             return INVALID_ARGUMENT;
         }
         for m in req.metrics.iter_mut().take(req.numMetrics as usize) {

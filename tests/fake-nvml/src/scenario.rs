@@ -169,6 +169,13 @@ struct DeviceFile {
     virtualization_mode: VirtualizationModeFile,
     #[serde(default)]
     gpm: Option<GpmFile>,
+    /// nvmlGpmSampleGet does not advance: see [`Gpu::gpm_stale`].
+    #[serde(default)]
+    gpm_stale: bool,
+    /// `[[unix_seconds, used], ...]`: used memory over time, see
+    /// [`Gpu::used_timeline`].
+    #[serde(default)]
+    used_timeline: Option<Vec<(f64, u64)>>,
 }
 
 /// nvmlDeviceGetVirtualizationMode's answer.
@@ -471,6 +478,34 @@ pub struct Gpu {
     pub virtualization_mode: nvmlGpuVirtualizationMode_t,
     /// GPM metric values by NVML id; None = GPM NOT_SUPPORTED.
     pub gpm: Option<Vec<(u32, f64)>>,
+    /// A stale GPM answer, as seen on an H200 with a second GPM client
+    /// (`nvidia-smi dmon --gpm-metrics`) on the GPU: nvmlGpmSampleGet
+    /// succeeds but the sample does not advance (it is a copy of the
+    /// GPU's previous one), and nvmlGpmMetricsGet over two such samples
+    /// answers the previous figures again, without an error.
+    pub gpm_stale: bool,
+    /// Used memory over time: (Unix seconds, bytes) knots in time order,
+    /// linear between two, a repeated time a jump; before the first its
+    /// value, after the last its value. Overrides `memory.used` for this
+    /// GPU (the time is the process's clock, so a test may run the
+    /// exporter under `faketime` to play minutes in seconds).
+    pub used_timeline: Option<Vec<(f64, u64)>>,
+}
+
+impl Gpu {
+    /// Used bytes at Unix time `now`, from the timeline.
+    pub fn used_at(timeline: &[(f64, u64)], now: f64) -> Option<u64> {
+        let after = timeline.partition_point(|k| k.0 <= now);
+        let last = after.checked_sub(1).and_then(|i| timeline.get(i)).copied();
+        let Some(next) = timeline.get(after).copied() else {
+            return last.map(|k| k.1);
+        };
+        let Some(a) = last else {
+            return Some(next.1);
+        };
+        let f = (now - a.0) / (next.0 - a.0);
+        Some((a.1 as f64 + f * (next.1 as f64 - a.1 as f64)).round() as u64)
+    }
 }
 
 /// Utilisation, power, thermal and clocks; `None` = NOT_SUPPORTED.
@@ -613,7 +648,18 @@ impl<'a> Target<'a> {
 
     pub fn memory(&self) -> Memory {
         match *self {
-            Target::Gpu { gpu, .. } => gpu.memory,
+            Target::Gpu { gpu, .. } => match &gpu.used_timeline {
+                Some(t) => {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64());
+                    Memory {
+                        used: Gpu::used_at(t, now).unwrap_or(gpu.memory.used),
+                        ..gpu.memory
+                    }
+                }
+                None => gpu.memory,
+            },
             Target::Mig { mig, .. } => mig.memory,
         }
     }
@@ -799,6 +845,16 @@ fn validate(file: ScenarioFile) -> Result<Scenario, String> {
             });
         }
         let gpm = gpm(&at, d.gpm)?;
+        if let Some(t) = &d.used_timeline {
+            if t.len() > 100_000 {
+                return Err(format!("{at}.used_timeline: at most 100000 knots"));
+            }
+            if t.iter().any(|k| !k.0.is_finite()) || t.windows(2).any(|w| w[1].0 < w[0].0) {
+                return Err(format!(
+                    "{at}.used_timeline: times must be finite and in order"
+                ));
+            }
+        }
         gpus.push(Gpu {
             unified_memory: d.unified_memory,
             virtualization_mode: match d.virtualization_mode {
@@ -819,6 +875,8 @@ fn validate(file: ScenarioFile) -> Result<Scenario, String> {
                 }
             },
             gpm,
+            gpm_stale: d.gpm_stale,
+            used_timeline: d.used_timeline,
             telemetry,
             health,
             xid_events: d.xid_events,

@@ -1701,6 +1701,18 @@ fn metrics(
     }
 }
 
+/// The figures to 6 decimals: every other sample carries a wobble of a
+/// relative 2^-40 (the module doc of gpm.rs).
+fn rounded(
+    r: Result<Vec<(nvmlReturn_t, f64)>, nvmlReturn_t>,
+) -> Result<Vec<(nvmlReturn_t, f64)>, nvmlReturn_t> {
+    r.map(|v| {
+        v.into_iter()
+            .map(|(c, x)| (c, (x * 1e6).round() / 1e6))
+            .collect()
+    })
+}
+
 #[test]
 fn gpm_samples_and_metrics_follow_the_scenario() {
     let f = Fixture::new(GRACE);
@@ -1732,7 +1744,7 @@ fn gpm_samples_and_metrics_follow_the_scenario() {
     assert_eq!(unsafe { nvmlGpmSampleGet(dev(0), b) }, SUCCESS);
     // SM util (2) and PCIe TX (20) from the scenario, FP32 (12) not in it.
     assert_eq!(
-        metrics(a, b, &[2, 20, 12]),
+        rounded(metrics(a, b, &[2, 20, 12])),
         Ok(vec![
             (SUCCESS, 85.5),
             (SUCCESS, 1024.0),
@@ -1744,7 +1756,7 @@ fn gpm_samples_and_metrics_follow_the_scenario() {
     // A rewrite shows from the next sample on.
     f.write(&GRACE.replace("sm_util: 85.5", "sm_util: 10"));
     assert_eq!(unsafe { nvmlGpmSampleGet(dev(0), a) }, SUCCESS);
-    assert_eq!(metrics(b, a, &[2]), Ok(vec![(SUCCESS, 10.0)]));
+    assert_eq!(rounded(metrics(b, a, &[2])), Ok(vec![(SUCCESS, 10.0)]));
     // GPU 1 has no GPM.
     assert_eq!(unsafe { nvmlGpmSampleGet(dev(1), a) }, NOT_SUPPORTED);
 
@@ -1753,7 +1765,7 @@ fn gpm_samples_and_metrics_follow_the_scenario() {
     let c = alloc();
     assert_eq!(unsafe { nvmlGpmMigSampleGet(dev(0), 3, b) }, SUCCESS);
     assert_eq!(unsafe { nvmlGpmMigSampleGet(dev(0), 3, c) }, SUCCESS);
-    assert_eq!(metrics(b, c, &[10]), Ok(vec![(SUCCESS, 25.0)]));
+    assert_eq!(rounded(metrics(b, c, &[10])), Ok(vec![(SUCCESS, 25.0)]));
     assert_eq!(
         unsafe { nvmlGpmMigSampleGet(dev(0), 4, c) },
         INVALID_ARGUMENT
@@ -1768,6 +1780,54 @@ fn gpm_samples_and_metrics_follow_the_scenario() {
     // Freed twice: INVALID_ARGUMENT, not a double free.
     assert_eq!(unsafe { nvmlGpmSampleFree(a) }, INVALID_ARGUMENT);
     assert_eq!(nvmlShutdown(), SUCCESS);
+}
+
+/// Two successive answers of a busy GPU differ (as on a real GPU); with
+/// `gpm_stale` the samples do not advance and the same figures come back.
+#[test]
+fn gpm_answers_move_unless_stale() {
+    let f = Fixture::new(GRACE);
+    f.init();
+    let (a, b) = (alloc(), alloc());
+    let answer = |x, y| metrics(x, y, &[2]).map(|v| v[0].1.to_bits());
+    assert_eq!(unsafe { nvmlGpmSampleGet(dev(0), a) }, SUCCESS);
+    assert_eq!(unsafe { nvmlGpmSampleGet(dev(0), b) }, SUCCESS);
+    let first = answer(a, b);
+    assert_eq!(unsafe { nvmlGpmSampleGet(dev(0), a) }, SUCCESS);
+    let second = answer(b, a);
+    assert!(first.is_ok() && first != second, "{first:?} {second:?}");
+    f.write(&GRACE.replacen("gpm: {", "gpm_stale: true\n    gpm: {", 1));
+    assert_eq!(unsafe { nvmlGpmSampleGet(dev(0), b) }, SUCCESS);
+    let stale = answer(a, b);
+    assert_eq!(stale, second, "the previous figures again, no error");
+    assert_eq!(unsafe { nvmlGpmSampleGet(dev(0), a) }, SUCCESS);
+    assert_eq!(answer(b, a), second);
+    // The same sample twice is still refused.
+    assert_eq!(metrics(a, a, &[2]), Err(INVALID_ARGUMENT));
+    for s in [a, b] {
+        assert_eq!(unsafe { nvmlGpmSampleFree(s) }, SUCCESS);
+    }
+    assert_eq!(nvmlShutdown(), SUCCESS);
+}
+
+/// `used_timeline`: used memory over the process's clock, linear between
+/// knots, held before the first and after the last.
+#[test]
+fn used_timeline_interpolates() {
+    use crate::scenario::Gpu;
+    let t = [(100.0, 1000), (110.0, 2000), (110.0, 500), (120.0, 500)];
+    let at = |x| Gpu::used_at(&t, x);
+    assert_eq!(at(0.0), Some(1000));
+    assert_eq!(at(105.0), Some(1500));
+    assert_eq!(at(110.0), Some(500), "a repeated time is a jump");
+    assert_eq!(at(500.0), Some(500));
+    assert_eq!(Gpu::used_at(&[], 1.0), None);
+    let bad = "devices:\n  - uuid: GPU-6b100000-0000-0000-0000-000000000009\n    used_timeline: [[2, 1], [1, 1]]\n";
+    let err = crate::scenario::parse(bad).err().unwrap_or_default();
+    assert!(
+        err.contains("used_timeline: times must be finite and in order"),
+        "{err}"
+    );
 }
 
 #[test]
