@@ -254,11 +254,18 @@ def gpm_beside_dmon(out):
         errors = series(text, "gpumem_exporter_nvml_errors_total")
         dmon_out, _ = dmon.communicate(timeout=DMON + 10)
         ours = sorted(v[0] for v in served)
+        # dmon prints its default columns (pwr, temperatures, sm, ...)
+        # before the GPM ones: find GPM metric 2's column, `smutil`, by its
+        # header (the header line starts with "#", the data lines do not).
         theirs = []
+        column = None
         for line in dmon_out.splitlines():
             parts = line.split()
-            if parts and parts[0] == "0" and len(parts) >= 2 and parts[1].replace(".", "").isdigit():
-                theirs.append(float(parts[1]) / 100)
+            if parts[:2] == ["#", "gpu"] and "smutil" in parts:
+                column = parts.index("smutil") - 1
+            elif column is not None and parts and parts[0] == "0" and len(parts) > column:
+                if parts[column].replace(".", "").isdigit():
+                    theirs.append(float(parts[column]) / 100)
         theirs.sort()
         med = lambda v: v[len(v) // 2] if v else None
         print(f"# b. {len(served)} full samples with GPM served beside `nvidia-smi dmon --gpm-metrics 2,5,10` ({len(theirs)} lines)")
