@@ -109,7 +109,11 @@ fn fill(
     let seq = s.next_seq;
     s.next_seq += 1;
     let count = s.last.get(&key).map_or(0, |l| l.1) + 1;
-    let factor = if count.is_multiple_of(2) { 1.0 + WOBBLE } else { 1.0 };
+    let factor = if count.is_multiple_of(2) {
+        1.0 + WOBBLE
+    } else {
+        1.0
+    };
     let filled = Filled {
         device,
         gpu_instance_id,
