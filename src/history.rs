@@ -234,22 +234,19 @@ impl History {
 }
 
 /// Add the reserved bytes of GPU `gpu`'s PyTorch processes that have a
-/// memory limit; forget the others of that GPU.
+/// memory limit; forget the processes no longer on that GPU. A process
+/// whose document was not read this time (skipped while being replaced,
+/// say) keeps its series: a gap, not a fresh start.
 fn record_torch(
     torch: &mut BTreeMap<(usize, u32), Series>,
     gpu: usize,
     second: u64,
     processes: &[ProcessSample],
 ) {
-    let limited = |p: &ProcessSample| p.torch.filter(|t| t.limit.is_some());
-    torch.retain(|&(g, pid), _| {
-        g != gpu
-            || processes
-                .binary_search_by_key(&pid, |p| p.pid)
-                .is_ok_and(|at| limited(&processes[at]).is_some())
-    });
+    torch
+        .retain(|&(g, pid), _| g != gpu || processes.binary_search_by_key(&pid, |p| p.pid).is_ok());
     for p in processes {
-        if let Some(t) = limited(p) {
+        if let Some(t) = p.torch.filter(|t| t.limit.is_some()) {
             torch
                 .entry((gpu, p.pid))
                 .or_default()
@@ -577,9 +574,36 @@ mod tests {
             "the steady minutes are not in it: {got:?}"
         );
         assert_eq!(f.torch(0, 9), None, "no limit, no forecast");
+        // A sample without the process's torch figures (its document
+        // skipped) leaves a gap, not a fresh start.
+        let mut s = snap(1_000_000 + 700_000, &[Some(40 << 30)]);
+        let mut p = ProcessSample {
+            pid: 7,
+            used_bytes: Some(1),
+            ident: Arc::new(ProcIdentity::default()),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+            used_peak_bytes: None,
+            torch: None,
+            readings: Default::default(),
+        };
+        s.devices[0].processes = Arc::new([p.clone()]);
+        h.record(&s);
+        p.torch = Some(TorchStats {
+            reserved: reserved(701),
+            limit: Some(limit),
+            ..TorchStats::default()
+        });
+        let mut s = snap(1_000_000 + 702_000, &[Some(40 << 30)]);
+        s.devices[0].processes = Arc::new([p]);
+        h.record(&s);
+        assert!(
+            h.forecasts(&s).torch(0, 7).is_some(),
+            "kept through the gap"
+        );
         assert_eq!(f.torch.len(), 1);
         // The process gone: its series too.
-        let s = snap(1_000_000 + 700_000, &[Some(40 << 30)]);
+        let s = snap(1_000_000 + 703_000, &[Some(40 << 30)]);
         h.record(&s);
         assert!(h.forecasts(&s).torch.is_empty());
         assert!(h.torch.is_empty());

@@ -26,12 +26,14 @@ use crate::harness::{BIN, repo_file};
 #[cfg(feature = "external-tools")]
 mod external;
 
-const ALERTS: [&str; 17] = [
+const ALERTS: [&str; 19] = [
     "GpuMemoryHigh",
     "GpuMemoryExhaustionPredicted",
     "GpuMemoryWillFillSoon",
+    "GpuMemoryFillingFast",
     "GpuMemorySpikeWouldNotFit",
     "GpuTorchWillHitLimit",
+    "GpuTorchLimitFillingFast",
     "GpuTorchMemoryLeak",
     "GpuProcessMemoryLeakSuspected",
     "GpuDown",
