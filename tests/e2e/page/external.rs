@@ -373,7 +373,10 @@ fn the_page_forecasts_a_growing_gpu_and_names_a_leak_but_not_for_a_flat_one() {
     assert!((rate / (256.0 * MIB as f64) - 1.0).abs() < 0.05, "{f}");
     let free = v["gpus"][0]["memory"]["free_bytes"].as_f64().unwrap_or(0.0);
     let full_in = f["full_in_seconds"].as_f64().unwrap_or(0.0);
-    assert!((full_in - free / rate).abs() < 1.0, "{f} free {free}");
+    // The forecast is worked out once per new second and cached between
+    // the 10 Hz publishes, so the free bytes it was made from may be up to
+    // a second (one second of growth) older than the snapshot's.
+    assert!((full_in - free / rate).abs() < 2.0, "{f} free {free}");
     assert!(f["window_seconds"].as_u64().unwrap_or(0) >= 60, "{f}");
 
     b.navigate(&format!("http://{}/", ex_flat.addr));
