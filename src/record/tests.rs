@@ -104,9 +104,13 @@ fn csv_writes_process_rows_at_full_samples_only_and_quotes_names() {
     let free = 80 * GIB - 10 * GIB;
     let reserved = 0;
     let full = format!(
-        "1970-01-01T00:16:40.000Z,1000.000,gpu,0,{u},{},{reserved},{free},{},,,,,,,,,,,,\n\
-         1970-01-01T00:16:40.000Z,1000.000,process,0,{u},{},,,,7,\"p,7\",alice,,,{},{},,,40,{},2097152\n\
-         1970-01-01T00:16:40.000Z,1000.000,process,0,{u},{},,,,9,\"p,9\",alice,,,,,,,,,\n",
+        // The last two columns are the ledger's (used_byte_seconds,
+        // busy_seconds): this snapshot went through no ledger, so the GPU
+        // row has none and each process row the 0 of a process not yet
+        // counted.
+        "1970-01-01T00:16:40.000Z,1000.000,gpu,0,{u},{},{reserved},{free},{},,,,,,,,,,,,,,\n\
+         1970-01-01T00:16:40.000Z,1000.000,process,0,{u},{},,,,7,\"p,7\",alice,,,{},{},,,40,{},2097152,0,\n\
+         1970-01-01T00:16:40.000Z,1000.000,process,0,{u},{},,,,9,\"p,9\",alice,,,,,,,,,,0,\n",
         10 * GIB,
         80 * GIB,
         6 * GIB,
@@ -119,7 +123,7 @@ fn csv_writes_process_rows_at_full_samples_only_and_quotes_names() {
     assert_eq!(
         text[1],
         format!(
-            "1970-01-01T00:16:40.100Z,1000.100,gpu,0,{u},{},{reserved},{free},{},,,,,,,,,,,,\n",
+            "1970-01-01T00:16:40.100Z,1000.100,gpu,0,{u},{},{reserved},{free},{},,,,,,,,,,,,,,\n",
             10 * GIB,
             80 * GIB
         )
