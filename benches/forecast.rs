@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use gpumem_exporter::testing::history::History;
-use gpumem_exporter::testing::model::Snapshot;
+use gpumem_exporter::testing::model::{ProcessSample, Snapshot};
 use gpumem_exporter::testing::trend;
 
 const GIB: u64 = 1 << 30;
@@ -27,19 +27,25 @@ fn used(ms: u64) -> u64 {
     40 * GIB + t.saturating_sub(480) * 100 * (1 << 20)
 }
 
-/// The sample at `ms` (since the start), memory-only samples sharing the
-/// full sample's processes as the sampler's do.
-fn at(base: &Snapshot, ms: u64) -> Snapshot {
+/// The sample at `ms` (since the start). Memory-only samples share the
+/// last full sample's processes, as the sampler's do; a full sample (every
+/// 1000 ms) makes new ones.
+fn at(base: &Snapshot, procs: &mut Vec<Arc<[ProcessSample]>>, ms: u64) -> Snapshot {
     let mut s = base.clone();
     s.taken_at = UNIX_EPOCH + Duration::from_millis(1_764_633_600_000 + ms);
-    for d in &mut s.devices {
+    if procs.len() != s.devices.len() || ms.is_multiple_of(1000) {
+        *procs = s
+            .devices
+            .iter()
+            .map(|d| Arc::from(d.processes.to_vec()))
+            .collect();
+    }
+    for (d, p) in s.devices.iter_mut().zip(procs.iter()) {
         if let Some(m) = d.memory.as_mut() {
             m.used = used(ms);
             m.free = m.total - m.used - m.reserved.unwrap_or(0);
         }
-        if ms.is_multiple_of(1000) {
-            d.processes = Arc::from(d.processes.to_vec());
-        }
+        d.processes = Arc::clone(p);
     }
     s
 }
@@ -62,15 +68,16 @@ fn main() {
     let mut c = common::criterion();
     let base = common::snapshot(true);
     let mut history = History::new();
+    let mut procs = Vec::new();
     let mut ms = 0;
     // Fill every ring: 600 s at 10 Hz.
     while ms < 600_000 {
-        let s = at(&base, ms);
+        let s = at(&base, &mut procs, ms);
         history.record(&s);
         black_box(history.forecasts(&s));
         ms += 100;
     }
-    let s = at(&base, ms);
+    let s = at(&base, &mut procs, ms);
     history.record(&s);
     let f = history.forecasts(&s);
     println!(
@@ -84,7 +91,7 @@ fn main() {
     g.bench_function("per_sample", |b| {
         b.iter(|| {
             ms += 100;
-            let s = at(&base, ms);
+            let s = at(&base, &mut procs, ms);
             history.record(&s);
             black_box(history.forecasts(&s))
         })
@@ -94,13 +101,19 @@ fn main() {
     g.bench_function("per_second", |b| {
         b.iter(|| {
             ms = (ms / 1000 + 1) * 1000 + 100;
-            let s = at(&base, ms);
+            let s = at(&base, &mut procs, ms);
             history.record(&s);
             black_box(history.forecasts(&s))
         })
     });
     // Building the sample alone (the clone above), to subtract.
-    g.bench_function("sample_alone", |b| b.iter(|| black_box(at(&base, ms))));
+    // Building the samples alone (ten, one of them full), to subtract.
+    g.bench_function("sample_alone", |b| {
+        b.iter(|| {
+            ms += 100;
+            black_box(at(&base, &mut procs, ms))
+        })
+    });
     // The old forecast's own work per sample: 8 GPUs × (a copy of 600
     // points and three slopes).
     let points: Vec<(u64, u64)> = (0..600u64).map(|t| (t, used(t * 1000 + 600_000))).collect();
