@@ -365,6 +365,9 @@ fn forged_cgroups_give_no_job_and_no_pod() {
     let victim_lines: Vec<&str> = m
         .text
         .lines()
+        // The workload counters (`gpu_workload_*`) carry the pod's ids and
+        // no pid: they are the victim's pod's own, not a process's.
+        .filter(|l| !l.starts_with("gpu_workload_"))
         .filter(|l| l.contains(&victim) || l.contains(&victim_cid) || l.contains("victim-0"))
         .collect();
     let own_pid = format!("pid=\"{victim_pid}\"");
@@ -670,6 +673,9 @@ fn a_namespaced_exporter_places_paths_in_the_host_tree() {
     let victim_series: Vec<&str> = m
         .text
         .lines()
+        // The workload counters (`gpu_workload_*`) carry the pod's ids and
+        // no pid: they are the victim's pod's own, not a process's.
+        .filter(|l| !l.starts_with("gpu_workload_"))
         .filter(|l| l.contains(&victim) || l.contains(&victim_cid) || l.contains("victim-0"))
         .collect();
     let own = format!("pid=\"{victim_pid}\"");
