@@ -24,6 +24,10 @@ from gpumem_bridge import channel  # noqa: E402
 class Server:
     def __init__(self, path):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # On the listener too, as the exporter does: a message sent before
+        # accept() is queued on the new socket, and gets its sender's
+        # credentials only if the flag is already there.
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self.sock.bind(path)
         self.sock.listen(4)
         self.sock.settimeout(5)
