@@ -362,19 +362,7 @@ fn forged_cgroups_give_no_job_and_no_pod() {
         (own.as_str(), own_cid.as_str())
     );
     // Only the victim's own series carry the victim's ids.
-    let victim_lines: Vec<&str> = m
-        .text
-        .lines()
-        // The workload counters (`gpu_workload_*`) carry the pod's ids and
-        // no pid: they are the victim's pod's own, not a process's.
-        .filter(|l| !l.starts_with("gpu_workload_"))
-        .filter(|l| l.contains(&victim) || l.contains(&victim_cid) || l.contains("victim-0"))
-        .collect();
-    let own_pid = format!("pid=\"{victim_pid}\"");
-    assert!(
-        victim_lines.len() >= 2 && victim_lines.iter().all(|l| l.contains(&own_pid)),
-        "{victim_lines:#?}"
-    );
+    only_the_victims_series_carry_its_ids(&m.text, &victim, &victim_cid, victim_pid);
     assert!(!m.text.contains("slurm_job=\"4242\""), "{}", m.text);
     assert!(!m.text.contains("slurm_job=\"4301\""), "{}", m.text);
 
@@ -670,19 +658,7 @@ fn a_namespaced_exporter_places_paths_in_the_host_tree() {
         assert!(!f.contains_key(label), "forged pid has {label}: {f:?}");
     }
     assert_eq!(f["user"], "nobody");
-    let victim_series: Vec<&str> = m
-        .text
-        .lines()
-        // The workload counters (`gpu_workload_*`) carry the pod's ids and
-        // no pid: they are the victim's pod's own, not a process's.
-        .filter(|l| !l.starts_with("gpu_workload_"))
-        .filter(|l| l.contains(&victim) || l.contains(&victim_cid) || l.contains("victim-0"))
-        .collect();
-    let own = format!("pid=\"{victim_pid}\"");
-    assert!(
-        victim_series.len() >= 2 && victim_series.iter().all(|l| l.contains(&own)),
-        "{victim_series:#?}"
-    );
+    only_the_victims_series_carry_its_ids(&m.text, &victim, &victim_cid, victim_pid);
 
     std::thread::sleep(Duration::from_millis(500));
     let m = ex.metrics();
@@ -737,4 +713,26 @@ fn a_namespaced_exporter_places_paths_in_the_host_tree() {
     );
     drop(ex);
     drop(cg);
+}
+
+/// Every process series naming the victim's pod uid, container id or pod
+/// name is the victim process's own (at least two of them). The workload
+/// counters (`gpu_workload_*`) carry the pod's ids and no pid: they are the
+/// victim's pod's own, not a process's.
+fn only_the_victims_series_carry_its_ids(
+    text: &str,
+    victim: &str,
+    victim_cid: &str,
+    victim_pid: impl std::fmt::Display,
+) {
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("gpu_workload_"))
+        .filter(|l| l.contains(victim) || l.contains(victim_cid) || l.contains("victim-0"))
+        .collect();
+    let own = format!("pid=\"{victim_pid}\"");
+    assert!(
+        series.len() >= 2 && series.iter().all(|l| l.contains(&own)),
+        "{series:#?}"
+    );
 }
