@@ -607,6 +607,9 @@ fn get(port: u16, path: &str) -> Response {
 
 #[test]
 fn the_image_runs_as_the_daemonset_runs_it() {
+    // buildah's build and the arm64 image under qemu-user load the cores
+    // for minutes: one heavy test at a time.
+    let _one = heavy();
     let started = Instant::now();
     let spec = Spec::of(&kustomize("deploy/kubernetes"));
     let podman = Podman::new();

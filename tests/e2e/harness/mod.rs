@@ -643,8 +643,9 @@ pub fn assert_file_refused(flag: &str, path: &Path, extra: &[&str], want: &str) 
 }
 
 /// One heavy test at a time (the attack floods, the chaos soak, the
-/// memory ceiling): each loads both cores of a CI machine for minutes, and
-/// beside another one a scrape deadline would measure the neighbour.
+/// memory ceiling, the arm64 build and image under qemu-user): each loads
+/// the cores of a CI machine for minutes, and beside another one a scrape
+/// deadline would measure the neighbour.
 #[cfg(feature = "external-tools")]
 pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
     static HEAVY: Mutex<()> = Mutex::new(());
