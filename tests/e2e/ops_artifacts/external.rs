@@ -100,11 +100,19 @@ fn promtool_accepts_the_rule_file() {
     assert!(out.contains("SUCCESS"), "promtool check rules: {out}");
 }
 
+/// Both unit-test files: rules_test.yml (every minute) and
+/// accounting_rules_test.yml (every hour: promtool ignores a group's own
+/// `interval:`, so the hourly tiles have a file at their interval).
 #[test]
 fn rule_unit_tests_pass() {
     let out = run_tool(
         "promtool",
-        &["test", "rules", "deploy/prometheus/rules_test.yml"],
+        &[
+            "test",
+            "rules",
+            "deploy/prometheus/rules_test.yml",
+            "deploy/prometheus/accounting_rules_test.yml",
+        ],
         None,
     );
     let text = output_text(&out);
