@@ -2,7 +2,8 @@
 //! a fake /proc root and a local Kubernetes API, so process series carry
 //! namespace/pod/container and gpu_process_info a user) is scraped every
 //! second by the `prometheus` binary, which also evaluates
-//! deploy/prometheus/rules.yml. Then every query of every panel of
+//! deploy/prometheus/rules.yml (every group every second, the hourly
+//! accounting tiles included: `rules_at_global_interval`). Then every query of every panel of
 //! grafana/gpumem-exporter.json and every rule expression is run through
 //! Prometheus's HTTP API: each must parse, each panel must return data, each
 //! alert that the scenario makes true must return exactly the series it is
@@ -28,6 +29,11 @@
 //!   runs on GPU 0 beside the pods; a job-mapping directory (dcgm layout)
 //!   says job 4242 holds GPU 0 (busy) and job 4243 MIG instance 1 of GPU 1,
 //!   where no process of 4243 runs (GpuAllocatedButIdle for Slurm).
+//!   For the accounting rules and the "Who used it, who wasted it" row:
+//!   GPU 0's third replica is allocated to team-b's `batch-idle` pod,
+//!   which runs nothing (idle allocated hours for a namespace), and bob's
+//!   `render` (4106, his login session: no pod, job or container) runs on
+//!   GPU 1, so a workload is charged to a user.
 //! - `stale`: an exporter whose GPU calls hang (fake NVML `delay_ms`) after
 //!   its first sample, so the sample it serves ages
 //!   (GpuMemExporterSamplesStale).
@@ -51,7 +57,7 @@ use crate::harness::cluster::{
 use crate::harness::kubelet::{self, FakeKubelet};
 use crate::harness::prom::{
     Prometheus, QueryResult, config_with_rules, grafana_regex, grafana_substitute, metric_names,
-    prometheus_binary,
+    prometheus_binary, rules_at_global_interval,
 };
 use crate::harness::python::{Py, StubState};
 use crate::harness::*;
@@ -87,7 +93,7 @@ const TORCH_RESERVED: u64 = 48_000_000_000;
 const RETRY_EVERY: Duration = Duration::from_millis(500);
 /// The pids the fake /proc and the fake NVML use: the trainer's real pid
 /// must not be one of them.
-const FAKE_PIDS: [u32; 7] = [4102, 4103, 4104, 4105, 6000, 6100, 7002];
+const FAKE_PIDS: [u32; 8] = [4102, 4103, 4104, 4105, 4106, 6000, 6100, 7002];
 
 /// `$__rate_interval` as Grafana would set it for a 1s scrape interval
 /// (rounded up, so two samples are always in the window).
@@ -146,6 +152,17 @@ pub(super) fn fake_proc(root: &Path, trainer_pid: u32) {
         "python3",
         1000,
         "11:memory:/slurm/uid_1000/job_4242/step_0/task_0\n4:freezer:/slurm/uid_1000/job_4242/step_0\n1:name=systemd:/system.slice/slurmd.service\n",
+        &[],
+    );
+    // bob's render job in his login session: in no pod, job or container,
+    // so its memory-time is charged to the user (the accounting rules'
+    // per-user figures).
+    write_proc(
+        root,
+        4106,
+        "render",
+        1001,
+        "0::/user.slice/user-1001.slice/session-3.scope\n",
         &[],
     );
 }
@@ -232,7 +249,7 @@ pub(super) fn main_scenario(trainer_pid: u32, xids: usize, gpu1_used: u64) -> St
         gpu_instance_id: 2
         compute_instance_id: 0
         memory: {{total: 20000000000, reserved: 0, used: 2500000000}}
-        processes: [{{pid: 7002, used: 2000000000}}]
+        processes: [{{pid: 7002, used: 2000000000}}, {{pid: 4106, used: 1500000000}}]
   - uuid: {GPU2}
     memory: {{total: 85899345920, reserved: 536870912, used: 1000000000}}
     error: gpu_lost
@@ -242,7 +259,9 @@ pub(super) fn main_scenario(trainer_pid: u32, xids: usize, gpu1_used: u64) -> St
 
 /// What the kubelet allocated: GPU 0 shared by time-slicing between the
 /// trainer and the inference server, both of GPU 1's MIG instances to the
-/// notebook (which runs on instance 1 only).
+/// notebook (which runs on instance 1 only), and GPU 0's third replica to
+/// a batch pod of team-b that never starts a process (idle allocated
+/// GPU-hours for a namespace).
 pub(super) fn kubelet_pods() -> Vec<kubelet::proto::PodResources> {
     let (r0, r1) = (format!("{GPU0}::0"), format!("{GPU0}::1"));
     vec![
@@ -260,6 +279,11 @@ pub(super) fn kubelet_pods() -> Vec<kubelet::proto::PodResources> {
             "team-a",
             "notebook",
             &[("jupyter", &[("nvidia.com/mig-1g.10gb", &[MIG1, MIG2])])],
+        ),
+        kubelet::pod(
+            "team-b",
+            "batch-idle",
+            &[("worker", &[("nvidia.com/gpu", &[&format!("{GPU0}::2")])])],
         ),
     ]
 }
@@ -507,6 +531,16 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
                 ("gpu_instance_id", "2".into()),
                 ("namespace", "team-a".into()),
                 ("pod", "notebook".into()),
+            ],
+            // team-b's batch pod holds GPU 0's third replica and runs
+            // nothing.
+            vec![
+                i(&t.main),
+                ("gpu", "0".into()),
+                ("uuid", GPU0.into()),
+                ("replica", "2".into()),
+                ("namespace", "team-b".into()),
+                ("pod", "batch-idle".into()),
             ],
             vec![
                 // Job 4243 holds MIG instance 1 of GPU 1, where only the
@@ -963,6 +997,8 @@ impl Checks<'_> {
             (&format!("notebook/{MIG1} B"), 1.0),
             (&format!("notebook/{MIG2} A"), 0.0),
             (&format!("notebook/{MIG2} B"), 0.0),
+            ("batch-idle/ A", 0.0),
+            ("batch-idle/ B", 0.0),
             // Slurm: job 4242 holds GPU 0 and runs 4105 there; job 4243
             // holds MIG instance 1 and runs nothing.
             ("4242/ A", 5_000_000_000.0),
@@ -1323,7 +1359,7 @@ fn a_unified_memory_gpu_raises_no_alert_in_a_real_prometheus() {
     let config = format!(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n\
          scrape_configs:\n  - job_name: gpumem-exporter\n    static_configs:\n      - targets: ['{}']\n",
-        repo_file("deploy/prometheus/rules.yml").display(),
+        rules_at_global_interval().display(),
         ex.addr
     );
     let prom = Prometheus::start(&config);

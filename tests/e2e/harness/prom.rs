@@ -6,8 +6,9 @@
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -20,11 +21,46 @@ pub fn prometheus_binary() -> &'static str {
     super::tools::require_tool("prometheus")
 }
 
-/// A port that was free a moment ago (the caller retries if it is taken).
+/// The shipped rules (deploy/prometheus/rules.yml) as a test's server
+/// loads them: the same file without its groups' own `interval:` lines, so
+/// every group runs at the config's global interval. A group with an
+/// interval of its own (the hourly accounting tiles: 1h) first runs up to
+/// that interval after the server starts (Prometheus and vmalert both wait
+/// for the group's slot), far beyond a test; its expressions are the same
+/// either way. Written once per test process, under Cargo's
+/// CARGO_TARGET_TMPDIR (a temporary name, then renamed: two test processes
+/// write the same bytes).
+pub fn rules_at_global_interval() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let src = super::repo_file("deploy/prometheus/rules.yml");
+        let text = std::fs::read_to_string(&src).expect("read rules.yml");
+        let kept: String = text
+            .lines()
+            .filter(|l| !l.starts_with("    interval: "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(
+            kept.len() < text.len(),
+            "rules.yml has no group with an interval of its own: \
+             rules_at_global_interval has nothing to do"
+        );
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let path = dir.join("rules-at-global-interval.yml");
+        let tmp = dir.join(format!(
+            "rules-at-global-interval.{}.tmp",
+            std::process::id()
+        ));
+        std::fs::write(&tmp, kept).expect("write the rules copy");
+        std::fs::rename(&tmp, &path).expect("rename the rules copy");
+        path
+    })
+}
+
 /// A Prometheus config that scrapes and evaluates every second, loads the
-/// shipped rules (deploy/prometheus/rules.yml), and scrapes `groups` (each
-/// a static_configs entry: target addresses and, optionally, an
-/// `instance` label) as job `gpumem-exporter`.
+/// shipped rules ([`rules_at_global_interval`]: every group every second),
+/// and scrapes `groups` (each a static_configs entry: target addresses
+/// and, optionally, an `instance` label) as job `gpumem-exporter`.
 pub fn config_with_rules(groups: &[(&[String], Option<&str>)]) -> String {
     let groups: String = groups
         .iter()
@@ -48,10 +84,11 @@ scrape_configs:
   - job_name: gpumem-exporter
     static_configs:
 {groups}",
-        super::repo_file("deploy/prometheus/rules.yml").display()
+        rules_at_global_interval().display()
     )
 }
 
+/// A port that was free a moment ago (the caller retries if it is taken).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
