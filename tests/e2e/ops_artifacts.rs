@@ -212,6 +212,43 @@ fn every_alert_is_tested_firing_and_silent() {
     }
 }
 
+/// Each recording rule is named (in backticks) in docs/runbooks.md, where
+/// the rules are documented, and a promtool unit test (either file)
+/// evaluates it by name.
+#[test]
+fn every_recording_rule_is_documented_and_tested() {
+    let records: Vec<String> = read("deploy/prometheus/rules.yml")
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- record:"))
+        .map(|n| n.trim().to_string())
+        .collect();
+    assert!(
+        records.len() > 40,
+        "recording rules in rules.yml: {records:?}"
+    );
+    let docs = read("docs/runbooks.md");
+    let tests = read("deploy/prometheus/rules_test.yml")
+        + &read("deploy/prometheus/accounting_rules_test.yml");
+    let tested = |name: &str| {
+        tests.lines().any(|l| {
+            l.trim()
+                .strip_prefix("- expr:")
+                .or_else(|| l.trim().strip_prefix("expr:"))
+                .is_some_and(|e| {
+                    e.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                        .any(|tok| tok == name)
+                })
+        })
+    };
+    for name in &records {
+        assert!(
+            docs.contains(&format!("`{name}`")),
+            "{name}: not in docs/runbooks.md"
+        );
+        assert!(tested(name), "{name}: no promtool test evaluates it");
+    }
+}
+
 // ------------------------------------------------------------------ kubernetes
 
 // ------------------------------------------------------------------ grafana

@@ -1017,6 +1017,53 @@ impl Checks<'_> {
             problem: (got != want).then(|| format!("got {got:?}, want {want:?}")),
         });
 
+        // "Who used it, who wasted it": the day's sums say who is idle and
+        // who is not. team-b's batch pod and job 4243 hold devices they
+        // never run on; team-a's pods and job 4242 run on all of theirs;
+        // bob's render job is charged to him.
+        let day = |rule: &str, label: &str, value: &str| {
+            self.query(rule, &format!("{rule}{{{label}=\"{value}\"}}"), None)
+                .values()
+                .first()
+                .copied()
+        };
+        let idle = "namespace:gpu_allocation_idle_hours:increase1d";
+        let job_idle = "slurm_job:gpu_allocation_idle_hours:increase1d";
+        let got = [
+            ("team-b idle", day(idle, "namespace", "team-b")),
+            ("team-a idle", day(idle, "namespace", "team-a")),
+            ("job 4243 idle", day(job_idle, "slurm_job", "4243")),
+            ("job 4242 idle", day(job_idle, "slurm_job", "4242")),
+            (
+                "bob's memory",
+                day(
+                    "user:gpu_workload_memory_used_gib_hours:increase1d",
+                    "user",
+                    "bob",
+                ),
+            ),
+            (
+                "team-a busy",
+                day(
+                    "namespace:gpu_workload_busy_hours:increase1d",
+                    "namespace",
+                    "team-a",
+                ),
+            ),
+        ];
+        let want_positive = [true, false, true, false, true, true];
+        let right = got
+            .iter()
+            .zip(want_positive)
+            .all(|((_, v), pos)| v.is_some_and(|v| if pos { v > 0.0 } else { v == 0.0 }));
+        rows.push(Row {
+            kind: "record",
+            name: "accounting: idle hours for team-b and job 4243 only; bob's memory and team-a's busy hours counted".into(),
+            counts: vec![got.iter().filter(|(_, v)| v.is_some()).count()],
+            expr: String::new(),
+            problem: (!right).then(|| format!("got {got:?}")),
+        });
+
         // "Real or cache?" splits the trainer's NVML figure into torch's
         // allocated, cached and non-torch parts: the stub's figures, which
         // add up to NVML's.

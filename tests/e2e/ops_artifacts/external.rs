@@ -164,15 +164,27 @@ fn every_alert_has_severity_annotations_and_a_runbook() {
     let names: Vec<&str> = groups.iter().filter_map(|g| g["name"].as_str()).collect();
     assert_eq!(
         names,
-        ["gpumem-exporter", "gpumem-exporter-rollups"],
-        "the alerts, then the fleet rollups"
+        [
+            "gpumem-exporter",
+            "gpumem-exporter-rollups",
+            "gpumem-exporter-accounting-hourly",
+            "gpumem-exporter-accounting"
+        ],
+        "the alerts, then the fleet rollups, then the accounting tiles and their sums"
     );
-    assert!(
-        list(&groups[1]["rules"])
-            .iter()
-            .all(|r| r["record"].as_str().is_some() && r.get("alert").is_none()),
-        "the rollups group only records"
-    );
+    for g in &groups[1..] {
+        assert!(
+            list(&g["rules"])
+                .iter()
+                .all(|r| r["record"].as_str().is_some() && r.get("alert").is_none()),
+            "group {} only records",
+            g["name"]
+        );
+    }
+    // The tiles are hourly increases evaluated once an hour; everything
+    // else runs at Prometheus's global interval.
+    let intervals: Vec<Option<&str>> = groups.iter().map(|g| g["interval"].as_str()).collect();
+    assert_eq!(intervals, [None, None, Some("1h"), None], "group intervals");
     let mut seen = Vec::new();
     for r in list(&groups[0]["rules"]) {
         let Some(alert) = r["alert"].as_str() else {
