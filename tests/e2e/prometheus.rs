@@ -180,24 +180,26 @@ const GPU0_USED: u64 = 80_000_000_000;
 
 /// When GPU 0's used memory starts growing: the first time a scenario is
 /// written (Unix seconds).
-fn gpu0_ramp_start() -> f64 {
-    static START: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *START.get_or_init(|| unix_now().floor())
-}
-
 /// The main exporter's GPUs; GPU 2 is lost (every call on it fails).
 /// GPU 0 is busy and unhealthy (uncorrectable ECC errors, a pending and a
 /// failed row remap, `xids` critical Xid 79 events so far); GPU 1 holds
 /// memory while idle and retires pages (a GPU before Ampere).
-pub(super) fn main_scenario(trainer_pid: u32, xids: usize, gpu1_used: u64) -> String {
+pub(super) fn main_scenario(
+    trainer_pid: u32,
+    xids: usize,
+    gpu1_used: u64,
+    ramp_start: f64,
+) -> String {
     let xid_list = vec!["79"; xids].join(", ");
-    // GPU 0's used memory grows 20 MB/s from when the test started (the
-    // fake's used_timeline, the same in every rewrite): the time-to-full
+    // GPU 0's used memory grows 20 MB/s from `ramp_start`, when its World
+    // started (the fake's used_timeline, the same in every rewrite of that
+    // World; each World has its own, as tests of one process run minutes
+    // apart): the time-to-full
     // rules have a slope to divide by, and the exporter's forecast a growth
     // (gpu_memory_growth_bytes_per_second): its free memory less the
     // headroom is gone in under a minute (GpuMemoryFillingFast), and it
     // stops growing 250 s in, well after the test.
-    let start = gpu0_ramp_start();
+    let start = ramp_start;
     let (from, to) = (GPU0_USED, GPU0_USED + 250 * 20_000_000);
     let gpu0_timeline = format!("[[{start}, {from}], [{}, {to}]]", start + 250.0);
     format!(
@@ -1121,6 +1123,8 @@ pub(super) struct World {
     pub(super) main: Exporter,
     pub(super) trainer: Trainer,
     pub(super) scenario: Scenario,
+    /// When GPU 0's ramp started (unix seconds), for every rewrite.
+    ramp_start: f64,
     /// Rewrites `scenario` every 2 s once started ([`World::start_rewriting`]).
     rewriter: std::sync::Mutex<Option<(Arc<AtomicBool>, JoinHandle<()>)>>,
     _stale_scenario: Scenario,
@@ -1150,7 +1154,8 @@ impl World {
         // exporter started): the exporter serves the two others at once and
         // GPU 2 as gpu_up 0 with no uuid, so every panel has data and
         // GpuDown is pending.
-        let scenario = Scenario::new(&main_scenario(trainer.py.pid, 1, GPU1_LEVEL));
+        let ramp_start = unix_now().floor();
+        let scenario = Scenario::new(&main_scenario(trainer.py.pid, 1, GPU1_LEVEL, ramp_start));
         let config = node.config_with(
             &scenario,
             "  min_bytes: 1000000000\n  top_n: 3\n",
@@ -1191,6 +1196,7 @@ impl World {
             main,
             trainer,
             scenario,
+            ramp_start,
             rewriter: std::sync::Mutex::new(None),
             _stale_scenario: stale_scn,
             _node: node,
@@ -1208,15 +1214,16 @@ impl World {
     /// the spike over the old level (GpuMemorySpikeWouldNotFit).
     pub(super) fn start_rewriting(&self) {
         let stop = Arc::new(AtomicBool::new(false));
-        let (flag, path, pid) = (
+        let (flag, path, pid, ramp_start) = (
             Arc::clone(&stop),
             self.scenario.path.clone(),
             self.trainer.py.pid,
+            self.ramp_start,
         );
         let ticker = std::thread::spawn(move || {
             let write = |n: usize, gpu1: u64| {
                 let tmp = path.with_extension("xid.tmp");
-                std::fs::write(&tmp, main_scenario(pid, n, gpu1)).unwrap();
+                std::fs::write(&tmp, main_scenario(pid, n, gpu1, ramp_start)).unwrap();
                 std::fs::rename(&tmp, &path).unwrap();
             };
             let mut n = 1;
