@@ -274,9 +274,13 @@ impl Ledger {
             .filter(|d| d.info.is_known())
             .map(|d| (d.info.uuid.as_str(), &d.processes[..]))
             .collect();
-        let gpu_of = |device: &AllocatedDevice| -> Option<&[ProcessSample]> {
+        // The processes on the allocated device itself: a MIG device's
+        // are those of its instance, as `GpuAllocatedButIdle` matches them.
+        let gpu_of = |device: &AllocatedDevice| -> Option<Vec<&ProcessSample>> {
             let uuid = gpu_uuid(s, device)?;
-            by_uuid.get(uuid).copied()
+            let on = instance_of(s, device);
+            let ps = by_uuid.get(uuid).copied()?;
+            Some(ps.iter().filter(|p| on.holds(p)).collect())
         };
         let mut put = |row: AllocationRow, busy: bool| {
             let a = rows.entry(row).or_default();
@@ -320,6 +324,62 @@ fn ptr_eq_opt<T: ?Sized>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
         (None, None) => true,
         (Some(a), Some(b)) => Arc::ptr_eq(a, b),
         _ => false,
+    }
+}
+
+/// Which processes of its GPU an allocated device holds.
+#[derive(Debug, Clone, Copy)]
+enum On {
+    /// The whole GPU (or a MIG device not seen yet: its parent stands in).
+    Gpu,
+    /// One MIG GPU instance, and one compute instance where the id says.
+    Instance { gi: u32, ci: Option<u32> },
+}
+
+impl On {
+    fn holds(self, p: &ProcessSample) -> bool {
+        match self {
+            On::Gpu => true,
+            On::Instance { gi, ci } => {
+                p.gpu_instance_id == Some(gi) && ci.is_none_or(|c| p.compute_instance_id == Some(c))
+            }
+        }
+    }
+}
+
+/// The MIG instance an allocated device names, in this snapshot.
+fn instance_of(s: &Snapshot, device: &AllocatedDevice) -> On {
+    let by_mig_uuid = |mig_uuid: &str| {
+        s.devices
+            .iter()
+            .flat_map(|d| d.mig.iter())
+            .find(|m| m.info.mig_uuid == mig_uuid)
+            .map_or(On::Gpu, |m| On::Instance {
+                gi: m.info.gpu_instance_id,
+                ci: Some(m.info.compute_instance_id),
+            })
+    };
+    match device {
+        AllocatedDevice::Mig { mig_uuid } | AllocatedDevice::MigOfParent { mig_uuid, .. } => {
+            by_mig_uuid(mig_uuid)
+        }
+        AllocatedDevice::MigOfGpu {
+            gpu_instance_id,
+            compute_instance_id,
+            ..
+        } => On::Instance {
+            gi: *gpu_instance_id,
+            ci: Some(*compute_instance_id),
+        },
+        AllocatedDevice::MigOfGpuIndex {
+            gpu_instance_id, ..
+        } => On::Instance {
+            gi: *gpu_instance_id,
+            ci: None,
+        },
+        AllocatedDevice::Gpu { .. }
+        | AllocatedDevice::GpuIndex { .. }
+        | AllocatedDevice::Other { .. } => On::Gpu,
     }
 }
 

@@ -214,3 +214,49 @@ fn a_process_listed_again_after_its_gpu_was_down_carries_on() {
     let a = l.record(&snap(Some(GIB), None, &none), at(6000));
     assert!(a.processes.is_empty());
 }
+
+#[test]
+fn a_mig_allocation_is_idle_while_its_jobs_process_runs_on_another_instance() {
+    let job7 = ident("bob", Some("7"));
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    // Job 7 holds GPU 0's GPU instance 1 (dcgm-exporter's `0.1` file name).
+    let row = JobAllocation {
+        device: AllocatedDevice::MigOfGpuIndex {
+            gpu: "0".into(),
+            gpu_instance_id: 1,
+        },
+        job: "7".into(),
+        uid: None,
+    };
+    let mapping = JobMappingState {
+        allocations: Arc::from(vec![row.clone()]),
+        ..Default::default()
+    };
+    let with = |procs: &Arc<[ProcessSample]>| {
+        let mut s = snap(Some(GIB), None, procs);
+        s.job_mapping = Some(mapping.clone());
+        s
+    };
+    let on = |gi: u32, pid: u32| ProcessSample {
+        gpu_instance_id: Some(gi),
+        compute_instance_id: Some(0),
+        ..proc(pid, GIB, &job7)
+    };
+    let key = AllocationRow::Slurm(row);
+    // Its process on instance 2 of the same GPU: instance 1 is idle.
+    let elsewhere: Arc<[ProcessSample]> = Arc::from(vec![on(2, 30)]);
+    l.record(&with(&elsewhere), at(0));
+    let a = l.record(&with(&elsewhere), at(2000));
+    let (all, idle) = allocation_seconds(&a, &key).unwrap_or_default();
+    close(all, 2.0);
+    close(idle, 2.0);
+    // On instance 1: busy.
+    let here: Arc<[ProcessSample]> = Arc::from(vec![on(1, 31)]);
+    l.record(&with(&here), at(2000));
+    let a = l.record(&with(&here), at(5000));
+    let (all, idle) = allocation_seconds(&a, &key).unwrap_or_default();
+    close(all, 5.0);
+    close(idle, 2.0);
+}

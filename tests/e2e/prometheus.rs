@@ -1021,8 +1021,9 @@ impl Checks<'_> {
 
         // "Who used it, who wasted it": the day's sums say who is idle and
         // who is not. team-b's batch pod and job 4243 hold devices they
-        // never run on; team-a's pods and job 4242 run on all of theirs;
-        // bob's render job is charged to him.
+        // never run on; so does team-a's notebook, on its MIG instance 2
+        // (its process runs on instance 1); team-a's trainer and job 4242
+        // run on all of theirs; bob's render job is charged to him.
         let day = |rule: &str, label: &str, value: &str| {
             self.query(rule, &format!("{rule}{{{label}=\"{value}\"}}"), None)
                 .values()
@@ -1034,6 +1035,17 @@ impl Checks<'_> {
         let got = [
             ("team-b idle", day(idle, "namespace", "team-b")),
             ("team-a idle", day(idle, "namespace", "team-a")),
+            (
+                "trainer-0 idle",
+                self.query(
+                    "raw",
+                    "sum(gpu_allocation_idle_seconds_total{pod=\"trainer-0\"})",
+                    None,
+                )
+                .values()
+                .first()
+                .copied(),
+            ),
             ("job 4243 idle", day(job_idle, "slurm_job", "4243")),
             ("job 4242 idle", day(job_idle, "slurm_job", "4242")),
             (
@@ -1053,14 +1065,14 @@ impl Checks<'_> {
                 ),
             ),
         ];
-        let want_positive = [true, false, true, false, true, true];
+        let want_positive = [true, true, false, true, false, true, true];
         let right = got
             .iter()
             .zip(want_positive)
             .all(|((_, v), pos)| v.is_some_and(|v| if pos { v > 0.0 } else { v == 0.0 }));
         rows.push(Row {
             kind: "record",
-            name: "accounting: idle hours for team-b and job 4243 only; bob's memory and team-a's busy hours counted".into(),
+            name: "accounting: idle hours for team-b, team-a's notebook and job 4243 only; bob's memory and team-a's busy hours counted".into(),
             counts: vec![got.iter().filter(|(_, v)| v.is_some()).count()],
             expr: String::new(),
             problem: (!right).then(|| format!("got {got:?}")),
