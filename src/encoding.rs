@@ -109,3 +109,55 @@ pub(crate) fn process_labels<'a>(
         ("compute_instance_id", ci),
     ])
 }
+
+/// The processes of one workload on one GPU (and MIG instance): one
+/// series of each per-process family in `processes.series: workload`.
+/// `workload` is `None` for the processes whose workload is unknown (not
+/// visible in /proc); their group also takes the `pid="other"` rollup
+/// and is written `workload="other"`.
+pub(crate) struct WorkloadGroup<'a> {
+    pub(crate) members: Vec<&'a ProcessSample>,
+    /// The series' labels, those without a value left out.
+    pub(crate) labels: Vec<(&'static str, String)>,
+    /// The unknown workload's group (`workload="other"`).
+    pub(crate) other: bool,
+}
+
+/// The workload groups of GPU `d`, in a stable order (by workload, then
+/// MIG instance; the unknown workload last), every process in one. With
+/// `rollup`, a group for the `pid="other"` processes is made even when no
+/// listed process lacks a workload.
+pub(crate) fn workload_groups(d: &DeviceSample, rollup: bool) -> Vec<WorkloadGroup<'_>> {
+    use std::collections::BTreeMap;
+    type Key = (bool, Option<crate::model::Workload>, Option<u32>, Option<u32>);
+    let mut by: BTreeMap<Key, Vec<&ProcessSample>> = BTreeMap::new();
+    for p in d.processes.iter() {
+        let w = crate::model::Workload::of(&p.ident);
+        by.entry((w.is_none(), w, p.gpu_instance_id, p.compute_instance_id))
+            .or_default()
+            .push(p);
+    }
+    if rollup && d.other.is_some() && !by.keys().any(|k| k.0 && k.2.is_none() && k.3.is_none()) {
+        by.insert((true, None, None, None), Vec::new());
+    }
+    by.into_iter()
+        .map(|((other, w, gi, ci), members)| {
+            let mut labels: Vec<(&'static str, String)> = vec![
+                ("gpu", d.info.gpu.clone()),
+                ("uuid", d.info.uuid.clone()),
+            ];
+            match &w {
+                Some(w) => labels.extend(w.labels().into_iter().map(|(k, v)| (k, v.to_string()))),
+                None => labels.push(("workload", "other".to_string())),
+            }
+            labels.push(("gpu_instance_id", gi.map(|v| v.to_string()).unwrap_or_default()));
+            labels.push(("compute_instance_id", ci.map(|v| v.to_string()).unwrap_or_default()));
+            labels.retain(|(_, v)| !v.is_empty());
+            WorkloadGroup {
+                members,
+                labels,
+                other,
+            }
+        })
+        .collect()
+}

@@ -167,6 +167,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
         exporter: Default::default(),
         forecasts: Default::default(),
         accounting: Default::default(),
+        series: Default::default(),
     }
 }
 

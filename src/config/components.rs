@@ -55,6 +55,9 @@ pub struct Selection {
     pub min_bytes: u64,
     /// Keep at most this many processes per GPU (largest first); 0: all.
     pub top_n: usize,
+    /// `processes.series` and `series_budget`: how the per-process
+    /// families are written and how many series a body may hold.
+    pub series: crate::model::SeriesPolicy,
 }
 
 impl Default for Selection {
@@ -63,6 +66,7 @@ impl Default for Selection {
             enabled: true,
             min_bytes: 0,
             top_n: 0,
+            series: crate::model::SeriesPolicy::default(),
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::collectors;
 
 use super::values::{
     AllowedHost, ApiUrl, CmdlineLength, Interval, JobMappingFormat, KubeMode, ListenAddress,
-    LogFormat, LogLevel, TelemetryPath,
+    LogFormat, LogLevel, SeriesModeValue, TelemetryPath,
 };
 
 #[derive(Debug, Default, Deserialize)]
@@ -21,6 +21,7 @@ pub(super) struct FileConfig {
     pub(super) memory_sample_interval: Option<Interval>,
     pub(super) peak_window: Option<Interval>,
     pub(super) mig_rescan_interval: Option<Interval>,
+    pub(super) series_budget: Option<u64>,
     pub(super) nvml: FileNvml,
     pub(super) log: FileLog,
     pub(super) path: FilePath,
@@ -86,6 +87,7 @@ pub(super) struct FileProcesses {
     pub(super) enabled: Option<bool>,
     pub(super) min_bytes: Option<u64>,
     pub(super) top_n: Option<u32>,
+    pub(super) series: Option<SeriesModeValue>,
     pub(super) cmdline: Option<bool>,
     pub(super) cmdline_max_length: Option<CmdlineLength>,
     pub(super) passwd_file: Option<String>,

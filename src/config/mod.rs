@@ -339,7 +339,11 @@ fn build(
     let format = flag::<LogFormat>("log.format", &o.log_format)?
         .or(file.log.format)
         .unwrap_or(d.log.format);
-    let (selection, mut attribution) = processes(file.processes, &file.path.procfs, &o.procfs);
+    let (mut selection, mut attribution) =
+        processes(file.processes, &file.path.procfs, &o.procfs);
+    if let Some(b) = file.series_budget {
+        selection.series.budget = b;
+    }
     if let Some(p) = o
         .cgroupfs
         .clone()
@@ -518,6 +522,10 @@ fn processes(
         enabled: f.enabled.unwrap_or(s.enabled),
         min_bytes: f.min_bytes.unwrap_or(s.min_bytes),
         top_n: f.top_n.map(|n| n as usize).unwrap_or(s.top_n),
+        series: crate::model::SeriesPolicy {
+            mode: f.series.map_or(s.series.mode, |m| m.0),
+            budget: s.series.budget,
+        },
     };
     let attribution = Attribution {
         procfs: procfs_flag
@@ -1057,6 +1065,7 @@ mod tests {
                     enabled: true,
                     min_bytes: 1 << 20,
                     top_n: 10,
+                    ..Selection::default()
                 },
                 Attribution {
                     procfs: "/proc".into(),

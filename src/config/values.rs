@@ -225,8 +225,29 @@ deserialize_via_from_str!(
     KubeMode,
     ApiUrl,
     CmdlineLength,
-    JobMappingFormat
+    JobMappingFormat,
+    SeriesModeValue
 );
+
+/// `processes.series`: `pid`, `workload` or `off` (see
+/// [`crate::model::SeriesMode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SeriesModeValue(pub(crate) crate::model::SeriesMode);
+
+impl FromStr for SeriesModeValue {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        use crate::model::SeriesMode;
+        match s {
+            "pid" => Ok(SeriesModeValue(SeriesMode::Pid)),
+            "workload" => Ok(SeriesModeValue(SeriesMode::Workload)),
+            "off" => Ok(SeriesModeValue(SeriesMode::Off)),
+            _ => Err(format!(
+                "invalid value {s:?} (one of pid, workload, off)"
+            )),
+        }
+    }
+}
 
 /// `kubernetes.enabled`: `auto` turns the pod watcher on when running in a
 /// cluster (KUBERNETES_SERVICE_HOST set) or when `api_url` is given.

@@ -27,8 +27,14 @@ pub(super) fn value(m: MetricEncoder<'_>, v: f64) -> fmt::Result {
 }
 
 /// Per GPU, per process, per workload; a family is absent while it has
-/// no series (no GPU seen yet).
-pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+/// no series (no GPU seen yet). The workloads' totals come from `whole`,
+/// the snapshot before any series budget cut (`budget::cut`), so a cut
+/// process still counts for its workload.
+pub(super) fn families(
+    enc: &mut DescriptorEncoder,
+    s: &Snapshot,
+    whole: &Snapshot,
+) -> Result<(), fmt::Error> {
     let a = &s.accounting;
     if a.gpus.is_empty() {
         return Ok(());
@@ -61,7 +67,11 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
             }
         }
     }
-    if s.devices.iter().any(|d| !d.processes.is_empty()) {
+    // Per pid only: a sum of per-process counters over processes that come
+    // and go is no counter; the workload's own counter follows.
+    if s.series.mode == crate::model::SeriesMode::Pid
+        && s.devices.iter().any(|d| !d.processes.is_empty())
+    {
         let mut m = counter(
             enc,
             "gpu_process_memory_used_byte_seconds",
@@ -76,7 +86,7 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
             }
         }
     }
-    let loads = workload_totals(s);
+    let loads = workload_totals(whole);
     if loads.is_empty() {
         return Ok(());
     }

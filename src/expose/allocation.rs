@@ -465,7 +465,7 @@ mod tests {
         encode(&Arc::new(s), Format::Text)
             .unwrap()
             .lines()
-            .filter(|l| l.contains("gpu_allocation_info"))
+            .filter(|l| l.contains("gpu_allocation_info") && !l.starts_with("gpumem_exporter_"))
             .map(str::to_owned)
             .collect()
     }

@@ -52,7 +52,7 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result
             }
         }
     }
-    if s.forecasts.torch.is_empty() {
+    if s.forecasts.torch.is_empty() || s.series.mode != crate::model::SeriesMode::Pid {
         return Ok(());
     }
     let mut ids = Ids::default();

@@ -19,6 +19,7 @@
 
 mod accounting;
 mod allocation;
+mod budget;
 mod exporter;
 mod forecast;
 mod format;
@@ -96,7 +97,7 @@ impl Collector for FamiliesCollector {
 fn gpu_families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
     for g in segments::Group::ALL {
         if g != segments::Group::Exporter {
-            segments::encode_group(enc, s, g, REGISTRY)?;
+            segments::encode_group(enc, s, s, g, REGISTRY)?;
         }
     }
     Ok(())

@@ -1,12 +1,44 @@
 //! Per-process families: memory used, its peak, the "no figure" marker,
-//! the `pid="other"` rollup count and `gpu_process_info`.
+//! the `pid="other"` rollup count and `gpu_process_info`. In
+//! `processes.series: workload` memory used and the marker are written per
+//! workload (their processes' figures summed, the rollup in
+//! `workload="other"`), the peak and the info series not at all (a sum of
+//! peaks is no peak; the workload's labels are on its value series); in
+//! `off` none of them.
 
 use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use crate::encoding::{Ids, Labels, gauge, gpu_labels, process_labels};
-use crate::model::{ContainerInfo, OtherProcesses, ProcessSample, Snapshot};
+use crate::encoding::{Ids, Labels, gauge, gpu_labels, process_labels, workload_groups};
+use crate::model::{ContainerInfo, OtherProcesses, ProcessSample, SeriesMode, Snapshot};
+
+/// One gauge family with a series per (GPU, workload) for which `value`
+/// gives a figure for one of its processes (summed), plus the rollup's
+/// figure (`other`) in the unknown workload's series.
+fn workload_family(
+    enc: &mut DescriptorEncoder,
+    s: &Snapshot,
+    (name, help): (&str, &str),
+    value: fn(&ProcessSample) -> Option<u64>,
+    other: fn(&OtherProcesses) -> Option<u64>,
+) -> Result<(), fmt::Error> {
+    let mut m = gauge(enc, name, help)?;
+    for d in &s.devices {
+        for g in workload_groups(d, true) {
+            let mut sum = g.members.iter().filter_map(|p| value(p)).reduce(|a, b| a + b);
+            if g.other && g.labels.iter().all(|(k, _)| *k != "gpu_instance_id") {
+                if let Some(o) = d.other.as_ref().and_then(other) {
+                    sum = Some(sum.unwrap_or(0) + o);
+                }
+            }
+            if let Some(v) = sum {
+                m.encode_family(&g.labels)?.encode_gauge(&v)?;
+            }
+        }
+    }
+    Ok(())
+}
 
 /// One gauge family with a series per (GPU, process) for which `value`
 /// gives a figure, plus the `pid="other"` rollup when `other` gives one.
@@ -46,14 +78,38 @@ fn process_family(
     Ok(())
 }
 
+const USED: (&str, &str) = (
+    "gpu_process_memory_used_bytes",
+    "Device memory used by one process on one GPU, in bytes, as NVML reports it. pid=\"other\" sums the processes left out by processes.min_bytes / processes.top_n (and by series_budget). With processes.series: workload, one series per workload (pod, else Slurm job, else container, else user) summing its processes, workload=\"other\" for the rest.",
+);
+
+const UNAVAILABLE: (&str, &str) = (
+    "gpu_process_memory_unavailable",
+    "1 for a process NVML lists on this GPU without a memory figure (NVML_VALUE_NOT_AVAILABLE); such a process has no gpu_process_memory_used_bytes series. With processes.series: workload, the number of such processes of the workload.",
+);
+
 /// `gpu_process_memory_used_bytes`, `…_used_peak_bytes` and
 /// `gpu_process_memory_unavailable`.
 pub(super) fn memory(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    match s.series.mode {
+        SeriesMode::Pid => {}
+        SeriesMode::Off => return Ok(()),
+        SeriesMode::Workload => {
+            workload_family(enc, s, USED, |p| p.used_bytes, |o| Some(o.used_bytes))?;
+            return workload_family(
+                enc,
+                s,
+                UNAVAILABLE,
+                |p| p.used_bytes.is_none().then_some(1),
+                |_| None,
+            );
+        }
+    }
     process_family(
         enc,
         s,
-        "gpu_process_memory_used_bytes",
-        "Device memory used by one process on one GPU, in bytes, as NVML reports it. pid=\"other\" sums the processes left out by processes.min_bytes / processes.top_n.",
+        USED.0,
+        USED.1,
         |p| p.used_bytes,
         |o| Some(o.used_bytes),
     )?;
@@ -68,8 +124,8 @@ pub(super) fn memory(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fm
     process_family(
         enc,
         s,
-        "gpu_process_memory_unavailable",
-        "1 for a process NVML lists on this GPU without a memory figure (NVML_VALUE_NOT_AVAILABLE); such a process has no gpu_process_memory_used_bytes series.",
+        UNAVAILABLE.0,
+        UNAVAILABLE.1,
         |p| p.used_bytes.is_none().then_some(1),
         |_| None,
     )?;
@@ -81,15 +137,29 @@ pub(super) fn rollup_and_identity(
     enc: &mut DescriptorEncoder,
     s: &Snapshot,
 ) -> Result<(), fmt::Error> {
+    if s.series.mode == SeriesMode::Off {
+        return Ok(());
+    }
     let mut m = gauge(
         enc,
         "gpu_processes_other",
-        "Number of processes summed into the pid=\"other\" series of this GPU.",
+        "Number of processes summed into the pid=\"other\" series of this GPU (with processes.series: workload, into its workload=\"other\" series).",
     )?;
     for d in &s.devices {
-        if let Some(o) = &d.other {
-            m.encode_family(&gpu_labels(d))?.encode_gauge(&o.count)?;
+        let mut count = d.other.map_or(0, |o| o.count);
+        if s.series.mode == SeriesMode::Workload {
+            count += d
+                .processes
+                .iter()
+                .filter(|p| crate::model::Workload::of(&p.ident).is_none())
+                .count() as u64;
         }
+        if d.other.is_some() || count > 0 {
+            m.encode_family(&gpu_labels(d))?.encode_gauge(&count)?;
+        }
+    }
+    if s.series.mode != SeriesMode::Pid {
+        return Ok(());
     }
 
     let mut m = gauge(

@@ -18,6 +18,7 @@
 //! the clones kept here stop an address from being reused). Anything else
 //! the reused families read would have to join [`FullKey`].
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,10 +27,14 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
+use super::budget::{self, Counts};
 use super::format::Format;
 use super::{accounting, allocation, exporter, forecast, gpu, mig, process, torch};
 use crate::collectors::{Def, REGISTRY};
-use crate::model::{DeviceInfo, MigSample, OtherProcesses, ProcessSample, Readings, Snapshot};
+use crate::model::{
+    DeviceInfo, MigSample, OtherProcesses, ProcessSample, Readings, SeriesMode, SeriesPolicy,
+    Snapshot,
+};
 
 /// Family groups, in scrape order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,10 +71,13 @@ impl Group {
     ];
 }
 
-/// One group's families; the collectors' from `registry`'s rows.
+/// One group's families; the collectors' from `registry`'s rows. `whole`
+/// is `s` before a series budget cut (`budget::cut`; the same snapshot
+/// without one): the workloads' counters read it.
 pub(super) fn encode_group(
     enc: &mut DescriptorEncoder,
     s: &Snapshot,
+    whole: &Snapshot,
     group: Group,
     registry: &[Def],
 ) -> Result<(), fmt::Error> {
@@ -80,7 +88,7 @@ pub(super) fn encode_group(
         }
         Group::Processes => {
             process::memory(enc, s)?;
-            if s.torch.is_some() {
+            if s.torch.is_some() && s.series.mode == SeriesMode::Pid {
                 torch::families(enc, s)?;
             }
             process::rollup_and_identity(enc, s)?;
@@ -88,7 +96,7 @@ pub(super) fn encode_group(
         }
         Group::Allocation => allocation::families(enc, s),
         Group::Accounting => {
-            accounting::families(enc, s)?;
+            accounting::families(enc, s, whole)?;
             allocation::counters(enc, s)
         }
         Group::Collectors => {
@@ -103,35 +111,57 @@ pub(super) fn encode_group(
 }
 
 #[derive(Debug)]
-struct GroupCollector(Arc<Snapshot>, &'static [Group], &'static [Def]);
+struct GroupCollector {
+    s: Arc<Snapshot>,
+    whole: Arc<Snapshot>,
+    groups: &'static [Group],
+    registry: &'static [Def],
+}
 
 impl Collector for GroupCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
-        for &g in self.1 {
-            encode_group(&mut enc, &self.0, g, self.2)?;
+        for &g in self.groups {
+            encode_group(&mut enc, &self.s, &self.whole, g, self.registry)?;
         }
         Ok(())
     }
 }
 
-/// Append some groups' families to `out`, without OpenMetrics' `# EOF`.
+/// Append some groups' families of `s` (cut from `whole`, or `whole`
+/// itself) to `out`, without OpenMetrics' `# EOF`.
 fn append(
     out: &mut String,
-    snapshot: &Arc<Snapshot>,
+    (s, whole): (&Arc<Snapshot>, &Arc<Snapshot>),
     format: Format,
     groups: &'static [Group],
     collectors: &'static [Def],
 ) -> Result<(), fmt::Error> {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(GroupCollector(
-        Arc::clone(snapshot),
+    registry.register_collector(Box::new(GroupCollector {
+        s: Arc::clone(s),
+        whole: Arc::clone(whole),
         groups,
-        collectors,
-    )));
+        registry: collectors,
+    }));
     match format {
         Format::Text => prometheus_client::encoding::prometheus_text::encode(out, &registry),
         Format::OpenMetrics => prometheus_client::encoding::text::encode_registry(out, &registry),
     }
+}
+
+/// Append some groups' families to `out` and their series to `counts`.
+fn append_counted(
+    out: &mut String,
+    counts: &mut Counts,
+    pair: (&Arc<Snapshot>, &Arc<Snapshot>),
+    format: Format,
+    groups: &'static [Group],
+    collectors: &'static [Def],
+) -> Result<(), fmt::Error> {
+    let from = out.len();
+    append(out, pair, format, groups, collectors)?;
+    budget::count(out.get(from..).unwrap_or(""), counts);
+    Ok(())
 }
 
 /// What the two full-sample groups read of a snapshot, held as `Arc`
@@ -139,6 +169,7 @@ fn append(
 #[derive(Debug)]
 struct FullKey {
     torch: bool,
+    series: SeriesPolicy,
     devices: Vec<DeviceKey>,
 }
 
@@ -155,6 +186,7 @@ impl FullKey {
     fn of(s: &Snapshot) -> Self {
         FullKey {
             torch: s.torch.is_some(),
+            series: s.series,
             devices: s
                 .devices
                 .iter()
@@ -172,6 +204,7 @@ impl FullKey {
     /// `s` reads the very same data.
     fn holds_for(&self, s: &Snapshot) -> bool {
         self.torch == s.torch.is_some()
+            && self.series == s.series
             && self.devices.len() == s.devices.len()
             && self.devices.iter().zip(&s.devices).all(|(k, d)| {
                 Arc::ptr_eq(&k.info, &d.info)
@@ -186,16 +219,26 @@ impl FullKey {
 #[derive(Debug)]
 struct Kept {
     key: FullKey,
+    /// Units each GPU keeps (`budget::cut`) when this full sample was
+    /// over the series budget; `None`: all.
+    keep: Option<usize>,
     processes: String,
     collectors: String,
+    /// The series of `processes` and `collectors`.
+    processes_counts: Counts,
+    collectors_counts: Counts,
+    /// Series the cut leaves out of each body, per family.
+    cut_dropped: Counts,
 }
 
-/// The full-sample segments of the last body encoded, per format, and
-/// the collector registry the bodies are encoded with.
+/// The full-sample segments of the last body encoded, per format, the
+/// series every body left out so far (per family), and the collector
+/// registry the bodies are encoded with.
 #[derive(Debug)]
 pub struct Reuse {
     kept: [Mutex<Option<Kept>>; 2],
     reused: AtomicU64,
+    dropped: Mutex<BTreeMap<Box<str>, u64>>,
     registry: &'static [Def],
 }
 
@@ -217,6 +260,7 @@ impl Reuse {
         Reuse {
             kept: Default::default(),
             reused: AtomicU64::new(0),
+            dropped: Mutex::default(),
             registry,
         }
     }
@@ -228,8 +272,122 @@ impl Reuse {
     }
 }
 
+/// The two full-sample segments of `s` (cut from `whole`, or `whole`).
+fn full_segments(
+    pair: (&Arc<Snapshot>, &Arc<Snapshot>),
+    format: Format,
+    registry: &'static [Def],
+    keep: Option<usize>,
+) -> Result<Kept, fmt::Error> {
+    let mut processes = String::with_capacity(8192);
+    let mut processes_counts = Counts::new();
+    append_counted(
+        &mut processes,
+        &mut processes_counts,
+        pair,
+        format,
+        &[Group::Processes],
+        registry,
+    )?;
+    let mut collectors = String::with_capacity(4096);
+    let mut collectors_counts = Counts::new();
+    append_counted(
+        &mut collectors,
+        &mut collectors_counts,
+        pair,
+        format,
+        &[Group::Collectors],
+        registry,
+    )?;
+    Ok(Kept {
+        key: FullKey::of(pair.1),
+        keep,
+        processes,
+        collectors,
+        processes_counts,
+        collectors_counts,
+        cut_dropped: Counts::new(),
+    })
+}
+
+/// The body up to the exporter's own families, and its series per
+/// family: the per-publish groups of `s` around `k`'s segments.
+fn assemble(
+    pair: (&Arc<Snapshot>, &Arc<Snapshot>),
+    format: Format,
+    k: &Kept,
+    registry: &'static [Def],
+) -> Result<(String, Counts), fmt::Error> {
+    let mut out = String::with_capacity(k.processes.len() + k.collectors.len() + 8192);
+    let mut counts = Counts::with_capacity(
+        k.processes_counts.len() + k.collectors_counts.len() + 32,
+    );
+    append_counted(&mut out, &mut counts, pair, format, &[Group::Devices], registry)?;
+    out.push_str(&k.processes);
+    counts.extend(k.processes_counts.iter().cloned());
+    append_counted(
+        &mut out,
+        &mut counts,
+        pair,
+        format,
+        &[Group::Allocation, Group::Accounting],
+        registry,
+    )?;
+    out.push_str(&k.collectors);
+    counts.extend(k.collectors_counts.iter().cloned());
+    append_counted(&mut out, &mut counts, pair, format, &[Group::Driver], registry)?;
+    Ok((out, counts))
+}
+
+/// The largest cut that fits `budget` (binary search: the series a body
+/// holds never fall as a GPU keeps more units), its segments and what it
+/// leaves out compared with `uncut`; at worst every unit rolled up.
+fn search(
+    whole: &Arc<Snapshot>,
+    format: Format,
+    registry: &'static [Def],
+    uncut: &Counts,
+) -> Result<Kept, fmt::Error> {
+    let budget = whole.series.budget;
+    let trial = |k: usize| -> Result<(Kept, u64), fmt::Error> {
+        let view = Arc::new(budget::cut(whole, k));
+        let kept = full_segments((&view, whole), format, registry, Some(k))?;
+        let (_, counts) = assemble((&view, whole), format, &kept, registry)?;
+        Ok((kept, budget::total(&counts)))
+    };
+    // Invariant: `hi` units do not fit (the whole body did not).
+    let (mut lo, mut hi) = (0usize, budget::units(whole));
+    let mut best: Option<Kept> = None;
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let (kept, n) = trial(mid)?;
+        if n <= budget {
+            best = Some(kept);
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    let mut kept = match best {
+        Some(k) => k,
+        None => trial(0)?.0,
+    };
+    let view = Arc::new(budget::cut(whole, kept.keep.unwrap_or(0)));
+    let (_, served) = assemble((&view, whole), format, &kept, registry)?;
+    let served: BTreeMap<&str, u64> = served.iter().map(|(f, n)| (&**f, *n)).collect();
+    kept.cut_dropped = uncut
+        .iter()
+        .filter_map(|(f, n)| {
+            let left = n.saturating_sub(served.get(&**f).copied().unwrap_or(0));
+            (left > 0).then(|| (f.clone(), left))
+        })
+        .collect();
+    Ok(kept)
+}
+
 /// Encode `snapshot` whole, reusing `reuse`'s full-sample segments when
-/// they were made from the same data, and keeping this snapshot's.
+/// they were made from the same data, and keeping this snapshot's; within
+/// its series budget (see `budget`).
 pub fn encode_reusing(
     snapshot: &Arc<Snapshot>,
     format: Format,
@@ -247,6 +405,8 @@ pub fn encode_reusing(
         *g = None;
         g
     });
+    let registry = reuse.registry;
+    let whole = (snapshot, snapshot);
     let fresh = match kept.as_ref() {
         Some(k) if k.key.holds_for(snapshot) => {
             reuse.reused.fetch_add(1, Ordering::Relaxed);
@@ -255,54 +415,74 @@ pub fn encode_reusing(
         _ => true,
     };
     if fresh {
-        let mut processes = String::with_capacity(8192);
-        append(
-            &mut processes,
-            snapshot,
-            format,
-            &[Group::Processes],
-            reuse.registry,
-        )?;
-        let mut collectors = String::with_capacity(4096);
-        append(
-            &mut collectors,
-            snapshot,
-            format,
-            &[Group::Collectors],
-            reuse.registry,
-        )?;
-        *kept = Some(Kept {
-            key: FullKey::of(snapshot),
-            processes,
-            collectors,
-        });
+        *kept = Some(full_segments(whole, format, registry, None)?);
     }
     let Some(k) = kept.as_ref() else {
         return Err(fmt::Error);
     };
-    let mut out = String::with_capacity(k.processes.len() + k.collectors.len() + 8192);
-    let registry = reuse.registry;
-    append(&mut out, snapshot, format, &[Group::Devices], registry)?;
-    out.push_str(&k.processes);
-    append(
-        &mut out,
-        snapshot,
-        format,
-        &[Group::Allocation, Group::Accounting],
-        registry,
-    )?;
-    out.push_str(&k.collectors);
-    append(
-        &mut out,
-        snapshot,
-        format,
-        &[Group::Driver, Group::Exporter],
-        registry,
-    )?;
+    let budget = snapshot.series.budget;
+    let (mut out, mut counts) = match k.keep {
+        None => assemble(whole, format, k, registry)?,
+        Some(n) => assemble((&Arc::new(budget::cut(snapshot, n)), snapshot), format, k, registry)?,
+    };
+    if fresh && budget::total(&counts) > budget && snapshot.series.mode != SeriesMode::Off {
+        let cut = search(snapshot, format, registry, &counts)?;
+        let view = Arc::new(budget::cut(snapshot, cut.keep.unwrap_or(0)));
+        (out, counts) = assemble((&view, snapshot), format, &cut, registry)?;
+        *kept = Some(cut);
+    }
+    let Some(k) = kept.as_ref() else {
+        return Err(fmt::Error);
+    };
+    let mut dropped: Counts = k.cut_dropped.clone();
+    if budget::total(&counts) > budget {
+        let drop = budget::families_to_drop(&counts, budget);
+        out = budget::without(&out, &counts, &drop);
+        for i in drop {
+            if let Some((family, n)) = counts.get_mut(i) {
+                dropped.push((family.clone(), *n));
+                *n = 0;
+            }
+        }
+    }
+    let totals = {
+        let mut d = reuse.dropped.lock().unwrap_or_else(|e| e.into_inner());
+        for (family, n) in dropped {
+            *d.entry(family).or_insert(0) += n;
+        }
+        d.clone()
+    };
+    append(&mut out, whole, format, &[Group::Exporter], registry)?;
+    append_budget(&mut out, format, counts, totals)?;
     if format == Format::OpenMetrics {
         prometheus_client::encoding::text::encode_eof(&mut out)?;
     }
     Ok(out)
+}
+
+#[derive(Debug)]
+struct BudgetCollector(Counts, BTreeMap<Box<str>, u64>);
+
+impl Collector for BudgetCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        budget::families(&mut enc, &self.0, &self.1)
+    }
+}
+
+/// The budget's two families (`budget::families`), after the exporter's
+/// own.
+fn append_budget(
+    out: &mut String,
+    format: Format,
+    served: Counts,
+    dropped: BTreeMap<Box<str>, u64>,
+) -> Result<(), fmt::Error> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(BudgetCollector(served, dropped)));
+    match format {
+        Format::Text => prometheus_client::encoding::prometheus_text::encode(out, &registry),
+        Format::OpenMetrics => prometheus_client::encoding::text::encode_registry(out, &registry),
+    }
 }
 
 #[cfg(test)]
@@ -312,11 +492,12 @@ mod tests {
 
     fn whole(s: &Arc<Snapshot>, format: Format) -> String {
         let mut registry = Registry::default();
-        registry.register_collector(Box::new(GroupCollector(
-            Arc::clone(s),
-            &Group::ALL,
-            REGISTRY,
-        )));
+        registry.register_collector(Box::new(GroupCollector {
+            s: Arc::clone(s),
+            whole: Arc::clone(s),
+            groups: &Group::ALL,
+            registry: REGISTRY,
+        }));
         let mut out = String::new();
         let r = match format {
             Format::Text => {
@@ -326,6 +507,16 @@ mod tests {
         };
         assert!(r.is_ok());
         out
+    }
+
+    /// `body` without the budget's families (`budget::families`), which
+    /// `whole` does not write.
+    fn without_budget(body: &str) -> String {
+        let Some(at) = body.find("# HELP gpumem_exporter_series ") else {
+            return body.to_string();
+        };
+        let eof = body.find("# EOF\n").unwrap_or(body.len());
+        format!("{}{}", &body[..at], &body[eof..])
     }
 
     fn memory(used: u64) -> MemoryInfo {
@@ -375,7 +566,11 @@ mod tests {
         for format in [Format::Text, Format::OpenMetrics] {
             let r0 = reuse.reused();
             let first = encode_reusing(&full, format, &reuse).unwrap_or_default();
-            assert_eq!(first, whole(&full, format), "{format:?}: whole body");
+            assert_eq!(
+                without_budget(&first),
+                whole(&full, format),
+                "{format:?}: whole body"
+            );
             assert_eq!(reuse.reused(), r0, "nothing to reuse yet");
             // A memory-only sample: same Arcs, other memory figures.
             let mut next = (*full).clone();
@@ -390,7 +585,7 @@ mod tests {
             let next = Arc::new(next);
             let body = encode_reusing(&next, format, &reuse).unwrap_or_default();
             assert_eq!(reuse.reused(), r0 + 1, "full-sample part reused");
-            assert_eq!(body, whole(&next, format));
+            assert_eq!(without_budget(&body), whole(&next, format));
             assert!(
                 body.contains(&(7u64 << 30).to_string()),
                 "new memory figure"
@@ -409,7 +604,7 @@ mod tests {
             let third = Arc::new(third);
             let body = encode_reusing(&third, format, &reuse).unwrap_or_default();
             assert_eq!(reuse.reused(), r0 + 1, "new processes: encoded again");
-            assert_eq!(body, whole(&third, format));
+            assert_eq!(without_budget(&body), whole(&third, format));
         }
     }
 }

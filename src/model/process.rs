@@ -140,3 +140,43 @@ pub struct ProcessSample {
     /// they are off or the GPU does not support their calls.
     pub readings: Readings,
 }
+
+/// What the per-process families (`gpu_process_*`, `gpu_processes_other`)
+/// are written per (`processes.series`). The page and `/api/v1/snapshot`
+/// keep every pid whatever this says: it only shapes the exposition.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SeriesMode {
+    /// A series per process (`pid` label), as before this key existed.
+    #[default]
+    Pid,
+    /// A series per workload on a GPU (its pod, else its Slurm job, else
+    /// its container, else its user: [`super::Workload`]), the figures of
+    /// its processes summed; no `pid` label on any family.
+    Workload,
+    /// No per-process family at all.
+    Off,
+}
+
+/// How many series one body may hold, and how the per-process families
+/// are written: what the encoder reads of the config, carried by each
+/// snapshot so a reload (SIGHUP) applies with the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeriesPolicy {
+    pub mode: SeriesMode,
+    /// Series per body, the exporter's own `gpumem_exporter_*` families
+    /// not counted (`series_budget`).
+    pub budget: u64,
+}
+
+/// `series_budget`'s default: far above what 8 GPUs with 1,024 processes
+/// each write in pid mode, so only a budget set on purpose drops series.
+pub const DEFAULT_SERIES_BUDGET: u64 = 1_000_000;
+
+impl Default for SeriesPolicy {
+    fn default() -> Self {
+        SeriesPolicy {
+            mode: SeriesMode::Pid,
+            budget: DEFAULT_SERIES_BUDGET,
+        }
+    }
+}

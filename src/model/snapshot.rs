@@ -97,6 +97,9 @@ pub struct Snapshot {
     /// Memory-time, busy-time and allocated time integrated since start
     /// (`accounting`), as of this snapshot. Computed when published.
     pub accounting: Accounts,
+    /// The series budget and per-process mode in force when the sampler
+    /// built it (`processes.series`, `series_budget`).
+    pub series: super::SeriesPolicy,
 }
 
 /// The forecasts of one snapshot (see `history`).
@@ -168,6 +171,7 @@ impl Snapshot {
             exporter: ExporterCounters::default(),
             forecasts: Forecasts::default(),
             accounting: Accounts::default(),
+            series: super::SeriesPolicy::default(),
         }
     }
 }

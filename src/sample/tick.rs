@@ -319,6 +319,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             exporter: Default::default(),
             forecasts: Default::default(),
             accounting: Default::default(),
+            series: self.config.selection.series,
         }
     }
 }

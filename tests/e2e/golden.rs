@@ -409,6 +409,7 @@ fn fixed_snapshot() -> Snapshot {
         exporter: ExporterCounters::default(),
         forecasts: Default::default(),
         accounting: Default::default(),
+        series: Default::default(),
     };
     // The ledger's counters: this snapshot held for 10 s, exact in binary
     // (a fixed start, a fixed span), so the fixture stays deterministic.

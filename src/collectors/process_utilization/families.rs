@@ -7,8 +7,8 @@ use std::fmt;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use super::ProcessUtilization;
-use crate::encoding::{Ids, gauge, process_labels};
-use crate::model::Snapshot;
+use crate::encoding::{Ids, gauge, process_labels, workload_groups};
+use crate::model::{SeriesMode, Snapshot};
 
 type ProcessPick = fn(&ProcessUtilization) -> u32;
 
@@ -20,7 +20,7 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fm
             .iter()
             .any(|p| p.readings.get::<ProcessUtilization>().is_some())
     });
-    if !any {
+    if !any || s.series.mode == SeriesMode::Off {
         return Ok(());
     }
     let families: [(&str, &str, ProcessPick); 4] = [
@@ -48,6 +48,24 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fm
     let mut ids = Ids::default();
     for (name, help, pick) in families {
         let mut m = gauge(enc, name, help)?;
+        if s.series.mode == SeriesMode::Workload {
+            // Per workload: its processes' shares summed.
+            for d in &s.devices {
+                for g in workload_groups(d, false) {
+                    let sum = g
+                        .members
+                        .iter()
+                        .filter_map(|p| p.readings.get::<ProcessUtilization>())
+                        .map(pick)
+                        .reduce(|a, b| a.saturating_add(b));
+                    if let Some(v) = sum {
+                        m.encode_family(&g.labels)?
+                            .encode_gauge(&(f64::from(v) / 100.0))?;
+                    }
+                }
+            }
+            continue;
+        }
         for d in &s.devices {
             for p in d.processes.iter() {
                 if let Some(u) = p.readings.get::<ProcessUtilization>() {

@@ -91,6 +91,7 @@ fn a_full_tick_lists_selects_and_names_processes() {
         enabled: true,
         min_bytes: 0,
         top_n: 2,
+        ..Selection::default()
     };
     let mut s = Sampler::new(gpu, Recorder::default(), with(timing())).with_selection(selection);
     let snap = s.tick();
