@@ -13,6 +13,8 @@
 //!   time, a driver upgraded or unloaded under the running exporter.
 //! - `attribution`: pods, users, command lines, MIG and MPS on a fake node;
 //!   the Kubernetes client from a kubeconfig, in-cluster, broken.
+//! - `cardinality`: the series budget (8 GPUs × 1,024 processes within
+//!   2,000 series) and `processes.series` (pid, workload, off) by SIGHUP.
 //! - `allocation`: gpu_allocation_info from a fake kubelet's pod-resources
 //!   API (whole GPUs, MIG devices, time-slicing replicas).
 //! - `torch`: the torch bridge with real Python processes and a stub torch.
@@ -76,6 +78,7 @@ mod harness;
 mod accounting;
 mod allocation;
 mod attribution;
+mod cardinality;
 mod collectors;
 mod config_corpus;
 mod core;
