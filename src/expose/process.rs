@@ -80,12 +80,12 @@ fn process_family(
 
 const USED: (&str, &str) = (
     "gpu_process_memory_used_bytes",
-    "Device memory used by one process on one GPU, in bytes, as NVML reports it. pid=\"other\" sums the processes left out by processes.min_bytes / processes.top_n (and by series_budget). With processes.series: workload, one series per workload (pod, else Slurm job, else container, else user) summing its processes, workload=\"other\" for the rest.",
+    "Device memory used by one process on one GPU, in bytes, as NVML reports it. pid=\"other\" sums the processes left out by processes.min_bytes / processes.top_n.",
 );
 
 const UNAVAILABLE: (&str, &str) = (
     "gpu_process_memory_unavailable",
-    "1 for a process NVML lists on this GPU without a memory figure (NVML_VALUE_NOT_AVAILABLE); such a process has no gpu_process_memory_used_bytes series. With processes.series: workload, the number of such processes of the workload.",
+    "1 for a process NVML lists on this GPU without a memory figure (NVML_VALUE_NOT_AVAILABLE); such a process has no gpu_process_memory_used_bytes series.",
 );
 
 /// `gpu_process_memory_used_bytes`, `…_used_peak_bytes` and
@@ -143,7 +143,7 @@ pub(super) fn rollup_and_identity(
     let mut m = gauge(
         enc,
         "gpu_processes_other",
-        "Number of processes summed into the pid=\"other\" series of this GPU (with processes.series: workload, into its workload=\"other\" series).",
+        "Number of processes summed into the pid=\"other\" series of this GPU.",
     )?;
     for d in &s.devices {
         let mut count = d.other.map_or(0, |o| o.count);
