@@ -43,9 +43,9 @@ fn snapshot(gpus: u32, procs: u32, pods: u32, policy: SeriesPolicy) -> Snapshot 
                 ..DeviceInfo::unknown(g as usize)
             }),
             memory: Some(MemoryInfo {
-                total: 100 << 30,
+                total: 1 << 40,
                 used,
-                free: (100 << 30) - used,
+                free: (1 << 40) - used,
                 reserved: Some(0),
             }),
             used_peak_bytes: Some(used),
@@ -238,3 +238,52 @@ fn bodies_stay_within_the_budget_and_sum_to_what_nvml_says() {
         }
     }
 }
+
+/// A tenant that starts a thousand small processes beside another
+/// tenant's one large one: over the budget, the small ones roll up and
+/// the victim keeps its series; in workload mode the thousand are one
+/// series and nothing is cut.
+#[test]
+fn a_thousand_small_processes_do_not_push_a_large_one_out() {
+    for (mode, budget) in [(SeriesMode::Pid, 300), (SeriesMode::Workload, 300)] {
+        let mut s = snapshot(1, 1000, 0, SeriesPolicy { mode, budget });
+        let d = &mut s.devices[0];
+        let mut procs: Vec<ProcessSample> = d.processes.to_vec();
+        // The attacker's processes are one user's; the victim is pid 1.
+        for p in &mut procs {
+            p.used_bytes = Some(MIB_);
+            p.ident = Arc::new(ProcIdentity {
+                user: "mallory".into(),
+                ..(*p.ident).clone()
+            });
+        }
+        procs.insert(
+            0,
+            ProcessSample {
+                pid: 1,
+                used_bytes: Some(1 << 30),
+                ident: Arc::new(ProcIdentity {
+                    user: "victim".into(),
+                    ..Default::default()
+                }),
+                ..procs[0].clone()
+            },
+        );
+        d.processes = procs.into();
+        let body = crate::expose::encode(&Arc::new(s), Format::Text).unwrap_or_default();
+        assert!(total(&served(&body)) <= budget, "{mode:?}");
+        let victim = match mode {
+            SeriesMode::Pid => "pid=\"1\"",
+            _ => "user=\"victim\"",
+        };
+        assert!(
+            body.lines()
+                .any(|l| l.starts_with("gpu_process_memory_used_bytes{") && l.contains(victim)),
+            "{mode:?}: the victim's series stays"
+        );
+        let cut = body.contains("gpumem_exporter_series_dropped_total");
+        assert_eq!(cut, mode == SeriesMode::Pid, "{mode:?}");
+    }
+}
+
+const MIB_: u64 = 1 << 20;
