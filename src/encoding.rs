@@ -129,7 +129,12 @@ pub(crate) struct WorkloadGroup<'a> {
 /// listed process lacks a workload.
 pub(crate) fn workload_groups(d: &DeviceSample, rollup: bool) -> Vec<WorkloadGroup<'_>> {
     use std::collections::BTreeMap;
-    type Key = (bool, Option<crate::model::Workload>, Option<u32>, Option<u32>);
+    type Key = (
+        bool,
+        Option<crate::model::Workload>,
+        Option<u32>,
+        Option<u32>,
+    );
     let mut by: BTreeMap<Key, Vec<&ProcessSample>> = BTreeMap::new();
     for p in d.processes.iter() {
         let w = crate::model::Workload::of(&p.ident);
@@ -142,16 +147,20 @@ pub(crate) fn workload_groups(d: &DeviceSample, rollup: bool) -> Vec<WorkloadGro
     }
     by.into_iter()
         .map(|((other, w, gi, ci), members)| {
-            let mut labels: Vec<(&'static str, String)> = vec![
-                ("gpu", d.info.gpu.clone()),
-                ("uuid", d.info.uuid.clone()),
-            ];
+            let mut labels: Vec<(&'static str, String)> =
+                vec![("gpu", d.info.gpu.clone()), ("uuid", d.info.uuid.clone())];
             match &w {
                 Some(w) => labels.extend(w.labels().into_iter().map(|(k, v)| (k, v.to_string()))),
                 None => labels.push(("workload", "other".to_string())),
             }
-            labels.push(("gpu_instance_id", gi.map(|v| v.to_string()).unwrap_or_default()));
-            labels.push(("compute_instance_id", ci.map(|v| v.to_string()).unwrap_or_default()));
+            labels.push((
+                "gpu_instance_id",
+                gi.map(|v| v.to_string()).unwrap_or_default(),
+            ));
+            labels.push((
+                "compute_instance_id",
+                ci.map(|v| v.to_string()).unwrap_or_default(),
+            ));
             labels.retain(|(_, v)| !v.is_empty());
             WorkloadGroup {
                 members,

@@ -339,8 +339,7 @@ fn build(
     let format = flag::<LogFormat>("log.format", &o.log_format)?
         .or(file.log.format)
         .unwrap_or(d.log.format);
-    let (mut selection, mut attribution) =
-        processes(file.processes, &file.path.procfs, &o.procfs);
+    let (mut selection, mut attribution) = processes(file.processes, &file.path.procfs, &o.procfs);
     if let Some(b) = file.series_budget {
         selection.series.budget = b;
     }

@@ -242,9 +242,7 @@ impl FromStr for SeriesModeValue {
             "pid" => Ok(SeriesModeValue(SeriesMode::Pid)),
             "workload" => Ok(SeriesModeValue(SeriesMode::Workload)),
             "off" => Ok(SeriesModeValue(SeriesMode::Off)),
-            _ => Err(format!(
-                "invalid value {s:?} (one of pid, workload, off)"
-            )),
+            _ => Err(format!("invalid value {s:?} (one of pid, workload, off)")),
         }
     }
 }

@@ -110,7 +110,7 @@ fn ranked(processes: &[ProcessSample], mode: SeriesMode) -> Vec<(u64, Vec<usize>
             .collect(),
     };
     // Stable: equal bytes keep pid (or workload) order.
-    units.sort_by(|a, b| b.0.cmp(&a.0));
+    units.sort_by_key(|u| std::cmp::Reverse(u.0));
     units
 }
 
@@ -157,7 +157,11 @@ pub(super) fn families_to_drop(counts: &Counts, budget: u64) -> Vec<usize> {
     let order = (0..counts.len())
         .rev()
         .filter(|&i| per_process(&counts[i].0))
-        .chain((0..counts.len()).rev().filter(|&i| !per_process(&counts[i].0)));
+        .chain(
+            (0..counts.len())
+                .rev()
+                .filter(|&i| !per_process(&counts[i].0)),
+        );
     let mut out = Vec::new();
     for i in order {
         if over == 0 {

@@ -26,11 +26,16 @@ fn workload_family(
     let mut m = gauge(enc, name, help)?;
     for d in &s.devices {
         for g in workload_groups(d, true) {
-            let mut sum = g.members.iter().filter_map(|p| value(p)).reduce(|a, b| a + b);
-            if g.other && g.labels.iter().all(|(k, _)| *k != "gpu_instance_id") {
-                if let Some(o) = d.other.as_ref().and_then(other) {
-                    sum = Some(sum.unwrap_or(0) + o);
-                }
+            let mut sum = g
+                .members
+                .iter()
+                .filter_map(|p| value(p))
+                .reduce(|a, b| a + b);
+            if g.other
+                && g.labels.iter().all(|(k, _)| *k != "gpu_instance_id")
+                && let Some(o) = d.other.as_ref().and_then(other)
+            {
+                sum = Some(sum.unwrap_or(0) + o);
             }
             if let Some(v) = sum {
                 m.encode_family(&g.labels)?.encode_gauge(&v)?;

@@ -319,10 +319,16 @@ fn assemble(
     registry: &'static [Def],
 ) -> Result<(String, Counts), fmt::Error> {
     let mut out = String::with_capacity(k.processes.len() + k.collectors.len() + 8192);
-    let mut counts = Counts::with_capacity(
-        k.processes_counts.len() + k.collectors_counts.len() + 32,
-    );
-    append_counted(&mut out, &mut counts, pair, format, &[Group::Devices], registry)?;
+    let mut counts =
+        Counts::with_capacity(k.processes_counts.len() + k.collectors_counts.len() + 32);
+    append_counted(
+        &mut out,
+        &mut counts,
+        pair,
+        format,
+        &[Group::Devices],
+        registry,
+    )?;
     out.push_str(&k.processes);
     counts.extend(k.processes_counts.iter().cloned());
     append_counted(
@@ -335,7 +341,14 @@ fn assemble(
     )?;
     out.push_str(&k.collectors);
     counts.extend(k.collectors_counts.iter().cloned());
-    append_counted(&mut out, &mut counts, pair, format, &[Group::Driver], registry)?;
+    append_counted(
+        &mut out,
+        &mut counts,
+        pair,
+        format,
+        &[Group::Driver],
+        registry,
+    )?;
     Ok((out, counts))
 }
 
@@ -423,7 +436,12 @@ pub fn encode_reusing(
     let budget = snapshot.series.budget;
     let (mut out, mut counts) = match k.keep {
         None => assemble(whole, format, k, registry)?,
-        Some(n) => assemble((&Arc::new(budget::cut(snapshot, n)), snapshot), format, k, registry)?,
+        Some(n) => assemble(
+            (&Arc::new(budget::cut(snapshot, n)), snapshot),
+            format,
+            k,
+            registry,
+        )?,
     };
     if fresh && budget::total(&counts) > budget && snapshot.series.mode != SeriesMode::Off {
         let cut = search(snapshot, format, registry, &counts)?;

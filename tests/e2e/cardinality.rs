@@ -49,7 +49,10 @@ fn scenario(gpus: &[Vec<(u32, Option<u64>)>]) -> String {
 /// the exporter's own families left out.
 fn series_per_family(text: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
         let name = line.split(['{', ' ']).next().unwrap_or("");
         if !name.starts_with("gpumem_exporter_") {
             *out.entry(name.to_string()).or_insert(0) += 1;
@@ -118,7 +121,12 @@ fn a_budget_of_2000_keeps_8_gpus_of_1024_processes_within_it_per_process_series_
     // The budget is used, not left empty: the cut is the largest that fits.
     assert!(total > BUDGET - 50, "{total} series: the cut is too deep");
     // Every per-GPU family is whole: one series per GPU.
-    for family in ["gpu_info", "gpu_up", "gpu_memory_used_bytes", "gpu_processes_other"] {
+    for family in [
+        "gpu_info",
+        "gpu_up",
+        "gpu_memory_used_bytes",
+        "gpu_processes_other",
+    ] {
         assert_eq!(served.get(family), Some(&(GPUS as u64)), "{family}");
     }
     // Each GPU: its largest processes, the rest in pid="other", the sum
@@ -142,7 +150,10 @@ fn a_budget_of_2000_keeps_8_gpus_of_1024_processes_within_it_per_process_series_
         got.sort_unstable();
         assert_eq!(got, want, "GPU {g}: the {n} largest processes");
         let other = m
-            .get_u64("gpu_processes_other", &[("gpu", &g.to_string()), ("uuid", &u)])
+            .get_u64(
+                "gpu_processes_other",
+                &[("gpu", &g.to_string()), ("uuid", &u)],
+            )
             .expect("rollup count");
         assert_eq!(other + u64::from(n), u64::from(PROCS), "GPU {g}");
     }
@@ -231,7 +242,14 @@ fn node() -> Node {
     std::fs::create_dir_all(&proc_root).expect("proc root");
     for (pid, _, who) in gpu0.iter().chain(&gpu1) {
         match who {
-            Pod(seed) => write_proc(&proc_root, *pid, "python3", 0, &cgroup_containerd(*seed), &[]),
+            Pod(seed) => write_proc(
+                &proc_root,
+                *pid,
+                "python3",
+                0,
+                &cgroup_containerd(*seed),
+                &[],
+            ),
             Uid(uid) => write_proc(
                 &proc_root,
                 *pid,
@@ -266,7 +284,10 @@ impl Node {
         });
         assert!(
             shown
-                .get("gpumem_exporter_config_reloads_total", &[("result", "success")])
+                .get(
+                    "gpumem_exporter_config_reloads_total",
+                    &[("result", "success")]
+                )
                 .is_some_and(|n| n >= 1.0)
         );
         shown
@@ -333,8 +354,12 @@ fn workload_mode_sums_the_pids_off_mode_has_none_and_the_page_keeps_them() {
     let node = node();
     let pid = wait_for(Duration::from_secs(20), "attributed", || {
         let m = node.ex.metrics();
-        (m.find("gpu_process_info", &[("pod_uid", &pod_uid('a'))]).len() == 4
-            && m.find("gpu_process_memory_used_bytes", &[("pid", "other")]).len() == 1)
+        (m.find("gpu_process_info", &[("pod_uid", &pod_uid('a'))])
+            .len()
+            == 4
+            && m.find("gpu_process_memory_used_bytes", &[("pid", "other")])
+                .len()
+                == 1)
             .then_some(m)
     });
     let pids = json_pids(&node.ex);
@@ -345,7 +370,10 @@ fn workload_mode_sums_the_pids_off_mode_has_none_and_the_page_keeps_them() {
     });
     // No pid label on any family.
     assert!(!has_pid(&wl), "{}", wl.text);
-    for family in ["gpu_process_memory_used_bytes", "gpu_process_memory_unavailable"] {
+    for family in [
+        "gpu_process_memory_used_bytes",
+        "gpu_process_memory_unavailable",
+    ] {
         let want = per_pid_summed(&pid, family);
         let got = per_workload(&wl, family);
         eprintln!("{family}: {got:?}");
@@ -354,8 +382,16 @@ fn workload_mode_sums_the_pids_off_mode_has_none_and_the_page_keeps_them() {
     // Five workloads on GPU 0 (pods a, b; uids 1000, 1001; other), three
     // on GPU 1.
     let used = per_workload(&wl, "gpu_process_memory_used_bytes");
-    assert_eq!(used.keys().filter(|k| k.0 == uuid(0)).count(), 5, "{used:?}");
-    assert_eq!(used.keys().filter(|k| k.0 == uuid(1)).count(), 3, "{used:?}");
+    assert_eq!(
+        used.keys().filter(|k| k.0 == uuid(0)).count(),
+        5,
+        "{used:?}"
+    );
+    assert_eq!(
+        used.keys().filter(|k| k.0 == uuid(1)).count(),
+        3,
+        "{used:?}"
+    );
     assert_eq!(
         used.get(&(uuid(0), format!("pod_uid={}", pod_uid('a')))),
         Some(&(600 * MIB)),
@@ -379,7 +415,10 @@ fn workload_mode_sums_the_pids_off_mode_has_none_and_the_page_keeps_them() {
         assert!(wl.find(gone, &[]).is_empty(), "{gone} in workload mode");
     }
     // The workloads' own counters stay.
-    assert!(!wl.find("gpu_workload_memory_used_byte_seconds_total", &[]).is_empty());
+    assert!(
+        !wl.find("gpu_workload_memory_used_byte_seconds_total", &[])
+            .is_empty()
+    );
     assert_eq!(json_pids(&node.ex), pids, "the page keeps the pids");
 
     let off = node.switch("off", |m| {

@@ -116,9 +116,8 @@ fn counts_series_per_family_in_both_formats() {
 
 #[test]
 fn whole_families_go_per_process_first_then_from_the_end() {
-    let counts = |v: &[(&str, u64)]| -> Counts {
-        v.iter().map(|(f, n)| (Box::from(*f), *n)).collect()
-    };
+    let counts =
+        |v: &[(&str, u64)]| -> Counts { v.iter().map(|(f, n)| (Box::from(*f), *n)).collect() };
     let body = [
         ("gpu_info", 8),
         ("gpu_memory_used_bytes", 8),
@@ -178,10 +177,10 @@ fn a_cut_keeps_the_largest_and_sums_the_rest() {
                 .filter(|p| !d.processes.iter().any(|q| q.pid == p.pid))
                 .filter_map(|p| p.used_bytes)
                 .max();
-            if mode == SeriesMode::Pid {
-                if let (Some(a), Some(b)) = (smallest_kept, largest_cut) {
-                    assert!(a > b, "largest kept");
-                }
+            if mode == SeriesMode::Pid
+                && let (Some(a), Some(b)) = (smallest_kept, largest_cut)
+            {
+                assert!(a > b, "largest kept");
             }
             assert!(d.processes.windows(2).all(|w| w[0].pid < w[1].pid));
         }
@@ -205,7 +204,9 @@ fn bodies_stay_within_the_budget_and_sum_to_what_nvml_says() {
             budget: 1_000_000,
         };
         let uncut = Arc::new(snapshot(4, 64, pods, all));
-        let uncut = total(&served(&crate::expose::encode(&uncut, Format::Text).unwrap_or_default()));
+        let uncut = total(&served(
+            &crate::expose::encode(&uncut, Format::Text).unwrap_or_default(),
+        ));
         for format in [Format::Text, Format::OpenMetrics] {
             let reuse = Reuse::new();
             let body = encode_reusing(&s, format, &reuse).unwrap_or_default();
@@ -222,7 +223,9 @@ fn bodies_stay_within_the_budget_and_sum_to_what_nvml_says() {
             } else {
                 assert_eq!(used, nvml, "{mode:?} budget {budget}: sums");
             }
-            let dropped = body.lines().any(|l| l.starts_with("gpumem_exporter_series_dropped"));
+            let dropped = body
+                .lines()
+                .any(|l| l.starts_with("gpumem_exporter_series_dropped"));
             assert_eq!(dropped, uncut > budget, "{mode:?} {budget}: {uncut} uncut");
             // The gauge says what the body holds, family by family.
             for (family, n) in c.iter().filter(|(_, n)| *n > 0) {
