@@ -3,10 +3,10 @@
 creates per hour when it runs 1,000 short processes an hour, on the fake
 NVML (issue 38).
 
-The node: 8 GPUs; every process holds memory on one GPU (pid % 8) for
-`--lifetime` seconds and belongs to a job (a pod, by its cgroup path in a
-fake /proc root) that runs `--per-job` processes one after the other, so
-1,000 processes an hour are 1,000 / per-job jobs an hour. The exporter
+The node: 8 GPUs; every process holds memory for `--lifetime` seconds and
+belongs to a job (a pod, by its cgroup path in a fake /proc root) that
+starts `--per-job` processes on its GPU (job % 8), so 1,000 processes an
+hour are 1,000 / per-job jobs an hour. The exporter
 samples every 100 ms and is scraped every `--scrape` seconds; a series is
 "created" when a scrape shows a name + label set no scrape of that run
 showed before (the exporter's own gpumem_exporter_* families left out).
@@ -30,7 +30,10 @@ first measured scrape is the baseline.
         [--lifetime 360] [--scrape 15] [--speedup 100]
 
 Prints one line per mode: series created per hour, series per body (mean
-and max), scrapes; and which families created the most.
+and max), scrapes; and which families created the most. Series per body
+overstate the workload counters (`gpu_workload_*_seconds_total`): their
+300 s grace after a workload's last process is real time, not divided by
+the speedup, so here they outlive every job of the hour.
 """
 import argparse
 import collections
@@ -85,8 +88,8 @@ def write_proc(root, pid, job):
 
 def scenario(live):
     per_gpu = collections.defaultdict(list)
-    for pid, used in live.items():
-        per_gpu[pid % GPUS].append((pid, used))
+    for pid, (gpu, used) in live.items():
+        per_gpu[gpu].append((pid, used))
     out = ["devices:"]
     for g in range(GPUS):
         procs = sorted(per_gpu[g])
@@ -196,9 +199,10 @@ def measure(ex, port, sc, proc_root, rng, a):
         for k, s in starts:
             if s <= now < s + life:
                 pid = 100_000 + k - first
-                want[pid] = (1 + rng.randrange(64)) << 26 if pid not in live else live[pid]
+                job = (k - first) // a.per_job
+                want[pid] = live[pid] if pid in live else (job % GPUS, (1 + rng.randrange(64)) << 26)
                 if pid not in written:
-                    write_proc(proc_root, pid, (k - first) // a.per_job)
+                    write_proc(proc_root, pid, job)
                     written.add(pid)
         if want != last:
             write_atomic(sc, scenario(want))
