@@ -106,6 +106,15 @@ fn counts_series_per_family_in_both_formats() {
             "# HELP h H.\n# TYPE h histogram\nh_bucket{le=\"1\"} 0\nh_bucket{le=\"+Inf\"} 0\nh_sum 0\nh_count 0\n",
             vec![("h", 4)],
         ),
+        (
+            "# HELP c C.\n# TYPE c gauge\n# UNIT c bytes\nc 1\n# EOF\n",
+            vec![("c", 1)],
+        ),
+        // A `# HELP ` inside a help text is no family of its own.
+        (
+            "# HELP d says # HELP x.\n# TYPE d gauge\nd 1\n",
+            vec![("d", 1)],
+        ),
     ] {
         let mut c = Counts::new();
         count(text, &mut c);
