@@ -38,35 +38,38 @@ use crate::model::{ProcessSample, SeriesMode, Snapshot, Workload};
 /// writes them: counters with `_total`).
 pub(super) type Counts = Vec<(Box<str>, u64)>;
 
-/// Add the series of `text`'s families to `out`. A family starts with
-/// its `# HELP` line (then `# TYPE`, maybe `# UNIT`), and every other
-/// line of it is a series: the lines are counted per family with a byte
-/// count the compiler vectorises, not walked one by one (at 8 GPUs × 256
-/// processes a line walk cost 5–7 % of the encode).
+/// Add the series of `text`'s families to `out`: a line that starts
+/// with `#` is a comment (a `# TYPE` one starts a family), every other
+/// line a series of the family last started. One pass of `memchr` over
+/// the newlines, a byte compare and an increment per line.
 pub(super) fn count(text: &str, out: &mut Counts) {
     let b = text.as_bytes();
-    let mut starts: Vec<usize> = memchr::memmem::find_iter(b, b"# HELP ")
-        .filter(|&i| i == 0 || b[i - 1] == b'\n')
-        .collect();
-    starts.push(b.len());
-    for w in starts.windows(2) {
-        let chunk = text.get(w[0]..w[1]).unwrap_or("");
-        let lines = chunk.as_bytes().iter().filter(|&&c| c == b'\n').count() as u64;
-        let mut comments = chunk.split('\n').take(3);
-        let _help = comments.next();
-        let Some(rest) = comments.next().and_then(|l| l.strip_prefix("# TYPE ")) else {
-            continue;
-        };
-        let unit = comments.next().is_some_and(|l| l.starts_with("# UNIT "));
-        let eof = chunk.ends_with("# EOF\n");
-        let mut words = rest.split(' ');
-        let name = words.next().unwrap_or("");
-        let name = match words.next() {
-            Some("counter") if !name.ends_with("_total") => format!("{name}_total"),
-            _ => name.to_string(),
-        };
-        let series = lines.saturating_sub(2 + u64::from(unit) + u64::from(eof));
-        out.push((name.into_boxed_str(), series));
+    let mut line = 0;
+    let mut n: u64 = 0;
+    let mut open = false;
+    for nl in memchr::memchr_iter(b'\n', b) {
+        if b.get(line) == Some(&b'#') {
+            if let Some(rest) = text.get(line..nl).and_then(|l| l.strip_prefix("# TYPE ")) {
+                if open && let Some(last) = out.last_mut() {
+                    last.1 = n;
+                }
+                let mut words = rest.split(' ');
+                let name = words.next().unwrap_or("");
+                let name = match words.next() {
+                    Some("counter") if !name.ends_with("_total") => format!("{name}_total"),
+                    _ => name.to_string(),
+                };
+                out.push((name.into_boxed_str(), 0));
+                open = true;
+                n = 0;
+            }
+        } else if nl > line {
+            n += 1;
+        }
+        line = nl + 1;
+    }
+    if open && let Some(last) = out.last_mut() {
+        last.1 = n;
     }
 }
 
