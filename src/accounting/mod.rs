@@ -26,15 +26,23 @@ use std::time::Instant;
 
 use crate::collectors::utilization::Utilization;
 use crate::model::{
-    Accounts, AllocatedDevice, AllocationRow, ProcessSample, Snapshot, WORKLOAD_GRACE_SECONDS,
-    Workload,
+    Accounts, AllocatedDevice, AllocationRow, DeviceSample, ProcessSample, Snapshot,
+    WORKLOAD_GRACE_SECONDS, Workload, WorkloadAccount,
 };
+
+mod ranking;
+
+pub(crate) use ranking::{Ranked, Ranking, rank};
 
 /// What one GPU showed at the last sample: held until this one.
 #[derive(Debug)]
 struct Held {
     used: Option<u64>,
+    /// `utilization.gpu`, held between samples: only where NVML has no
+    /// utilisation samples for the GPU.
     busy: Option<f64>,
+    /// The utilisation samples' read last added (`BusySamples::read`).
+    samples_read: Option<u64>,
     processes: Arc<[ProcessSample]>,
 }
 
@@ -47,6 +55,8 @@ pub struct Ledger {
     held: HashMap<Arc<str>, Held>,
     /// The allocation rows of the last sample: which GPU each is on.
     rows_key: Option<RowsKey>,
+    /// The workload ranking's minutes.
+    ranking: Ranking,
 }
 
 /// The inputs the allocation rows' idle flags were computed from
@@ -76,6 +86,9 @@ impl Ledger {
         let folded = self.take_in(s, t);
         self.allocations(s, dt, t, folded);
         self.accounts.seconds = t;
+        if let Some(base) = self.ranking.minute(t, &self.accounts, &s.devices) {
+            self.accounts.ranking = base;
+        }
         self.accounts.clone()
     }
 
@@ -108,11 +121,16 @@ impl Ledger {
         for d in s.devices.iter().filter(|d| d.info.is_known()) {
             let uuid = d.info.uuid.as_str();
             seen.insert(uuid);
-            let busy = d
-                .readings
-                .get::<Utilization>()
-                .and_then(|u| u.gpu)
-                .map(|pct| f64::from(pct.min(100)) / 100.0);
+            let util = d.readings.get::<Utilization>();
+            let sampled = util.and_then(|u| u.samples);
+            // NVML's samples where it has them; else the gauge, held.
+            let busy = match sampled {
+                Some(_) => None,
+                None => util
+                    .and_then(|u| u.gpu)
+                    .map(|pct| f64::from(pct.min(100)) / 100.0),
+            };
+            let prev_read = self.held.get(uuid).and_then(|h| h.samples_read);
             let used = d.memory.map(|m| m.used);
             let key: Arc<str> = match self.held.get_key_value(uuid) {
                 Some((k, _)) => Arc::clone(k),
@@ -123,8 +141,18 @@ impl Ledger {
             if g.gpu != d.info.gpu {
                 g.gpu = d.info.gpu.clone();
             }
-            if busy.is_some() && g.busy_seconds.is_none() {
+            if (busy.is_some() || sampled.is_some()) && g.busy_seconds.is_none() {
                 g.busy_seconds = Some(0.0);
+            }
+            let mut samples_read = prev_read;
+            if let Some(b) = sampled
+                && prev_read != Some(b.read)
+            {
+                // Before the fold: the samples are of the list until now.
+                let secs = b.seconds();
+                *g.busy_seconds.get_or_insert(0.0) += secs;
+                g.pending_busy_seconds += secs;
+                samples_read = Some(b.read);
             }
             let same = self
                 .held
@@ -143,6 +171,7 @@ impl Ledger {
                 Held {
                     used,
                     busy,
+                    samples_read,
                     processes: Arc::clone(&d.processes),
                 },
             );
@@ -210,7 +239,12 @@ impl Ledger {
         }
         for p in new {
             if let Some(w) = Workload::of(&p.ident) {
-                let a = loads.entry((w, Arc::clone(uuid))).or_default();
+                let a = loads
+                    .entry((w, Arc::clone(uuid)))
+                    .or_insert_with(|| WorkloadAccount {
+                        since: t,
+                        ..WorkloadAccount::default()
+                    });
                 a.live = true;
                 a.last_seen = t;
             }
@@ -423,13 +457,21 @@ pub(crate) fn process_byte_seconds(a: &Accounts, uuid: &str, p: &ProcessSample) 
 /// Every workload's totals per GPU as of the snapshot (folded plus what
 /// the current lists hold since): (used byte-seconds, busy seconds).
 pub(crate) fn workload_totals(s: &Snapshot) -> BTreeMap<(Workload, Arc<str>), (f64, f64)> {
-    let a = &s.accounting;
+    workload_totals_of(&s.accounting, &s.devices)
+}
+
+/// [`workload_totals`] of the totals `a` with the process lists of
+/// `devices`.
+fn workload_totals_of(
+    a: &Accounts,
+    devices: &[DeviceSample],
+) -> BTreeMap<(Workload, Arc<str>), (f64, f64)> {
     let mut out: BTreeMap<(Workload, Arc<str>), (f64, f64)> = a
         .workloads
         .iter()
         .map(|(k, w)| (k.clone(), (w.used_byte_seconds, w.busy_seconds)))
         .collect();
-    for d in s.devices.iter().filter(|d| d.info.is_known()) {
+    for d in devices.iter().filter(|d| d.info.is_known()) {
         let Some((uuid, g)) = a.gpus.get_key_value(d.info.uuid.as_str()) else {
             continue;
         };

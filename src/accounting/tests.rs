@@ -4,7 +4,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use super::*;
 use crate::model::{
     AllocatedDevice, DeviceInfo, DeviceSample, GpuAccount, JobAllocation, JobMappingState,
-    MemoryInfo, ProcIdentity, Readings, SlurmJob,
+    MemoryInfo, ProcIdentity, Readings, SlurmJob, WorkloadTotals,
 };
 
 const GPU0: &str = "GPU-00000000-0000-0000-0000-000000000000";
@@ -259,4 +259,130 @@ fn a_mig_allocation_is_idle_while_its_jobs_process_runs_on_another_instance() {
     let (all, idle) = allocation_seconds(&a, &key).unwrap_or_default();
     close(all, 5.0);
     close(idle, 2.0);
+fn the_ranking_keeps_the_last_hour_and_since_start_with_ended_workloads() {
+    let alice = ident("alice", None);
+    let bob = ident("bob", None);
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    // Alice for 2 h; bob for the first 601 s only. One sample a second.
+    let mut last = None;
+    for i in 0..=7200u64 {
+        // A new list every sample, as every full sample makes.
+        let list: Arc<[ProcessSample]> = if i <= 600 {
+            Arc::from(vec![proc(10, 2 * GIB, &alice), proc(11, GIB, &bob)])
+        } else {
+            Arc::from(vec![proc(10, 2 * GIB, &alice)])
+        };
+        let mut s = snap(Some(3 * GIB), Some(50), &list);
+        s.accounting = l.record(&s, at(i));
+        last = Some(s);
+    }
+    let Some(s) = last else { return };
+    let (hour, since) = rank(&s, 10);
+    let user = |u: &str| Workload::User { user: Arc::from(u) };
+    // The window: the last 59 whole minutes and the current one.
+    close(hour.seconds, 3540.0);
+    close(since.seconds, 7200.0);
+    assert_eq!(
+        hour.workloads.len(),
+        1,
+        "bob ended over an hour ago: {hour:?}"
+    );
+    assert_eq!(hour.workloads[0].0, user("alice"));
+    close(
+        hour.workloads[0].1.used_byte_seconds,
+        2.0 * GIB as f64 * 3540.0,
+    );
+    close(hour.workloads[0].1.busy_seconds, 0.5 * 3540.0);
+    // Since start: alice's 2 h, bob's 600 s although the ledger dropped
+    // his account 300 s after he left.
+    assert!(
+        !s.accounting
+            .workloads
+            .keys()
+            .any(|(w, _)| *w == user("bob")),
+        "the ledger forgot bob"
+    );
+    assert_eq!(since.workloads.len(), 2, "{since:?}");
+    assert_eq!(since.workloads[0].0, user("alice"));
+    close(
+        since.workloads[0].1.used_byte_seconds,
+        2.0 * GIB as f64 * 7200.0,
+    );
+    assert_eq!(since.workloads[1].0, user("bob"));
+    // Listed by the samples at 0..=600 s, each held until the next.
+    close(since.workloads[1].1.used_byte_seconds, GIB as f64 * 601.0);
+    close(since.workloads[1].1.busy_seconds, 0.5 * 601.0);
+    assert_eq!(since.omitted, WorkloadTotals::default());
+    let (_, one) = rank(&s, 1);
+    close(one.omitted.used_byte_seconds, GIB as f64 * 601.0);
+}
+
+#[test]
+fn the_ranking_stays_bounded_when_a_tenant_makes_thousands_of_workloads() {
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    // A new user every second for 2 h, each holding 1 byte for 1 s.
+    let mut last = None;
+    for i in 0..7200u32 {
+        let who = ident(&format!("u{i}"), None);
+        let list: Arc<[ProcessSample]> = Arc::from(vec![proc(100 + i, 1, &who)]);
+        let mut s = snap(Some(1), None, &list);
+        s.accounting = l.record(&s, t0 + Duration::from_secs(u64::from(i)));
+        last = Some(s);
+    }
+    let Some(s) = last else { return };
+    let base = &s.accounting.ranking;
+    assert!(base.ended.len() <= crate::model::RANK_ENDED_WORKLOADS);
+    assert!(base.hour.len() <= crate::model::RANK_WORKLOADS_PER_MINUTE * 59);
+    assert!(base.boundary.len() <= 400, "{}", base.boundary.len());
+    let (hour, since) = rank(&s, 100);
+    assert_eq!(hour.workloads.len(), 100);
+    // Nothing is lost: what is not listed is summed.
+    let sum = |r: &Ranked| {
+        r.workloads
+            .iter()
+            .map(|w| w.1.used_byte_seconds)
+            .sum::<f64>()
+            + r.omitted.used_byte_seconds
+    };
+    close(sum(&since), 7199.0);
+    close(sum(&hour), hour.seconds);
+}
+
+#[test]
+fn nvml_utilisation_samples_are_counted_once_per_read_instead_of_the_gauge() {
+    use crate::collectors::utilization::BusySamples;
+    let alice = ident("alice", None);
+    let held: Arc<[ProcessSample]> = Arc::from(vec![proc(10, GIB, &alice)]);
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let mut a = Accounts::default();
+    // The gauge says 100 %, the samples 50 % of each second: one read a
+    // second, carried by the nine memory samples after it.
+    for i in 0..=100u64 {
+        let read = BusySamples {
+            read: 1000 + i / 10,
+            percent_us: if i < 10 { 0 } else { 50 * 1_000_000 },
+        };
+        let mut s = snap(Some(GIB), None, &held);
+        s.devices[0].readings = Readings::default().with(Utilization {
+            gpu: Some(100),
+            samples: Some(read),
+            ..Default::default()
+        });
+        a = l.record(&s, t0 + Duration::from_millis(100 * i));
+    }
+    close(gpu(&a).busy_seconds.unwrap_or(0.0), 5.0);
+    let mut s = snap(Some(GIB), None, &held);
+    s.accounting = a.clone();
+    let w = workload_totals(&s);
+    let user = (
+        Workload::User {
+            user: Arc::from("alice"),
+        },
+        Arc::from(GPU0),
+    );
+    close(w[&user].1, 5.0);
 }

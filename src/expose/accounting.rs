@@ -56,7 +56,7 @@ pub(super) fn families(
         let mut m = counter(
             enc,
             "gpu_busy_seconds",
-            "Seconds a kernel ran on the GPU: NVML's utilization.gpu integrated over time at every memory sample (the utilization collector's figure, held between full samples).",
+            "Seconds a kernel ran on the GPU: NVML's utilisation samples integrated (each sample's share times the time since the one before), else NVML's utilization.gpu held between full samples where the driver has no samples.",
         )?;
         for (uuid, g) in a.gpus.iter() {
             if let Some(b) = g.busy_seconds {

@@ -21,10 +21,13 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::exporter::{REVISION, VERSION};
+use crate::accounting::{Ranked, rank};
 use crate::collectors::process_utilization::ProcessUtilization as ProcessUtilizationReading;
 use crate::collectors::utilization::Utilization;
 use crate::history::{History, unix_seconds};
-use crate::model::{DeviceSample, Forecast, MemoryInfo, ProcessSample, Snapshot};
+use crate::model::{
+    DeviceSample, Forecast, MemoryInfo, ProcessSample, Snapshot, Workload, WorkloadTotals,
+};
 
 /// `schema_version` of both documents; bumped on any incompatible change
 /// (a field removed, renamed or retyped). New fields may appear within a
@@ -60,6 +63,106 @@ struct SnapshotDoc<'a> {
     process_lookup_failures: u64,
     nvml_reinit_attempts: u64,
     kubernetes: Option<Kubernetes>,
+    workloads: Workloads,
+}
+
+/// Workloads listed per window in `workloads`, the largest first.
+pub(crate) const MAX_RANKED_WORKLOADS: usize = 100;
+
+/// The ledger's workloads ranked by memory-time (`accounting::rank`).
+#[derive(Serialize)]
+struct Workloads {
+    last_hour: RankedDoc,
+    since_start: RankedDoc,
+}
+
+#[derive(Serialize)]
+struct RankedDoc {
+    window_seconds: f64,
+    workloads: Vec<RankedWorkload>,
+    omitted: Option<RankedTotals>,
+}
+
+#[derive(Serialize)]
+struct RankedTotals {
+    memory_gib_hours: f64,
+    busy_gpu_hours: f64,
+    memory_used_byte_seconds: f64,
+    busy_seconds: f64,
+}
+
+impl From<WorkloadTotals> for RankedTotals {
+    fn from(t: WorkloadTotals) -> Self {
+        RankedTotals {
+            memory_gib_hours: t.used_byte_seconds / (3600.0 * (1u64 << 30) as f64),
+            busy_gpu_hours: t.busy_seconds / 3600.0,
+            memory_used_byte_seconds: t.used_byte_seconds,
+            busy_seconds: t.busy_seconds,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct RankedWorkload {
+    /// `pod`, `slurm_job`, `container` or `user`.
+    kind: &'static str,
+    namespace: Option<String>,
+    pod: Option<String>,
+    pod_uid: Option<String>,
+    slurm_job: Option<String>,
+    container_id: Option<String>,
+    user: Option<String>,
+    #[serde(flatten)]
+    totals: RankedTotals,
+}
+
+fn some(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+fn ranked(r: Ranked) -> RankedDoc {
+    RankedDoc {
+        window_seconds: r.seconds,
+        workloads: r
+            .workloads
+            .into_iter()
+            .map(|(w, t)| {
+                let mut out = RankedWorkload {
+                    kind: "user",
+                    namespace: None,
+                    pod: None,
+                    pod_uid: None,
+                    slurm_job: None,
+                    container_id: None,
+                    user: None,
+                    totals: t.into(),
+                };
+                match &w {
+                    Workload::Pod {
+                        namespace,
+                        pod,
+                        pod_uid,
+                    } => {
+                        out.kind = "pod";
+                        out.namespace = some(namespace);
+                        out.pod = some(pod);
+                        out.pod_uid = some(pod_uid);
+                    }
+                    Workload::SlurmJob { job } => {
+                        out.kind = "slurm_job";
+                        out.slurm_job = some(job);
+                    }
+                    Workload::Container { container_id } => {
+                        out.kind = "container";
+                        out.container_id = some(container_id);
+                    }
+                    Workload::User { user } => out.user = some(user),
+                }
+                out
+            })
+            .collect(),
+        omitted: (r.omitted != WorkloadTotals::default()).then(|| r.omitted.into()),
+    }
 }
 
 #[derive(Serialize)]
@@ -378,7 +481,12 @@ fn gpu<'a>(d: &'a DeviceSample, forecast: Option<Forecast>, procs: &'a KeptProce
         utilization: d
             .readings
             .get::<Utilization>()
-            .filter(|u| **u != Utilization::default())
+            .filter(|u| {
+                Utilization {
+                    samples: None,
+                    ..**u
+                } != Utilization::default()
+            })
             .map(|u| GpuUtilization {
                 gpu_ratio: u.gpu.map(ratio),
                 memory_ratio: u.memory.map(ratio),
@@ -489,6 +597,13 @@ fn encode_snapshot(
             synced: k.synced,
             pods: k.pods,
         }),
+        workloads: {
+            let (hour, since) = rank(s, MAX_RANKED_WORKLOADS);
+            Workloads {
+                last_hour: ranked(hour),
+                since_start: ranked(since),
+            }
+        },
     };
     serde_json::to_vec(&doc)
 }

@@ -38,7 +38,63 @@ pub struct Accounts {
     /// Seconds from the ledger's first sample to this one, on the
     /// monotonic clock the totals were integrated with.
     pub seconds: f64,
+    /// What the workload ranking adds to the live totals: the last hour's
+    /// whole minutes and the workloads that ended (changes once a minute).
+    pub ranking: Arc<RankBase>,
 }
+
+/// Memory-time and busy time of one workload summed over its GPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WorkloadTotals {
+    pub used_byte_seconds: f64,
+    pub busy_seconds: f64,
+}
+
+impl WorkloadTotals {
+    pub fn add(&mut self, other: WorkloadTotals) {
+        self.used_byte_seconds += other.used_byte_seconds;
+        self.busy_seconds += other.busy_seconds;
+    }
+}
+
+/// The ranking's history, kept by `accounting::ranking` at each whole
+/// minute of the ledger's clock; a snapshot's ranking is this plus the
+/// live totals since the last whole minute. Bounded: see
+/// [`RANK_MINUTES`], [`RANK_WORKLOADS_PER_MINUTE`], [`RANK_ENDED_WORKLOADS`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankBase {
+    /// Ledger seconds at which the last-hour window starts: the oldest
+    /// whole minute kept, at most [`RANK_MINUTES`] minutes back (0 in the
+    /// first hour).
+    pub window_start: f64,
+    /// Per workload, the sum over the window's whole minutes.
+    pub hour: HashMap<Workload, WorkloadTotals>,
+    /// The window's minutes' totals of the workloads left out of a minute
+    /// that had more than [`RANK_WORKLOADS_PER_MINUTE`].
+    pub hour_omitted: WorkloadTotals,
+    /// Each (workload, GPU) of the ledger at the last whole minute: its
+    /// totals then and when its account was made (a later account is a
+    /// new one, counted from 0).
+    pub boundary: HashMap<(Workload, Arc<str>), (WorkloadTotals, f64)>,
+    /// Workloads whose accounts the ledger dropped after the grace, with
+    /// what they had: kept for the since-start ranking.
+    pub ended: HashMap<Workload, WorkloadTotals>,
+    /// Totals of the ended workloads forgotten to keep [`Self::ended`]
+    /// bounded (the smallest first).
+    pub ended_omitted: WorkloadTotals,
+}
+
+/// Minutes the last-hour ranking covers: the window is the last 59–60
+/// whole minutes plus the current one, at most 3,600 s.
+pub const RANK_MINUTES: usize = 60;
+
+/// Workloads kept per minute of the last-hour ring (the largest by
+/// memory-time); the rest of that minute is summed as omitted.
+pub const RANK_WORKLOADS_PER_MINUTE: usize = 512;
+
+/// Ended workloads kept for the since-start ranking; past it the
+/// smallest by memory-time are forgotten (and summed as omitted).
+pub const RANK_ENDED_WORKLOADS: usize = 1024;
 
 /// How long a workload's (or an allocation row's) totals outlive it: a
 /// workload that comes back within it carries on counting; after it, it
@@ -70,6 +126,8 @@ pub struct WorkloadAccount {
     pub busy_seconds: f64,
     /// Seconds since start (monotonic) it was last seen on the GPU.
     pub last_seen: f64,
+    /// Seconds since start when this account was made.
+    pub since: f64,
     /// Processes of it on the GPU in the current list.
     pub live: bool,
 }

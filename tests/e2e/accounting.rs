@@ -481,3 +481,152 @@ fn record_ends_with_a_summary_when_the_command_succeeds_fails_or_is_interrupted(
     assert_eq!(out.status.code(), Some(130), "{}", output_text(&out));
     check_summary(&sc, &out, "signalled", 130);
 }
+
+// ------------------------------------------- busy time from NVML's samples
+
+/// GPU 0's driver has utilisation samples (50 % every 10 ms) and a gauge
+/// that says 90 %; GPU 1's has none (NOT_SUPPORTED) and says 40 %.
+fn samples_scenario() -> String {
+    format!(
+        "devices:\n  - uuid: {UUID0}\n    utilization: {{gpu: 90, memory: 10}}\n    utilization_samples: {{gpu: 50, period_us: 10000}}\n  - uuid: {UUID1}\n    utilization: {{gpu: 40, memory: 10}}\n"
+    )
+}
+
+/// A GPU whose samples say 50 % for T seconds gets T/2 busy seconds
+/// (not the gauge's 90 %), counted from the samples' own timestamps; a
+/// GPU without samples falls back to the gauge held between reads, and
+/// the log says so once.
+#[test]
+fn busy_seconds_integrate_nvmls_utilisation_samples_and_fall_back_to_the_gauge() {
+    let sc = Scenario::new(&samples_scenario());
+    let ex = Exporter::start(&sc, &["--sample-interval", "500ms"]);
+    let gpu0 = [("gpu", "0"), ("uuid", UUID0)];
+    let gpu1 = [("gpu", "1"), ("uuid", UUID1)];
+    wait_for(Duration::from_secs(10), "busy seconds of both GPUs", || {
+        let m = ex.metrics();
+        (m.find("gpu_busy_seconds_total", &gpu0).len() == 1
+            && m.find("gpu_busy_seconds_total", &gpu1).len() == 1)
+            .then_some(())
+    });
+    let (t1, m1) = scrape(&ex);
+    std::thread::sleep(Duration::from_secs(6));
+    let (t2, m2) = scrape(&ex);
+    let span = t2 - t1;
+    let busy = |m: &Metrics, l: &[(&str, &str)]| one(m, "gpu_busy_seconds_total", l);
+    within(
+        busy(&m2, &gpu0) - busy(&m1, &gpu0),
+        0.5 * span,
+        "GPU 0 from its samples",
+    );
+    within(
+        busy(&m2, &gpu1) - busy(&m1, &gpu1),
+        0.4 * span,
+        "GPU 1 from its gauge",
+    );
+    ex.assert_logged_once("NVML has no utilisation samples for this GPU");
+    let log = ex.stderr();
+    let line = log
+        .lines()
+        .find(|l| l.contains("NVML has no utilisation samples"))
+        .unwrap_or_default();
+    assert_eq!(field(line, "gpu"), Some("1"), "{line}");
+}
+
+// ------------------------------------------------ the ranking in the API
+
+fn ranked<'a>(v: &'a serde_json::Value, window: &str) -> &'a Vec<serde_json::Value> {
+    v["workloads"][window]["workloads"]
+        .as_array()
+        .unwrap_or_else(|| panic!("workloads.{window}: {v}"))
+}
+
+/// The pod holding X bytes since the start and the Slurm job holding X
+/// on GPU 1 from some point on: each X·T in both windows (under an hour,
+/// the last hour is since start), T the time each was listed, read from
+/// its own counter; the JSON's entries exact.
+#[test]
+fn the_api_ranks_workloads_by_memory_time_over_the_last_hour_and_since_start() {
+    let node = start();
+    let pod = pod_uid('a');
+    let pod_labels = [("uuid", UUID0), ("pod_uid", pod.as_str())];
+    wait_for(Duration::from_secs(10), "the pod's counter", || {
+        (!ex_find(
+            &node.ex,
+            "gpu_workload_memory_used_byte_seconds_total",
+            &pod_labels,
+        ))
+        .then_some(())
+    });
+    node.sc.write(&scenario("", true, true, "null"));
+    std::thread::sleep(Duration::from_secs(3));
+    // The JSON and the metrics of the same snapshot: read the JSON, then
+    // scrape until the sample time matches.
+    let (v, m) = wait_for(Duration::from_secs(10), "one snapshot twice", || {
+        let v: serde_json::Value =
+            serde_json::from_str(&node.ex.get("/api/v1/snapshot").body).ok()?;
+        let (t, m) = scrape(&node.ex);
+        (v["taken_at"].as_f64().is_some_and(|j| (j - t).abs() < 1e-3)).then_some((v, m))
+    });
+    for window in ["last_hour", "since_start"] {
+        let list = ranked(&v, window);
+        assert_eq!(list.len(), 2, "{window}: {list:?}");
+        // The pod first (listed longer), then the job.
+        assert_eq!(list[0]["kind"], "pod", "{list:?}");
+        assert_eq!(list[0]["pod_uid"], pod.as_str());
+        assert_eq!(list[1]["kind"], "slurm_job");
+        assert_eq!(list[1]["slurm_job"], "42");
+        assert_eq!(list[1]["user"], serde_json::Value::Null);
+        for (entry, labels) in [
+            (&list[0], vec![("pod_uid", pod.as_str())]),
+            (&list[1], vec![("slurm_job", "42")]),
+        ] {
+            let bytes = m
+                .find("gpu_workload_memory_used_byte_seconds_total", &labels)
+                .iter()
+                .map(|s| s.1)
+                .sum::<f64>();
+            let busy = m
+                .find("gpu_workload_busy_seconds_total", &labels)
+                .iter()
+                .map(|s| s.1)
+                .sum::<f64>();
+            let got = entry["memory_used_byte_seconds"].as_f64().unwrap_or(-1.0);
+            within(got, bytes, &format!("{window} {labels:?} byte-seconds"));
+            let gib_h = entry["memory_gib_hours"].as_f64().unwrap_or(-1.0);
+            within(gib_h, got / 3600.0 / (1u64 << 30) as f64, "GiB-hours");
+            if busy > 0.0 {
+                within(
+                    entry["busy_seconds"].as_f64().unwrap_or(-1.0),
+                    busy,
+                    "busy seconds",
+                );
+                within(
+                    entry["busy_gpu_hours"].as_f64().unwrap_or(-1.0),
+                    busy / 3600.0,
+                    "busy GPU-hours",
+                );
+            }
+        }
+        assert_eq!(
+            v["workloads"][window]["omitted"],
+            serde_json::Value::Null,
+            "{window}"
+        );
+    }
+    // X held for T: the pod since the exporter's first sample.
+    let pod_bytes = ranked(&v, "since_start")[0]["memory_used_byte_seconds"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let t = v["workloads"]["since_start"]["window_seconds"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert_eq!(
+        v["workloads"]["last_hour"]["window_seconds"],
+        v["workloads"]["since_start"]["window_seconds"],
+        "under an hour the window is since start"
+    );
+    within(pod_bytes, X as f64 * t, "the pod: X for the ledger's T");
+}
+
+#[cfg(feature = "external-tools")]
+mod hour;

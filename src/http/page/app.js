@@ -96,6 +96,7 @@
         problems([why.charAt(0).toUpperCase() + why.slice(1) + '.']);
         document.getElementById('gpus').replaceChildren();
         document.getElementById('health').replaceChildren();
+        document.getElementById('workloads').replaceChildren();
       } else {
         state.snap = r.body;
         state.answer = { server: r.server, at: r.at };
@@ -144,7 +145,63 @@
     const hist = new Map();
     if (state.hist) for (const h of state.hist.gpus) hist.set(h.gpu + '/' + h.uuid, h);
     document.getElementById('gpus').replaceChildren(...s.gpus.map((g) => gpuCard(g, hist.get(g.gpu + '/' + g.uuid))));
+    document.getElementById('workloads').replaceChildren(...(s.workloads ? workloads(s.workloads) : []));
     document.getElementById('health').replaceChildren(health(s, age));
+  }
+
+  // Who a ranked workload is: "pod team-a/trainer-0", "Slurm job 42", …
+  function who(w) {
+    if (w.kind === 'pod') return ['pod', (w.namespace ? w.namespace + '/' : '') + (w.pod || w.pod_uid || '?')];
+    if (w.kind === 'slurm_job') return ['Slurm job', w.slurm_job || '?'];
+    if (w.kind === 'container') return ['container', (w.container_id || '?').slice(0, 12)];
+    return ['user', w.user || '?'];
+  }
+
+  function hours(h) {
+    return h >= 100 ? group(Math.round(h)) : h >= 1 ? h.toFixed(2) : h.toFixed(4);
+  }
+
+  // The ledger's workloads ranked by memory GiB-hours, over the last hour
+  // and since start, as the API gives them (largest first).
+  function workloads(r) {
+    const out = [];
+    for (const [id, title, w] of [['last-hour', 'Workloads by memory-hours, last ', r.last_hour], ['since-start', 'Workloads by memory-hours since start (', r.since_start]]) {
+      const span = id === 'last-hour' ? ago(w.window_seconds) : ago(w.window_seconds) + ')';
+      const head = el('tr');
+      for (const [label, cls] of [['#', 'num'], ['kind', null], ['workload', null], ['memory GiB-hours', 'num'], ['busy GPU-hours', 'num']]) {
+        head.append(el('th', cls, label));
+      }
+      const body = el('tbody');
+      w.workloads.forEach((x, i) => {
+        const [kind, name] = who(x);
+        const tr = el('tr');
+        tr.append(
+          el('td', 'rank num', String(i + 1)),
+          el('td', 'kind', kind),
+          el('td', 'workload', name),
+          el('td', 'gib-hours num', hours(x.memory_gib_hours)),
+          el('td', 'gpu-hours num', hours(x.busy_gpu_hours)));
+        body.append(tr);
+      });
+      if (w.omitted) {
+        const tr = el('tr', 'rollup');
+        tr.append(el('td', null, ''), el('td', null, ''), el('td', null, 'not listed'),
+          el('td', 'gib-hours num', hours(w.omitted.memory_gib_hours)), el('td', 'gpu-hours num', hours(w.omitted.busy_gpu_hours)));
+        body.append(tr);
+      }
+      if (body.childElementCount === 0) {
+        const tr = el('tr', 'empty');
+        const td = el('td', 'dim', 'no workload used GPU memory');
+        td.colSpan = 5;
+        tr.append(td);
+        body.append(tr);
+      }
+      const box = el('div', 'ranking');
+      box.dataset.window = id;
+      box.append(el('h2', null, title + span), el('table', 'procs', el('thead', null, head), body));
+      out.push(box);
+    }
+    return out;
   }
 
   function gpuCard(g, hist) {

@@ -465,6 +465,7 @@ fn collectors_read_what_the_gpu_supports_and_skip_the_rest() {
         memory: Some(41),
         encoder: None,
         decoder: None,
+        samples: None,
     });
     d0.scripts.at::<PowerThermal>().temperature_c = Some(44);
     d0.scripts.at::<PowerThermal>().power_mw = Some(123_456);

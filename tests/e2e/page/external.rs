@@ -494,3 +494,110 @@ fn the_sample_age_is_read_from_the_servers_clock_not_the_browsers() {
         assert!(b.errors.is_empty(), "skew {skew}: {:?}", b.errors);
     }
 }
+
+/// The ranking tables as the page shows them: per window, its title and
+/// each row's cells.
+const READ_RANKING: &str = r#"(() => [...document.querySelectorAll('#workloads .ranking')].map((r) => ({
+  window: r.dataset.window,
+  title: r.querySelector('h2').textContent,
+  rows: [...r.querySelectorAll('tbody tr')].map((tr) => [...tr.querySelectorAll('td')].map((td) => td.textContent)),
+})))()"#;
+
+/// The page's figure for `h` hours (as app.js writes it).
+fn hours(h: f64) -> String {
+    if h >= 100.0 {
+        let n = h.round() as u64;
+        let s = n.to_string();
+        let mut out = String::new();
+        for (i, c) in s.chars().enumerate() {
+            if i > 0 && (s.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    } else if h >= 1.0 {
+        format!("{h:.2}")
+    } else {
+        format!("{h:.4}")
+    }
+}
+
+/// After the processes left, the totals stand still: the page's ranking
+/// tables are the API's, row for row (kind, workload, GiB-hours, busy
+/// GPU-hours), in the same order, for both windows.
+#[test]
+fn the_page_ranks_the_workloads_as_the_api_does() {
+    let node = node();
+    let sc = Scenario::new(&scenario(false));
+    let ex = start(&node, &sc, "200ms", &[]);
+    std::thread::sleep(Duration::from_secs(2));
+    // Every process gone: the workloads keep their totals (the grace).
+    sc.write(&format!(
+        "devices:\n  - uuid: {GPU0}\n    memory: {{total: 150754820096, reserved: 644939776, used: 0}}\n    utilization: {{gpu: 93, memory: 41}}\n  - uuid: {GPU1}\n    memory: {{total: 85899345920, reserved: 536870912, used: 0}}\n"
+    ));
+    let api = wait_for(Duration::from_secs(10), "totals standing still", || {
+        let (_, a) = json(&ex, "/api/v1/snapshot");
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, b) = json(&ex, "/api/v1/snapshot");
+        let still = a["workloads"]["since_start"]["workloads"]
+            == b["workloads"]["since_start"]["workloads"]
+            && a["workloads"]["last_hour"]["workloads"] == b["workloads"]["last_hour"]["workloads"];
+        let none = b["gpus"][0]["processes"]
+            .as_array()
+            .is_some_and(|p| p.is_empty());
+        (still && none).then_some(b)
+    });
+    let mut want: Vec<Value> = Vec::new();
+    for window in ["last_hour", "since_start"] {
+        let list = api["workloads"][window]["workloads"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(list.len() >= 4, "{window}: {list:?}");
+        let rows: Vec<Vec<String>> = list
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let s = |k: &str| w[k].as_str().unwrap_or("").to_string();
+                let (kind, name) = match w["kind"].as_str() {
+                    Some("pod") => ("pod", format!("{}/{}", s("namespace"), s("pod"))),
+                    Some("slurm_job") => ("Slurm job", s("slurm_job")),
+                    Some("container") => {
+                        ("container", s("container_id").chars().take(12).collect())
+                    }
+                    _ => ("user", s("user")),
+                };
+                vec![
+                    (i + 1).to_string(),
+                    kind.to_string(),
+                    name,
+                    hours(w["memory_gib_hours"].as_f64().unwrap_or(-1.0)),
+                    hours(w["busy_gpu_hours"].as_f64().unwrap_or(-1.0)),
+                ]
+            })
+            .collect();
+        want.push(serde_json::json!(rows));
+    }
+    // The trainer's 10 GiB is the largest.
+    assert_eq!(want[1][0][2], "team-a/trainer-0", "{want:?}");
+    let mut b = Browser::start(1280, 900);
+    b.navigate(&format!("http://{}/", ex.addr));
+    let dom = b.wait_until(
+        Duration::from_secs(20),
+        "both ranking tables as the API's",
+        READ_RANKING,
+        |d| {
+            d.as_array().is_some_and(|r| r.len() == 2)
+                && d[0]["rows"] == want[0]
+                && d[1]["rows"] == want[1]
+        },
+    );
+    assert_eq!(dom[0]["window"], "last-hour");
+    assert!(
+        dom[1]["title"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("Workloads by memory-hours since start (")),
+        "{dom:#}"
+    );
+}

@@ -288,3 +288,99 @@ fn a_full_disk_keeps_a_complete_file() {
         std::fs::remove_file(&path).unwrap();
     }
 }
+
+/// The summary's torch fields with the bridge: the peak allocated and
+/// the peak reserved are the largest the bridge reported over the
+/// recording (its figures change half-way: the peaks rise, the current
+/// figures fall), the cache's share is (reserved − allocated) / reserved
+/// of those peaks, and the OOMs the bridge's count; on stderr and in the
+/// JSON.
+#[test]
+fn the_summary_carries_torch_peaks_and_ooms_when_bridged() {
+    const CUDA_UUID: &str = "13131313-0000-0000-0000-000000000000";
+    let stats = |alloc: u64, reserved: u64, alloc_peak: u64, reserved_peak: u64, ooms: u64| {
+        serde_json::json!({
+            "allocated_bytes.all.current": alloc,
+            "reserved_bytes.all.current": reserved,
+            "allocated_bytes.all.peak": alloc_peak,
+            "reserved_bytes.all.peak": reserved_peak,
+            "active_bytes.all.current": alloc,
+            "inactive_split_bytes.all.current": 0,
+            "num_alloc_retries": 1,
+            "num_ooms": ooms,
+        })
+    };
+    let gib = 1u64 << 30;
+    let state = StubState::new(&[(CUDA_UUID, stats(3 * gib, 5 * gib, 4 * gib, 6 * gib, 1))]);
+    let py = Py::bridge(&state, "");
+    let sc = Scenario::new(&scenario(12 << 30, &[(py.pid, 10 << 30)]));
+    let out_path = sc.dir.path().join("run.csv");
+    let child = record(
+        &sc,
+        &[
+            "-o",
+            path_str(&out_path),
+            "--duration",
+            "7s",
+            "--sample-interval",
+            "200ms",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("record");
+    // The fd fallback first looks 2 s after the process is seen: change
+    // the figures once the first ones are in the recording.
+    wait_for(Duration::from_secs(6), "the first torch figures", || {
+        read_csv_if_any(&out_path)
+            .iter()
+            .any(|r| {
+                r.get("kind") == "process"
+                    && r.get("torch_allocated_bytes") == (3 * gib).to_string()
+            })
+            .then_some(())
+    });
+    state.write(&[(CUDA_UUID, stats(2 * gib, 8 * gib, 7 * gib, 9 * gib, 3))]);
+    let out = wait_output(child, Duration::from_secs(20));
+    assert_ok(&out, "record");
+    let rows = read_csv(&out_path);
+    assert!(
+        rows.iter().any(|r| r.get("kind") == "process"
+            && r.get("torch_allocated_bytes") == (2 * gib).to_string()),
+        "the second figures recorded too"
+    );
+    let json = std::fs::read_to_string(sc.dir.path().join("run.csv.summary.json"))
+        .expect("the summary beside the recording");
+    let v: Value = serde_json::from_str(&json).expect("summary JSON");
+    let procs = v["processes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(procs.len(), 1, "{json}");
+    let p = &procs[0];
+    assert_eq!(p["pid"], py.pid, "{json}");
+    assert_eq!(p["torch_peak_allocated_bytes"], 7 * gib, "{json}");
+    assert_eq!(p["torch_peak_reserved_bytes"], 9 * gib, "{json}");
+    assert_eq!(p["torch_cache_share"], 2.0 / 9.0, "{json}");
+    assert_eq!(p["torch_ooms"], 3, "{json}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("torch peak allocated 7168.0 MiB of peak reserved 9216.0 MiB, 3 OOMs"),
+        "{stderr}"
+    );
+}
+
+/// The complete rows of a CSV recording still being written (none yet:
+/// nothing).
+fn read_csv_if_any(path: &std::path::Path) -> Vec<Row> {
+    let Ok(mut r) = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(true)
+        .from_path(path)
+    else {
+        return Vec::new();
+    };
+    r.records()
+        .filter_map(Result::ok)
+        .filter(|rec| rec.len() == COLUMNS.len())
+        .map(|rec| Row(rec.iter().map(str::to_string).collect()))
+        .collect()
+}

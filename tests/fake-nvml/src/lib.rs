@@ -68,6 +68,9 @@
 //!       decoder: 0                   # nvmlDeviceGetDecoderUtilization (period 167000 µs)
 //!     process_utilization:           # nvmlDeviceGetProcessUtilization; [] = no samples
 //!       - {pid: 436, sm: 97, memory: 22, encoder: 0, decoder: 0}   # percent, default 0
+//!     utilization_samples: {gpu: 50, period_us: 166667}   # nvmlDeviceGetSamples
+//!                                    # (NVML_GPU_UTILIZATION_SAMPLES): `gpu` % every period_us
+//!                                    # (default 166667) on the wall clock, the newest 120
 //!     temperature_c: 62              # nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)
 //!     power_mw: 692700               # nvmlDeviceGetPowerUsage
 //!     power_limit_mw: 700000         # nvmlDeviceGetEnforcedPowerLimit

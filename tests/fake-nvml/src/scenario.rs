@@ -141,6 +141,8 @@ struct DeviceFile {
     #[serde(default)]
     process_utilization: Option<Vec<ProcessUtilizationFile>>,
     #[serde(default)]
+    utilization_samples: Option<UtilizationSamplesFile>,
+    #[serde(default)]
     temperature_c: Option<u32>,
     #[serde(default)]
     power_mw: Option<u32>,
@@ -288,6 +290,30 @@ fn gpm(at: &str, g: Option<GpmFile>) -> Result<Option<Vec<(u32, f64)>>, String> 
         out.push((id, v));
     }
     Ok(Some(out))
+}
+
+/// `utilization_samples`: nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES).
+#[derive(Deserialize, Debug, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+struct UtilizationSamplesFile {
+    gpu: u32,
+    #[serde(default = "default_sample_period_us")]
+    period_us: u64,
+}
+
+fn default_sample_period_us() -> u64 {
+    UTILIZATION_SAMPLE_PERIOD_US
+}
+
+/// What an H200 samples GPU utilisation at (1/6 s).
+pub const UTILIZATION_SAMPLE_PERIOD_US: u64 = 166_667;
+
+/// NVML's GPU utilisation samples of one GPU: a sample of `gpu` percent
+/// every `period_us`, on the wall clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UtilizationSamples {
+    pub gpu: u32,
+    pub period_us: u64,
 }
 
 /// Percentages; each missing one makes its call NOT_SUPPORTED.
@@ -516,6 +542,7 @@ pub struct Telemetry {
     pub encoder_util: Option<u32>,
     pub decoder_util: Option<u32>,
     pub process_utilization: Option<Vec<ProcessUtilization>>,
+    pub utilization_samples: Option<UtilizationSamples>,
     pub temperature_c: Option<u32>,
     pub power_mw: Option<u32>,
     pub power_limit_mw: Option<u32>,
@@ -957,6 +984,22 @@ fn telemetry(at: &str, d: &DeviceFile) -> Result<Telemetry, String> {
         encoder_util: percent(&format!("{at}.utilization.encoder"), u.encoder)?,
         decoder_util: percent(&format!("{at}.utilization.decoder"), u.decoder)?,
         process_utilization,
+        utilization_samples: match d.utilization_samples {
+            None => None,
+            Some(f) => {
+                percent(&format!("{at}.utilization_samples.gpu"), Some(f.gpu))?;
+                if f.period_us == 0 || f.period_us > 10_000_000 {
+                    return Err(format!(
+                        "{at}.utilization_samples.period_us: {} is not within 1..=10000000",
+                        f.period_us
+                    ));
+                }
+                Some(UtilizationSamples {
+                    gpu: f.gpu,
+                    period_us: f.period_us,
+                })
+            }
+        },
         temperature_c: d.temperature_c,
         power_mw: d.power_mw,
         power_limit_mw: d.power_limit_mw,

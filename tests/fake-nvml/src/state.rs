@@ -125,6 +125,7 @@ impl State {
                 let mtime_us = u64::try_from(id.mtime_ns / 1000).unwrap_or(0);
                 s.sample_base_us = mtime_us.max(self.next_sample_us);
                 self.next_sample_us = s.sample_base_us.saturating_add(s.sample_span());
+                crate::telemetry::note_scenario(&s);
                 self.scenario = Some(Arc::new(s));
                 Ok(())
             }

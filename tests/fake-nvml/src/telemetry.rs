@@ -116,6 +116,144 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     })
 }
 
+/// Samples NVML keeps per GPU (the count a NULL-buffer query answers).
+pub const UTILIZATION_SAMPLE_BUFFER: usize = 120;
+
+/// Per GPU (UUID): since when (wall clock µs) each scenario's
+/// `utilization_samples` was in force, oldest first, so a sample keeps the
+/// value of the scenario it was taken under after the file changes.
+static SAMPLE_HISTORY: std::sync::Mutex<
+    Vec<(
+        String,
+        Vec<(u64, Option<crate::scenario::UtilizationSamples>)>,
+    )>,
+> = std::sync::Mutex::new(Vec::new());
+
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// A scenario was loaded: from now on its GPUs sample as it says.
+pub fn note_scenario(s: &Scenario) {
+    let at = now_us();
+    let mut h = SAMPLE_HISTORY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for g in &s.gpus {
+        let v = g.telemetry.utilization_samples;
+        let i = match h.iter().position(|(u, _)| *u == g.uuid) {
+            Some(i) => i,
+            None => {
+                h.push((g.uuid.clone(), Vec::new()));
+                h.len() - 1
+            }
+        };
+        let list = &mut h[i].1;
+        if list.last().map(|l| l.1) != Some(v) {
+            list.push((at, v));
+        }
+        // A few minutes of changes is all a buffer of samples can reach.
+        if list.len() > 64 {
+            list.remove(0);
+        }
+    }
+}
+
+/// GPU `uuid`'s samples newer than `last_seen` up to `now`, at most the
+/// buffer's newest: (timestamp µs, percent).
+fn utilization_samples(uuid: &str, last_seen: u64, now: u64) -> Vec<(u64, u32)> {
+    let h = SAMPLE_HISTORY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some((_, list)) = h.iter().find(|(u, _)| u == uuid) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (i, (since, v)) in list.iter().enumerate() {
+        let Some(v) = v else { continue };
+        let until = list.get(i + 1).map_or(now.saturating_add(1), |n| n.0);
+        let p = v.period_us;
+        // Sample k is at k * period on the wall clock; none older than
+        // the buffer holds is asked for.
+        let from = (*since)
+            .max(last_seen.saturating_add(1))
+            .max(now.saturating_sub(p * UTILIZATION_SAMPLE_BUFFER as u64));
+        let mut k = from.div_ceil(p);
+        while k * p < until {
+            let t = k * p;
+            if t > last_seen && t <= now {
+                out.push((t, v.gpu));
+            }
+            k += 1;
+        }
+    }
+    let drop = out.len().saturating_sub(UTILIZATION_SAMPLE_BUFFER);
+    out.drain(..drop);
+    out
+}
+
+/// NVML_GPU_UTILIZATION_SAMPLES only (other types NOT_SUPPORTED, a type
+/// past the last INVALID_ARGUMENT). A NULL `samples` buffer: `*count` =
+/// the buffer's size and SUCCESS, as NVML answers; else the samples newer
+/// than `last_seen_time_stamp`, the newest that fit, `*count` = how many,
+/// NVML_VALUE_TYPE_UNSIGNED_INT; none newer: NOT_FOUND.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSamples(
+    device: nvmlDevice_t,
+    sample_type: nvmlSamplingType_t,
+    last_seen_time_stamp: c_ulonglong,
+    sample_val_type: *mut nvmlValueType_t,
+    sample_count: *mut c_uint,
+    samples: *mut nvmlSample_t,
+) -> nvmlReturn_t {
+    with_gpu("nvmlDeviceGetSamples", device, |_, g| {
+        if sample_count.is_null() || sample_val_type.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        if sample_type >= nvmlSamplingType_enum_NVML_SAMPLINGTYPE_COUNT {
+            return INVALID_ARGUMENT;
+        }
+        if sample_type != nvmlSamplingType_enum_NVML_GPU_UTILIZATION_SAMPLES
+            || g.telemetry.utilization_samples.is_none()
+        {
+            return NOT_SUPPORTED;
+        }
+        // SAFETY: non-null pointers from the caller.
+        unsafe { sample_val_type.write(nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT) };
+        if samples.is_null() {
+            let n = c_uint::try_from(UTILIZATION_SAMPLE_BUFFER).unwrap_or(c_uint::MAX);
+            // SAFETY: as above.
+            unsafe { sample_count.write(n) };
+            return SUCCESS;
+        }
+        let list = utilization_samples(&g.uuid, last_seen_time_stamp, now_us());
+        if list.is_empty() {
+            // SAFETY: as above.
+            unsafe { sample_count.write(0) };
+            return NOT_FOUND;
+        }
+        // SAFETY: as above.
+        let capacity = unsafe { sample_count.read() } as usize;
+        let skip = list.len().saturating_sub(capacity);
+        let kept = &list[skip..];
+        for (i, (t, pct)) in kept.iter().enumerate() {
+            let sample = nvmlSample_t {
+                timeStamp: *t,
+                sampleValue: nvmlValue_t { uiVal: *pct },
+            };
+            // SAFETY: the buffer holds `capacity` entries, i < capacity.
+            unsafe { samples.add(i).write(sample) };
+        }
+        let n = c_uint::try_from(kept.len()).unwrap_or(c_uint::MAX);
+        // SAFETY: as above.
+        unsafe { sample_count.write(n) };
+        SUCCESS
+    })
+}
+
 fn new_samples(
     s: &Scenario,
     list: &[crate::scenario::ProcessUtilization],
