@@ -66,6 +66,10 @@ fn main() {
     // The GpuSource calls the sampler times as "NVML" (driver + conversion
     // + merging compute and graphics lists by pid).
     let mut source = NvmlSource::open(Some(&lib)).expect("open fake NVML");
+    // Handles are made when a GPU is identified, as the sampler does first.
+    for i in 0..common::GPUS {
+        source.identify(i).expect("identify");
+    }
     let mut scratch: Vec<RawProcess> = Vec::with_capacity(2 * common::PROCESSES);
     let mut source_full = move || {
         for i in 0..common::GPUS {

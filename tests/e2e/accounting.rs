@@ -627,6 +627,3 @@ fn the_api_ranks_workloads_by_memory_time_over_the_last_hour_and_since_start() {
     );
     within(pod_bytes, X as f64 * t, "the pod: X for the ledger's T");
 }
-
-#[cfg(feature = "external-tools")]
-mod hour;

@@ -210,6 +210,7 @@ fn fixed_snapshot() -> Snapshot {
                 memory: Some(41),
                 encoder: Some(0),
                 decoder: None,
+                samples: None,
             })
             .with(PowerThermal {
                 temperature_c: Some(62),

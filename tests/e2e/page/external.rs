@@ -561,7 +561,23 @@ fn the_page_ranks_the_workloads_as_the_api_does() {
             .map(|(i, w)| {
                 let s = |k: &str| w[k].as_str().unwrap_or("").to_string();
                 let (kind, name) = match w["kind"].as_str() {
-                    Some("pod") => ("pod", format!("{}/{}", s("namespace"), s("pod"))),
+                    // A pod whose names the watcher did not know yet: its UID.
+                    Some("pod") => {
+                        let ns = s("namespace");
+                        let pod = if s("pod").is_empty() {
+                            s("pod_uid")
+                        } else {
+                            s("pod")
+                        };
+                        (
+                            "pod",
+                            if ns.is_empty() {
+                                pod
+                            } else {
+                                format!("{ns}/{pod}")
+                            },
+                        )
+                    }
                     Some("slurm_job") => ("Slurm job", s("slurm_job")),
                     Some("container") => {
                         ("container", s("container_id").chars().take(12).collect())
