@@ -235,7 +235,7 @@ fn operation_labels_are_unique() {
         .map(|o| o.label())
         .collect();
     let n = labels.len();
-    assert_eq!(n, 49, "the sampler's 22 and the collectors' 27");
+    assert_eq!(n, 50, "the sampler's 22 and the collectors' 28");
     labels.sort_unstable();
     labels.dedup();
     assert_eq!(labels.len(), n, "an operation label is declared twice");

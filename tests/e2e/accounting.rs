@@ -499,7 +499,10 @@ fn samples_scenario() -> String {
 #[test]
 fn busy_seconds_integrate_nvmls_utilisation_samples_and_fall_back_to_the_gauge() {
     let sc = Scenario::new(&samples_scenario());
-    let ex = Exporter::start(&sc, &["--sample-interval", "500ms"]);
+    // Full samples at the memory-sample rate: the samples are read at
+    // every snapshot, so the counter is a snapshot's to within a sample
+    // period (10 ms) and the span between two scrapes is its span.
+    let ex = Exporter::start(&sc, &["--sample-interval", "100ms"]);
     let gpu0 = [("gpu", "0"), ("uuid", UUID0)];
     let gpu1 = [("gpu", "1"), ("uuid", UUID1)];
     wait_for(Duration::from_secs(10), "busy seconds of both GPUs", || {
@@ -508,21 +511,29 @@ fn busy_seconds_integrate_nvmls_utilisation_samples_and_fall_back_to_the_gauge()
             && m.find("gpu_busy_seconds_total", &gpu1).len() == 1)
             .then_some(())
     });
-    let (t1, m1) = scrape(&ex);
-    std::thread::sleep(Duration::from_secs(6));
-    let (t2, m2) = scrape(&ex);
-    let span = t2 - t1;
-    let busy = |m: &Metrics, l: &[(&str, &str)]| one(m, "gpu_busy_seconds_total", l);
-    within(
-        busy(&m2, &gpu0) - busy(&m1, &gpu0),
-        0.5 * span,
-        "GPU 0 from its samples",
-    );
-    within(
-        busy(&m2, &gpu1) - busy(&m1, &gpu1),
-        0.4 * span,
-        "GPU 1 from its gauge",
-    );
+    // A scrape every 250 ms for 6 s, the counter against the snapshot's
+    // time: the least-squares slope, so one scrape that lagged its samples
+    // (a tick preempted on a loaded machine) weighs little.
+    let mut points: Vec<(f64, f64, f64)> = Vec::new();
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(6) {
+        let (t, m) = scrape(&ex);
+        let busy = |l: &[(&str, &str)]| one(&m, "gpu_busy_seconds_total", l);
+        points.push((t, busy(&gpu0), busy(&gpu1)));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let span = points[points.len() - 1].0 - points[0].0;
+    let slope = |pick: fn(&(f64, f64, f64)) -> f64| {
+        let n = points.len() as f64;
+        let mt = points.iter().map(|p| p.0).sum::<f64>() / n;
+        let mv = points.iter().map(pick).sum::<f64>() / n;
+        let num: f64 = points.iter().map(|p| (p.0 - mt) * (pick(p) - mv)).sum();
+        let den: f64 = points.iter().map(|p| (p.0 - mt) * (p.0 - mt)).sum();
+        num / den
+    };
+    eprintln!("{} scrapes over {span:.2} s", points.len());
+    within(slope(|p| p.1) * span, 0.5 * span, "GPU 0 from its samples");
+    within(slope(|p| p.2) * span, 0.4 * span, "GPU 1 from its gauge");
     ex.assert_logged_once("NVML has no utilisation samples for this GPU");
     let log = ex.stderr();
     let line = log
