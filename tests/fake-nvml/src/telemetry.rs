@@ -119,15 +119,14 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
 /// Samples NVML keeps per GPU (the count a NULL-buffer query answers).
 pub const UTILIZATION_SAMPLE_BUFFER: usize = 120;
 
+/// One GPU's `utilization_samples` since when (µs), oldest first.
+type SampleChanges = Vec<(u64, Option<crate::scenario::UtilizationSamples>)>;
+
 /// Per GPU (UUID): since when (wall clock µs) each scenario's
 /// `utilization_samples` was in force, oldest first, so a sample keeps the
 /// value of the scenario it was taken under after the file changes.
-static SAMPLE_HISTORY: std::sync::Mutex<
-    Vec<(
-        String,
-        Vec<(u64, Option<crate::scenario::UtilizationSamples>)>,
-    )>,
-> = std::sync::Mutex::new(Vec::new());
+static SAMPLE_HISTORY: std::sync::Mutex<Vec<(String, SampleChanges)>> =
+    std::sync::Mutex::new(Vec::new());
 
 fn now_us() -> u64 {
     std::time::SystemTime::now()
