@@ -259,6 +259,9 @@ fn a_mig_allocation_is_idle_while_its_jobs_process_runs_on_another_instance() {
     let (all, idle) = allocation_seconds(&a, &key).unwrap_or_default();
     close(all, 5.0);
     close(idle, 2.0);
+}
+
+#[test]
 fn the_ranking_keeps_the_last_hour_and_since_start_with_ended_workloads() {
     let alice = ident("alice", None);
     let bob = ident("bob", None);
