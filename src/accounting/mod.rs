@@ -239,12 +239,20 @@ impl Ledger {
         }
         for p in new {
             if let Some(w) = Workload::of(&p.ident) {
-                let a = loads
-                    .entry((w, Arc::clone(uuid)))
-                    .or_insert_with(|| WorkloadAccount {
-                        since: t,
-                        ..WorkloadAccount::default()
-                    });
+                let key = (w, Arc::clone(uuid));
+                // A pod first seen by UID alone, named now: the same
+                // account, under its names from now on.
+                if let Some((old, _)) = loads.get_key_value(&key)
+                    && !old.0.same_names(&key.0)
+                    && !p.ident.pod.is_empty()
+                    && let Some(a) = loads.remove(&key)
+                {
+                    loads.insert(key.clone(), a);
+                }
+                let a = loads.entry(key).or_insert_with(|| WorkloadAccount {
+                    since: t,
+                    ..WorkloadAccount::default()
+                });
                 a.live = true;
                 a.last_seen = t;
             }

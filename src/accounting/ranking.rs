@@ -19,7 +19,7 @@
 //! accounts (live workloads and those within the grace). Hand-written:
 //! a few sums over maps.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use super::workload_totals_of;
@@ -208,8 +208,16 @@ pub(crate) fn rank(s: &Snapshot, limit: usize) -> (Ranked, Ranked) {
             since.entry(key.0.clone()).or_default().add(*then);
         }
     }
+    // A pod named since its totals were kept (by UID alone): listed under
+    // the names its live account carries now.
+    let live: HashSet<&Workload> = a.workloads.keys().map(|(w, _)| w).collect();
+    let named = |w: Workload| match live.get(&w) {
+        Some(l) if !l.same_names(&w) => (*l).clone(),
+        _ => w,
+    };
     let window = |start: f64, map, omitted: WorkloadTotals| {
         let (workloads, mut rest) = largest(map, limit);
+        let workloads = workloads.into_iter().map(|(w, t)| (named(w), t)).collect();
         rest.add(omitted);
         Ranked {
             seconds: (a.seconds - start).max(0.0),

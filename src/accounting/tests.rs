@@ -389,3 +389,39 @@ fn nvml_utilisation_samples_are_counted_once_per_read_instead_of_the_gauge() {
     );
     close(w[&user].1, 5.0);
 }
+
+#[test]
+fn a_pod_named_after_its_first_samples_stays_one_workload() {
+    let by_uid = Arc::new(ProcIdentity {
+        pod_uid: Arc::from("aaaaaaaa-0000-0000-0000-000000000001"),
+        ..Default::default()
+    });
+    let named = Arc::new(ProcIdentity {
+        namespace: Arc::from("team-a"),
+        pod: Arc::from("trainer-0"),
+        pod_uid: Arc::from("aaaaaaaa-0000-0000-0000-000000000001"),
+        ..Default::default()
+    });
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    // 2 s seen by UID only (the pod watcher had not named it yet), then
+    // 3 s by its names: one account of 5 GiB.s, under the names.
+    let early: Arc<[ProcessSample]> = Arc::from(vec![proc(40, GIB, &by_uid)]);
+    l.record(&snap(Some(GIB), None, &early), at(0));
+    let late: Arc<[ProcessSample]> = Arc::from(vec![proc(40, GIB, &named)]);
+    l.record(&snap(Some(GIB), None, &late), at(2000));
+    let a = l.record(&snap(Some(GIB), None, &late), at(5000));
+    let totals = workload_totals_of(&a, &snap(Some(GIB), None, &late).devices);
+    assert_eq!(totals.len(), 1, "{totals:?}");
+    let ((w, _), (bytes, _)) = totals.iter().next().unwrap();
+    assert_eq!(
+        w.labels(),
+        vec![
+            ("namespace", "team-a"),
+            ("pod", "trainer-0"),
+            ("pod_uid", "aaaaaaaa-0000-0000-0000-000000000001")
+        ]
+    );
+    close(*bytes, 5.0 * GIB as f64);
+}

@@ -135,10 +135,16 @@ pub struct WorkloadAccount {
 /// Who a process's memory-time is charged to: its pod, else its Slurm job,
 /// else its container, else its user. Ordered, so families come out in a
 /// stable order.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+///
+/// A pod is one workload by its UID alone: its names come from the pod
+/// watcher and may arrive after its first processes were seen, and a pod
+/// named late must not become two workloads (one by UID, one by names).
+/// Equality, order and hash therefore read [`Workload::identity`]; the
+/// names ride along, and the ledger refreshes them ([`Workload::same_names`]).
+#[derive(Debug, Clone)]
 pub enum Workload {
     /// A pod, by UID (from the cgroup path) with its names where the pod
-    /// watcher knows them.
+    /// watcher knows them; by its names only where no UID is known.
     Pod {
         namespace: Arc<str>,
         pod: Arc<str>,
@@ -155,7 +161,78 @@ pub enum Workload {
     },
 }
 
+/// What tells one workload from another (see [`Workload`]).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Identity<'a> {
+    PodUid(&'a str),
+    PodNames(&'a str, &'a str),
+    SlurmJob(&'a str),
+    Container(&'a str),
+    User(&'a str),
+}
+
+impl PartialEq for Workload {
+    fn eq(&self, other: &Self) -> bool {
+        self.identity() == other.identity()
+    }
+}
+
+impl Eq for Workload {}
+
+impl PartialOrd for Workload {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Workload {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.identity().cmp(&other.identity())
+    }
+}
+
+impl std::hash::Hash for Workload {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.identity().hash(state);
+    }
+}
+
 impl Workload {
+    fn identity(&self) -> Identity<'_> {
+        match self {
+            Workload::Pod {
+                namespace,
+                pod,
+                pod_uid,
+            } => {
+                if pod_uid.is_empty() {
+                    Identity::PodNames(namespace, pod)
+                } else {
+                    Identity::PodUid(pod_uid)
+                }
+            }
+            Workload::SlurmJob { job } => Identity::SlurmJob(job),
+            Workload::Container { container_id } => Identity::Container(container_id),
+            Workload::User { user } => Identity::User(user),
+        }
+    }
+
+    /// Whether `self` and `other` (the same workload) carry the same
+    /// names: false once a pod seen by UID alone has been named.
+    pub fn same_names(&self, other: &Workload) -> bool {
+        match (self, other) {
+            (
+                Workload::Pod { namespace, pod, .. },
+                Workload::Pod {
+                    namespace: n2,
+                    pod: p2,
+                    ..
+                },
+            ) => namespace == n2 && pod == p2,
+            _ => true,
+        }
+    }
+
     /// The workload a process belongs to; `None` when nothing is known of
     /// it (not visible in /proc).
     pub fn of(ident: &ProcIdentity) -> Option<Workload> {
