@@ -11,7 +11,8 @@
 //! What the test changes in the shipped files, and why: the example hosts
 //! and ports (loopback, free ports), paths (temporary directories), the
 //! Kubernetes job (needs a cluster; the static hosts job is the one run),
-//! the scrape and evaluation intervals (1 s), VictoriaMetrics'
+//! the scrape and evaluation intervals (1 s), vmalert's remote-write flush
+//! (500 ms, not 5 s), VictoriaMetrics'
 //! `-search.latencyOffset` (1 s: samples are queryable a second after they
 //! arrive, not 30 s), and Alertmanager's `group_wait` / `group_interval`
 //! (1 s, not 30 s / 5 min). The rules file is the shipped one, unchanged.
@@ -86,8 +87,7 @@ fn logs(procs: &[&Proc]) -> String {
 }
 
 #[test]
-fn gpu_memory_high_reaches_the_webhook_through_vmagent_victoria_metrics_vmalert_and_alertmanager()
-{
+fn gpu_memory_high_reaches_the_webhook_through_vmagent_victoria_metrics_vmalert_and_alertmanager() {
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let sc = Scenario::new(&scenario(80_000_000_000));
@@ -168,7 +168,12 @@ fn gpu_memory_high_reaches_the_webhook_through_vmagent_victoria_metrics_vmalert_
         ("severity", "warning"),
     ];
     for (k, v) in want {
-        assert_eq!(l[k], v, "label {k} of {firing}\n{}", logs(&[&vm, &alerter, &am]));
+        assert_eq!(
+            l[k],
+            v,
+            "label {k} of {firing}\n{}",
+            logs(&[&vm, &alerter, &am])
+        );
     }
     assert_eq!(l["instance"], ex.addr.to_string(), "{firing}");
     let a = &firing["annotations"];
@@ -183,11 +188,17 @@ fn gpu_memory_high_reaches_the_webhook_through_vmagent_victoria_metrics_vmalert_
         "the description templated with the GPU and its share: {description}"
     );
     // The message went to the warning receiver's path, and not as critical.
-    let to_team = hook
-        .received()
-        .iter()
-        .any(|m| m["receiver"] == "gpu-team" && m["alerts"].as_array().is_some_and(|v| v.iter().any(gpu0_high)));
-    assert!(to_team, "delivered to receiver gpu-team: {:?}", hook.received());
+    let to_team = hook.received().iter().any(|m| {
+        m["receiver"] == "gpu-team"
+            && m["alerts"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(gpu0_high))
+    });
+    assert!(
+        to_team,
+        "delivered to receiver gpu-team: {:?}",
+        hook.received()
+    );
     assert_eq!(vmalert_state(&alerter).as_deref(), Some("firing"));
 
     // The memory drops: resolved at the webhook.
@@ -226,7 +237,10 @@ fn prometheus_in_agent_mode_remote_writes_the_shipped_job_into_victoria_metrics(
     let args = vec![
         "--enable-feature=agent".to_string(),
         format!("--config.file={}", config.display()),
-        format!("--storage.agent.path={}", dir.path().join("agent").display()),
+        format!(
+            "--storage.agent.path={}",
+            dir.path().join("agent").display()
+        ),
         format!("--web.listen-address={addr}"),
         "--log.level=warn".into(),
     ];
