@@ -261,3 +261,61 @@ fn prometheus_in_agent_mode_remote_writes_the_shipped_job_into_victoria_metrics(
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// The shipped files pass the checks of the programs that read them:
+/// `amtool check-config`, `vmagent -dryRun` (Kubernetes job included) and
+/// `vmalert -dryRun` on the shipped rules.
+#[test]
+fn the_shipped_fleet_files_pass_their_programs_checks() {
+    let check = |program: &'static str, args: &[String]| {
+        let out = std::process::Command::new(fleet::require(program))
+            .args(args)
+            .current_dir(repo())
+            .output()
+            .unwrap_or_else(|e| panic!("run {program}: {e}"));
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {}\n{}",
+            out.status,
+            output_text(&out)
+        );
+    };
+    check(
+        "amtool",
+        &[
+            "check-config".into(),
+            "deploy/fleet/alertmanager.yml".into(),
+        ],
+    );
+    check(
+        "vmagent",
+        &[
+            "-dryRun".into(),
+            "-promscrape.config=deploy/fleet/vmagent.yml".into(),
+            "-promscrape.config.strictParse".into(),
+        ],
+    );
+    check(
+        "vmalert",
+        &["-dryRun".into(), "-rule=deploy/prometheus/rules.yml".into()],
+    );
+    // Every shipped flag is one the program knows: it would refuse to
+    // start otherwise (`-dryRun` checks the flags too).
+    for (program, file) in [("vmagent", "vmagent"), ("vmalert", "vmalert")] {
+        let mut flags = fleet::shipped_flags(
+            file,
+            &[],
+            &[
+                "-dryRun".into(),
+                "-promscrape.config=deploy/fleet/vmagent.yml".into(),
+                "-rule=deploy/prometheus/rules.yml".into(),
+            ],
+        );
+        if program == "vmalert" {
+            flags.retain(|f| !f.starts_with("-promscrape."));
+        } else {
+            flags.retain(|f| !f.starts_with("-rule="));
+        }
+        check(program, &flags);
+    }
+}
