@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::harness::fleet::{
-    self, Proc, Webhook, alertmanager, http_post, loopback, victoria_metrics, vmagent, vmalert,
+    self, Proc, Webhook, alertmanager, http_post, victoria_metrics, vmagent, vmalert,
 };
 use crate::harness::*;
 
@@ -233,18 +233,18 @@ fn prometheus_in_agent_mode_remote_writes_the_shipped_job_into_victoria_metrics(
         Some(&vm_url),
         dir.path(),
     );
-    let addr = loopback();
-    let args = vec![
-        "--enable-feature=agent".to_string(),
-        format!("--config.file={}", config.display()),
-        format!(
-            "--storage.agent.path={}",
-            dir.path().join("agent").display()
-        ),
-        format!("--web.listen-address={addr}"),
-        "--log.level=warn".into(),
-    ];
-    let agent = Proc::start("prometheus", &args, dir.path(), addr, "/-/ready");
+    let agent = Proc::start("prometheus", dir.path(), "/-/ready", |addr| {
+        vec![
+            "--enable-feature=agent".to_string(),
+            format!("--config.file={}", config.display()),
+            format!(
+                "--storage.agent.path={}",
+                dir.path().join("agent").display()
+            ),
+            format!("--web.listen-address={addr}"),
+            "--log.level=warn".into(),
+        ]
+    });
     let q = format!(
         "gpu_memory_used_bytes{{job=\"gpumem-exporter\",cluster=\"gpu-cluster-1\",uuid=\"{GPU0}\"}}"
     );

@@ -86,15 +86,35 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Start `program args` in `dir` and wait until GET `ready` on `addr`
-    /// answers 200 (within 30 s).
+    /// Start `program` with the arguments `args` makes for a free loopback
+    /// address, in `dir`, and wait until GET `ready` there answers 200
+    /// (within 30 s). The port is picked before the program binds it:
+    /// another port if it was taken in between.
     pub fn start(
+        program: &'static str,
+        dir: &Path,
+        ready: &str,
+        args: impl Fn(SocketAddr) -> Vec<String>,
+    ) -> Proc {
+        let mut last = String::new();
+        for _ in 0..3 {
+            let addr = loopback();
+            match Self::try_start(program, &args(addr), dir, addr, ready) {
+                Ok(p) => return p,
+                Err(log) if log.contains("address already in use") => last = log,
+                Err(log) => panic!("{program} exited:\n{log}"),
+            }
+        }
+        panic!("{program} could not bind a free port:\n{last}")
+    }
+
+    fn try_start(
         program: &'static str,
         args: &[String],
         dir: &Path,
         addr: SocketAddr,
         ready: &str,
-    ) -> Proc {
+    ) -> Result<Proc, String> {
         let mut child = Command::new(require(program))
             .args(args)
             .current_dir(dir)
@@ -134,12 +154,17 @@ impl Proc {
         loop {
             if let Ok(Some(status)) = p.child.try_wait() {
                 std::thread::sleep(Duration::from_millis(100));
-                panic!("{program} exited ({status}):\n{}", p.log());
+                return Err(format!("exit {status}\n{}", p.log()));
             }
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
                 && http_get(addr, ready, &[]).status == 200
             {
-                return p;
+                // Ours, not another program's that took the port first.
+                std::thread::sleep(Duration::from_millis(100));
+                if p.child.try_wait().ok().flatten().is_none() {
+                    return Ok(p);
+                }
+                continue;
             }
             assert!(
                 started.elapsed() < Duration::from_secs(30),
@@ -209,18 +234,18 @@ pub fn loopback() -> SocketAddr {
 /// `-search.latencyOffset=1s` so a query sees samples a second after they
 /// arrive (the shipped default, 30 s, would make every wait 30 s longer).
 pub fn victoria_metrics(dir: &Path) -> Proc {
-    let addr = loopback();
-    let flags = shipped_flags(
-        "victoria-metrics",
-        &[],
-        &[
-            format!("-storageDataPath={}", dir.join("vm-data").display()),
-            format!("-httpListenAddr={addr}"),
-            "-search.latencyOffset=1s".into(),
-            "-loggerLevel=WARN".into(),
-        ],
-    );
-    Proc::start("victoria-metrics", &flags, dir, addr, "/health")
+    Proc::start("victoria-metrics", dir, "/health", |addr| {
+        shipped_flags(
+            "victoria-metrics",
+            &[],
+            &[
+                format!("-storageDataPath={}", dir.join("vm-data").display()),
+                format!("-httpListenAddr={addr}"),
+                "-search.latencyOffset=1s".into(),
+                "-loggerLevel=WARN".into(),
+            ],
+        )
+    })
 }
 
 /// The example hosts of the shipped flag files, replaced by these URLs.
@@ -267,23 +292,23 @@ pub fn scrape_config(
 /// vmagent with the shipped flags and deploy/fleet/vmagent.yml (see
 /// [`scrape_config`]), writing to `vm`.
 pub fn vmagent(dir: &Path, vm: &Proc, targets: &[String], interval: &str) -> Proc {
-    let addr = loopback();
     let config = scrape_config("vmagent.yml", targets, interval, None, dir);
     let vm_url = vm.url();
-    let flags = shipped_flags(
-        "vmagent",
-        &hosts(&vm_url, ""),
-        &[
-            format!("-promscrape.config={}", config.display()),
-            format!(
-                "-remoteWrite.tmpDataPath={}",
-                dir.join("vmagent-buffer").display()
-            ),
-            format!("-httpListenAddr={addr}"),
-            "-loggerLevel=WARN".into(),
-        ],
-    );
-    Proc::start("vmagent", &flags, dir, addr, "/health")
+    Proc::start("vmagent", dir, "/health", |addr| {
+        shipped_flags(
+            "vmagent",
+            &hosts(&vm_url, ""),
+            &[
+                format!("-promscrape.config={}", config.display()),
+                format!(
+                    "-remoteWrite.tmpDataPath={}",
+                    dir.join("vmagent-buffer").display()
+                ),
+                format!("-httpListenAddr={addr}"),
+                "-loggerLevel=WARN".into(),
+            ],
+        )
+    })
 }
 
 /// vmalert with the shipped flags (deploy/fleet/vmalert.flags): the
@@ -291,26 +316,26 @@ pub fn vmagent(dir: &Path, vm: &Proc, targets: &[String], interval: &str) -> Pro
 /// `notifier` (Alertmanager's URL, or any receiver of its API), evaluated
 /// every `interval`, what it records written within 500 ms.
 pub fn vmalert(dir: &Path, vm: &Proc, notifier: &str, interval: &str) -> Proc {
-    let addr = loopback();
     let vm_url = vm.url();
-    let flags = shipped_flags(
-        "vmalert",
-        &hosts(&vm_url, notifier),
-        &[
-            format!(
-                "-rule={}",
-                repo_file("deploy/prometheus/rules.yml").display()
-            ),
-            format!("-evaluationInterval={interval}"),
-            // Recorded series and ALERTS_FOR_STATE in VictoriaMetrics half
-            // a second after an evaluation, not up to 5 s (the default).
-            "-remoteWrite.flushInterval=500ms".into(),
-            format!("-httpListenAddr={addr}"),
-            format!("-external.url=http://{addr}"),
-            "-loggerLevel=WARN".into(),
-        ],
-    );
-    Proc::start("vmalert", &flags, dir, addr, "/health")
+    Proc::start("vmalert", dir, "/health", |addr| {
+        shipped_flags(
+            "vmalert",
+            &hosts(&vm_url, notifier),
+            &[
+                format!(
+                    "-rule={}",
+                    repo_file("deploy/prometheus/rules.yml").display()
+                ),
+                format!("-evaluationInterval={interval}"),
+                // Recorded series and ALERTS_FOR_STATE in VictoriaMetrics half
+                // a second after an evaluation, not up to 5 s (the default).
+                "-remoteWrite.flushInterval=500ms".into(),
+                format!("-httpListenAddr={addr}"),
+                format!("-external.url=http://{addr}"),
+                "-loggerLevel=WARN".into(),
+            ],
+        )
+    })
 }
 
 /// POST `body` to `path` on `addr` (Connection: close); the HTTP status.
@@ -398,7 +423,6 @@ impl Webhook {
 /// shipped 30s and 5m would make a test wait minutes for the first and the
 /// resolved message). Clustering off; its state in `dir`.
 pub fn alertmanager(dir: &Path, hook: &Webhook) -> Proc {
-    let addr = loopback();
     let path = repo_file("deploy/fleet/alertmanager.yml");
     let text = std::fs::read_to_string(&path).expect("read alertmanager.yml");
     let mut cfg: Value = serde_saphyr::from_str(&text).expect("parse alertmanager.yml");
@@ -419,15 +443,16 @@ pub fn alertmanager(dir: &Path, hook: &Webhook) -> Proc {
     assert!(hooks > 0, "alertmanager.yml has no webhook receiver");
     let file = dir.join("alertmanager.yml");
     std::fs::write(&file, cfg.to_string()).expect("write alertmanager.yml");
-    let args = vec![
-        format!("--config.file={}", file.display()),
-        format!("--storage.path={}", dir.join("am-data").display()),
-        format!("--web.listen-address={addr}"),
-        // No gossip port: one Alertmanager, nothing to peer with.
-        "--cluster.listen-address=".to_string(),
-        "--log.level=warn".to_string(),
-    ];
-    Proc::start("prometheus-alertmanager", &args, dir, addr, "/-/ready")
+    Proc::start("prometheus-alertmanager", dir, "/-/ready", |addr| {
+        vec![
+            format!("--config.file={}", file.display()),
+            format!("--storage.path={}", dir.join("am-data").display()),
+            format!("--web.listen-address={addr}"),
+            // No gossip port: one Alertmanager, nothing to peer with.
+            "--cluster.listen-address=".to_string(),
+            "--log.level=warn".to_string(),
+        ]
+    })
 }
 
 /// VictoriaMetrics fed by remote write (a Prometheus's: [`remote_write_to`])
