@@ -42,6 +42,11 @@ VictoriaMetrics. After `--warmup` s, over `--window` s:
   4 scrape intervals) as an instant query and as a range query over the
   window (step = scrape interval), 3 runs each, the median, slowest first.
 
+vmalert evaluates the shipped rules (deploy/prometheus/rules.yml) against the
+same VictoriaMetrics at the scrape interval (its alerts go to a sink), so the
+recorded rollups the dashboard reads exist; its CPU and each rule's last
+evaluation time are reported.
+
 Phase 2, 1,000 targets (`--standins`, 0 to skip): the exporters stop; one
 Python process serves the body that node 0 served last, unchanged, on
 `--standins` loopback ports (each a target, so each gets its own instance
@@ -310,6 +315,23 @@ class Stack:
              "-promscrape.maxScrapeSize=64MB"],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(base, "vmagent.log"), "w"))
         wait_http(f"http://127.0.0.1:{self.agent_port}/health", "vmagent")
+        # vmalert with the shipped rules at the scrape interval (the hourly
+        # accounting tiles keep their own interval), its alerts dropped:
+        # the recorded rollups the dashboard reads exist, and the rules'
+        # own query cost is measured.
+        self.alert_port, self.sink_port = free_port(), None
+        self.sink = socket.socket()
+        self.sink.bind(("127.0.0.1", 0))
+        self.sink.listen(64)
+        self.sink_port = self.sink.getsockname()[1]
+        threading.Thread(target=accept_and_ok, args=(self.sink,), daemon=True).start()
+        self.alert = subprocess.Popen(
+            ["vmalert", f"-rule={os.path.join(REPO, 'deploy', 'prometheus', 'rules.yml')}",
+             f"-datasource.url={self.url}", f"-remoteWrite.url={self.url}",
+             f"-notifier.url=http://127.0.0.1:{self.sink_port}", f"-evaluationInterval={interval}s",
+             f"-httpListenAddr=127.0.0.1:{self.alert_port}", "-loggerLevel=WARN"],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(base, "vmalert.log"), "w"))
+        wait_http(f"http://127.0.0.1:{self.alert_port}/health", "vmalert")
 
     def query(self, expr, **params):
         q = urllib.parse.urlencode(dict(query=expr, **params))
@@ -344,18 +366,55 @@ class Stack:
                 "total": du(self.storage)}
 
     def cpu(self):
-        return {"vm": cpu_seconds(self.vm.pid), "vmagent": cpu_seconds(self.agent.pid)}
+        return {"vm": cpu_seconds(self.vm.pid), "vmagent": cpu_seconds(self.agent.pid),
+                "vmalert": cpu_seconds(self.alert.pid)}
+
+    def rule_seconds(self):
+        """The slowest rule evaluations vmalert reports (its last one each)."""
+        groups = json.loads(get(f"http://127.0.0.1:{self.alert_port}/api/v1/rules"))["data"]["groups"]
+        rules = [(r.get("evaluationTime", 0.0), r["name"], r.get("lastError", ""))
+                 for g in groups for r in g["rules"]]
+        rules.sort(reverse=True)
+        return {"sum_s": sum(t for t, _, _ in rules), "slowest": rules[:5],
+                "errors": [(n, e) for _, n, e in rules if e]}
 
     def stop(self):
-        for p in (self.agent, self.vm):
+        for p in (self.alert, self.agent, self.vm):
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)
-        for p in (self.agent, self.vm):
+        for p in (self.alert, self.agent, self.vm):
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def accept_and_ok(sock):
+    """A notifier that takes vmalert's alerts and drops them."""
+    while True:
+        conn, _ = sock.accept()
+        try:
+            conn.settimeout(5)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            m = re.search(rb"(?i)content-length: *(\d+)", head)
+            want = int(m.group(1)) if m else 0
+            while len(body) < want:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                body += chunk
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        except OSError:
+            pass
+        finally:
+            conn.close()
 
 
 def panel_queries(rate_interval):
@@ -451,6 +510,7 @@ def measure(stack, n, interval, warmup, window, churn_expected):
         "bytes_per_node_day": bps * per_node_samples_s * 86400 + ips * (created_h * 24),
     }
     r["queries"] = time_queries(stack, t0, t1, interval)
+    r["rules"] = stack.rule_seconds()
     return r
 
 
@@ -503,6 +563,11 @@ def render(res):
                        + (f" error: {q['error']}" if q["error"] else ""))
         errs = [q for q in r["queries"] if q["error"]]
         out.append(f"\n{len(r['queries'])} panel queries timed, {len(errs)} failed.")
+        ru = r["rules"]
+        out.append(f"vmalert: {r['cpu_cores']['vmalert']:.2f} cores; one evaluation of every rule took "
+                   f"{ru['sum_s']:.2f} s in all; slowest: "
+                   + ", ".join(f"{n} {t:.3f} s" for t, n, _ in ru["slowest"])
+                   + (f"; errors: {ru['errors']}" if ru["errors"] else ""))
     return "\n".join(out) + "\n"
 
 

@@ -311,21 +311,19 @@ pub fn vmagent(dir: &Path, vm: &Proc, targets: &[String], interval: &str) -> Pro
     })
 }
 
-/// vmalert with the shipped flags (deploy/fleet/vmalert.flags): the
-/// shipped rules (deploy/prometheus/rules.yml) against `vm`, alerts to
+/// vmalert with the shipped flags (deploy/fleet/vmalert.flags): `rules`
+/// (deploy/prometheus/rules.yml, or its copy with every group at the
+/// global interval: `prom::rules_at_global_interval`) against `vm`, alerts to
 /// `notifier` (Alertmanager's URL, or any receiver of its API), evaluated
 /// every `interval`, what it records written within 500 ms.
-pub fn vmalert(dir: &Path, vm: &Proc, notifier: &str, interval: &str) -> Proc {
+pub fn vmalert(dir: &Path, rules: &Path, vm: &Proc, notifier: &str, interval: &str) -> Proc {
     let vm_url = vm.url();
     Proc::start("vmalert", dir, "/health", |addr| {
         shipped_flags(
             "vmalert",
             &hosts(&vm_url, notifier),
             &[
-                format!(
-                    "-rule={}",
-                    repo_file("deploy/prometheus/rules.yml").display()
-                ),
+                format!("-rule={}", rules.display()),
                 format!("-evaluationInterval={interval}"),
                 // Recorded series and ALERTS_FOR_STATE in VictoriaMetrics half
                 // a second after an evaluation, not up to 5 s (the default).
@@ -456,7 +454,8 @@ pub fn alertmanager(dir: &Path, hook: &Webhook) -> Proc {
 }
 
 /// VictoriaMetrics fed by remote write (a Prometheus's: [`remote_write_to`])
-/// and vmalert evaluating the shipped rules against it every `interval`,
+/// and vmalert evaluating the shipped rules against it every `interval`
+/// (every group: `prom::rules_at_global_interval`, as the Prometheus beside it),
 /// its alerts sent to a receiver in the test; all stopped on drop.
 pub struct VmStack {
     pub vmalert: Proc,
@@ -472,6 +471,7 @@ impl VmStack {
         let notifier = Webhook::start();
         let vmalert = vmalert(
             dir.path(),
+            super::prom::rules_at_global_interval(),
             &vm,
             &format!("http://{}", notifier.addr),
             interval,
