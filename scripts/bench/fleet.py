@@ -14,9 +14,11 @@ Needs: python3 (standard library only), victoria-metrics and vmagent
 Phase 1, the fleet: each node is an exporter with its own scenario file:
 `--gpus` GPUs with `--procs` processes each; processes churn at
 `--churn-per-hour` per node (one process on a random GPU replaced by a new
-pid, the scenario rewritten). `--mode` (pid, workload, off) writes
-`processes.series` into each exporter's config (a build without that key
-refuses it; pid writes nothing, today's behaviour). The exporters sample
+pid, the scenario rewritten). Each fake pid has an entry in the node's
+own /proc root (`--path.procfs`): `python3`, uid 2000 + its GPU's index,
+so a GPU's processes are one user's job (workload mode's workload).
+`--mode` (pid, workload, off) writes `processes.series` into each
+exporter's config (pid, the default, writes nothing). The exporters sample
 every `--sample-interval` (memory samples at the same interval: the
 machine's cores are shared, so the 1 s / 100 ms defaults are lowered; it
 changes no series and no sample count, only the exporters' CPU). vmagent
@@ -166,6 +168,7 @@ class Node:
         self.next_pid = 10000
         self.gpus = [[self.new_proc() for _ in range(args.procs)] for _ in range(args.gpus)]
         self.scenario = os.path.join(self.dir, "scenario.yaml")
+        self.proc = None
         self.write()
         config = f"sample_interval: {args.sample_interval}\nmemory_sample_interval: {args.sample_interval}\n"
         config += "kubernetes:\n  enabled: false\n"
@@ -175,6 +178,9 @@ class Node:
         # processes of the same numbers.
         self.proc = os.path.join(self.dir, "proc")
         os.makedirs(self.proc)
+        for g, procs in enumerate(self.gpus):
+            for pid, _ in procs:
+                self.write_proc(pid, g)
         cfg = os.path.join(self.dir, "config.yaml")
         with open(cfg, "w") as f:
             f.write(config)
@@ -191,10 +197,28 @@ class Node:
         self.next_pid += 1
         return (self.next_pid, random.randrange(1, 8) * 1_000_000_000)
 
+    def write_proc(self, pid, gpu):
+        """A /proc entry for a fake pid: the job of GPU `gpu` is one user's
+        (uid 2000 + gpu), so workload mode has a workload per GPU."""
+        d = os.path.join(self.proc, str(pid))
+        os.makedirs(d, exist_ok=True)
+        uid = 2000 + gpu
+        files = {"comm": "python3\n", "cmdline": "python3\0train.py\0",
+                 "stat": f"{pid} (python3) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {1000 + pid}\n",
+                 "status": f"Name:\tpython3\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n",
+                 "cgroup": f"0::/user.slice/user-{uid}.slice\n"}
+        for name, text in files.items():
+            with open(os.path.join(d, name), "w") as f:
+                f.write(text)
+
     def churn_one(self):
         g = random.randrange(len(self.gpus))
-        self.gpus[g][random.randrange(len(self.gpus[g]))] = self.new_proc()
+        i = random.randrange(len(self.gpus[g]))
+        old = self.gpus[g][i][0]
+        self.gpus[g][i] = self.new_proc()
+        self.write_proc(self.gpus[g][i][0], g)
         self.write()
+        shutil.rmtree(os.path.join(self.proc, str(old)), ignore_errors=True)
 
     def write(self):
         out = ["devices:"]
