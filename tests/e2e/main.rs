@@ -26,6 +26,9 @@
 //!   range header; 3,000 connections) while a scraper loses no scrape;
 //!   sslscan on the TLS listener.
 //! - `prometheus`: every dashboard query and rule in a real Prometheus.
+//! - `fleet`: the fleet path from the shipped deploy/fleet files: vmagent →
+//!   VictoriaMetrics → vmalert → Alertmanager → a webhook, GpuMemoryHigh
+//!   fired and resolved; Prometheus in agent mode remote-writing.
 //! - `empty_labels`: the same queries answer the same series whether the
 //!   exposition leaves empty labels out (it does) or writes them.
 //! - `kube_watch`: the pod watcher against the list/watch wire format.
@@ -106,6 +109,8 @@ mod ceiling; // root, cgroup v1, python3 children: the release exporter under it
 mod chaos; // the long run: every fault at once for CHAOS_SECONDS
 #[cfg(feature = "external-tools")]
 mod empty_labels; // a real Prometheus
+#[cfg(feature = "external-tools")]
+mod fleet; // victoria-metrics, vmagent, vmalert, prometheus-alertmanager, prometheus (agent mode)
 #[cfg(feature = "external-tools")]
 mod forecast; // faketime: the table of histories at 30x real speed
 #[cfg(feature = "external-tools")]

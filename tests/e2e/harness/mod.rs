@@ -3,18 +3,22 @@
 //! HTTP. Beside it:
 //! - `browser`: a headless Chromium driven over the DevTools protocol,
 //! - `cluster`: a fake node (/proc root, pods, Kubernetes list/watch API),
+//! - `fleet`: VictoriaMetrics, vmagent, vmalert, Prometheus in agent mode,
+//!   Alertmanager from the shipped deploy/fleet files, a webhook receiver,
 //! - `kubelet`: a fake kubelet's pod-resources gRPC API on a Unix socket,
 //! - `podman`: a real Podman with its state in a temp dir,
 //! - `prom`: a real Prometheus server, PromQL and Grafana helpers,
 //! - `python`: Python children running the torch bridge, the stub torch,
 //! - `tools`: the external programs the tests run.
 //!
-//! `browser`, `podman`, `prom`, `python` and `tools` start programs from outside the
+//! `browser`, `fleet`, `podman`, `prom`, `python` and `tools` start programs from outside the
 //! Rust toolchain, so they are built only with `--features external-tools`.
 
 #[cfg(feature = "external-tools")]
 pub mod browser;
 pub mod cluster;
+#[cfg(feature = "external-tools")]
+pub mod fleet;
 pub mod kubelet;
 #[cfg(feature = "external-tools")]
 pub mod podman;

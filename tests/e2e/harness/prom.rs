@@ -255,12 +255,46 @@ impl Prometheus {
             },
         }
     }
+}
 
+/// Where a test sends its PromQL and reads rule state: a [`Prometheus`]
+/// (which evaluates the rules itself), or VictoriaMetrics with vmalert
+/// (`fleet::VmStack`). Queries go to the query API, `rules_api` paths
+/// (`/api/v1/rules`, `/api/v1/alerts`) to whoever evaluates the rules.
+pub trait QueryApi {
+    /// Which server answers, for messages.
+    fn name(&self) -> &'static str;
+    /// An instant query, evaluated now.
+    fn query(&self, expr: &str) -> QueryResult;
+    /// An instant query evaluated at `time` (Unix seconds).
+    fn query_at(&self, expr: &str, time: f64) -> QueryResult;
+    /// GET a JSON path of the rule evaluator's API.
+    fn rules_api(&self, path: &str) -> Value;
+    /// What the servers logged.
+    fn log(&self) -> String;
     /// Number of series named `name` (0 when there is none).
-    pub fn series_count(&self, name: &str) -> usize {
+    fn series_count(&self, name: &str) -> usize {
         let q = self.query(&format!("count({{__name__=\"{name}\"}})"));
-        assert!(q.ok(), "count of {name}: {:?}", q.error);
+        assert!(q.ok(), "{}: count of {name}: {:?}", self.name(), q.error);
         q.values().first().map(|v| *v as usize).unwrap_or(0)
+    }
+}
+
+impl QueryApi for Prometheus {
+    fn name(&self) -> &'static str {
+        "Prometheus"
+    }
+    fn query(&self, expr: &str) -> QueryResult {
+        Prometheus::query(self, expr)
+    }
+    fn query_at(&self, expr: &str, time: f64) -> QueryResult {
+        Prometheus::query_at(self, expr, time)
+    }
+    fn rules_api(&self, path: &str) -> Value {
+        self.api(path)
+    }
+    fn log(&self) -> String {
+        Prometheus::log(self)
     }
 }
 
