@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::harness::cluster::{FakeNode, cgroup_crio, pods_resolved, team_pods, write_proc};
 use crate::harness::fleet::{
     self, Proc, Webhook, alertmanager, http_post, victoria_metrics, vmagent, vmalert,
 };
@@ -91,7 +92,23 @@ fn gpu_memory_high_reaches_the_webhook_through_vmagent_victoria_metrics_vmalert_
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let sc = Scenario::new(&scenario(80_000_000_000));
-    let ex = Exporter::start(&sc, &["--sample-interval", "500ms"]);
+    // GPU 0's one process is team-b's infer-7f9c pod (a CRI-O container in
+    // the fake /proc, its pod on the fake API): the alert names it.
+    let node = FakeNode::start(team_pods());
+    write_proc(
+        node.proc_root.path(),
+        4102,
+        "tritonserver",
+        1001,
+        &cgroup_crio('b'),
+        &[],
+    );
+    let ex = Exporter::with_config(&sc, &node.config(&sc, ""), &["--sample-interval", "500ms"]);
+    wait_for(
+        Duration::from_secs(20),
+        "pid 4102 named as pod infer-7f9c",
+        || pods_resolved(&ex.metrics(), &["infer-7f9c"]).then_some(()),
+    );
 
     let vm = victoria_metrics(dir.path());
     let hook = Webhook::start();
@@ -189,6 +206,13 @@ fn gpu_memory_high_reaches_the_webhook_through_vmagent_victoria_metrics_vmalert_
     assert!(
         description.contains(GPU0) && description.contains("93.13%"),
         "the description templated with the GPU and its share: {description}"
+    );
+    // vmalert's `query` template: the largest holder, from the process
+    // series, by its pod (a per-GPU alert's labels stay the GPU's, so a new
+    // largest holder does not restart `for:`).
+    assert!(
+        description.ends_with("Largest holder: pod team-b/infer-7f9c (74.51GiB)."),
+        "the description names GPU 0's largest holder: {description}"
     );
     // The message went to the warning receiver's path, and not as critical.
     let to_team = hook.received().iter().any(|m| {

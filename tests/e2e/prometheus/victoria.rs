@@ -11,8 +11,10 @@
 //!   `histogram_quantile` of all-zero rates: the hung exporter) may be
 //!   absent from VictoriaMetrics, which leaves NaN out of its answers;
 //! - the same values, by what the expression reads ([`Class`]): equal to
-//!   1e-9 relative or 1e-6 absolute (float rounding in `time() - x` on
-//!   Unix timestamps) for instant selectors; within [`WINDOW_REL`] relative
+//!   1e-9 relative or [`EXACT_ABS`] absolute (`time() - x` on Unix
+//!   timestamps: VictoriaMetrics keeps a float to about 15 significant
+//!   digits, so a stored 1.8e9 s timestamp comes back a few µs off — 1.9 µs
+//!   was seen) for instant selectors; within [`WINDOW_REL`] relative
 //!   (or [`WINDOW_ABS`] absolute, for values near 0) for a range window of
 //!   the test's length (the 10 s `$__rate_interval`, `*_over_time`) or a
 //!   recorded series. MetricsQL's rate takes the last sample before the
@@ -42,6 +44,10 @@ use super::{Targets, dashboard_queries, rules, variables};
 use crate::harness::fleet::VmStack;
 use crate::harness::prom::{Prometheus, QueryApi, QueryResult, grafana_substitute, metric_names};
 use crate::harness::unix_now;
+
+/// The absolute slack of an instant selector's value (seconds, for
+/// `time() - timestamp`): see the module doc.
+const EXACT_ABS: f64 = 1e-5;
 
 /// Relative tolerance for windowed expressions and recorded series.
 const WINDOW_REL: f64 = 0.25;
@@ -133,7 +139,7 @@ fn same_value(a: f64, b: f64, class: Class) -> bool {
     }
     let (d, scale) = ((a - b).abs(), a.abs().max(b.abs()));
     match class {
-        Class::Exact => d <= 1e-9 * scale || d <= 1e-6,
+        Class::Exact => d <= 1e-9 * scale || d <= EXACT_ABS,
         Class::Windowed => d <= WINDOW_REL * scale || d <= WINDOW_ABS,
         Class::SeriesOnly => true,
     }
