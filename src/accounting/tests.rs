@@ -156,15 +156,13 @@ fn totals_never_go_back_when_the_gpu_is_lost_or_re_enumerated() {
     close(gpu(&back).used_byte_seconds, 3.0 * GIB as f64);
 }
 
-#[test]
-fn an_allocated_gpu_without_a_process_of_its_job_counts_idle_seconds() {
-    let job7 = ident("bob", Some("7"));
-    let other = ident("eve", Some("8"));
-    let mut l = Ledger::new();
-    let t0 = Instant::now();
-    let at = |ms| t0 + Duration::from_millis(ms);
+/// Slurm job 7's allocation of `device`, and the snapshot of GPU 0 with
+/// `processes` and that one row in its job mapping.
+fn job7_holds(
+    device: AllocatedDevice,
+) -> (AllocationRow, impl Fn(&Arc<[ProcessSample]>) -> Snapshot) {
     let row = JobAllocation {
-        device: AllocatedDevice::GpuIndex { gpu: "0".into() },
+        device,
         job: "7".into(),
         uid: None,
     };
@@ -172,12 +170,22 @@ fn an_allocated_gpu_without_a_process_of_its_job_counts_idle_seconds() {
         allocations: Arc::from(vec![row.clone()]),
         ..Default::default()
     };
-    let with = |procs: &Arc<[ProcessSample]>| {
+    let with = move |procs: &Arc<[ProcessSample]>| {
         let mut s = snap(Some(GIB), None, procs);
         s.job_mapping = Some(mapping.clone());
         s
     };
-    let key = AllocationRow::Slurm(row);
+    (AllocationRow::Slurm(row), with)
+}
+
+#[test]
+fn an_allocated_gpu_without_a_process_of_its_job_counts_idle_seconds() {
+    let job7 = ident("bob", Some("7"));
+    let other = ident("eve", Some("8"));
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    let (key, with) = job7_holds(AllocatedDevice::GpuIndex { gpu: "0".into() });
     // Another job's process does not make it busy.
     let theirs: Arc<[ProcessSample]> = Arc::from(vec![proc(20, GIB, &other)]);
     l.record(&with(&theirs), at(0));
@@ -222,29 +230,15 @@ fn a_mig_allocation_is_idle_while_its_jobs_process_runs_on_another_instance() {
     let t0 = Instant::now();
     let at = |ms| t0 + Duration::from_millis(ms);
     // Job 7 holds GPU 0's GPU instance 1 (dcgm-exporter's `0.1` file name).
-    let row = JobAllocation {
-        device: AllocatedDevice::MigOfGpuIndex {
-            gpu: "0".into(),
-            gpu_instance_id: 1,
-        },
-        job: "7".into(),
-        uid: None,
-    };
-    let mapping = JobMappingState {
-        allocations: Arc::from(vec![row.clone()]),
-        ..Default::default()
-    };
-    let with = |procs: &Arc<[ProcessSample]>| {
-        let mut s = snap(Some(GIB), None, procs);
-        s.job_mapping = Some(mapping.clone());
-        s
-    };
+    let (key, with) = job7_holds(AllocatedDevice::MigOfGpuIndex {
+        gpu: "0".into(),
+        gpu_instance_id: 1,
+    });
     let on = |gi: u32, pid: u32| ProcessSample {
         gpu_instance_id: Some(gi),
         compute_instance_id: Some(0),
         ..proc(pid, GIB, &job7)
     };
-    let key = AllocationRow::Slurm(row);
     // Its process on instance 2 of the same GPU: instance 1 is idle.
     let elsewhere: Arc<[ProcessSample]> = Arc::from(vec![on(2, 30)]);
     l.record(&with(&elsewhere), at(0));
