@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Series churn per `processes.series` mode: how many series one node
 creates per hour when it runs 1,000 short processes an hour, on the fake
-NVML (issue 38).
+NVML (the series budget and per-workload series).
 
 The node: 8 GPUs; every process holds memory for `--lifetime` seconds and
 belongs to a job (a pod, by its cgroup path in a fake /proc root) that

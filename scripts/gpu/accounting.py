@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Real-GPU check of the memory-time counters and `record`'s summary
-(issue 37), about 110 s:
+(GPU-hours and GiB-hours accounting), about 110 s:
 
     python3 scripts/gpu/accounting.py [path/to/gpumem-exporter]   # default .dev/gpumem-exporter
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The forecast and GPM staleness on a real GPU (issue 39), GPU 0:
+"""The forecast and GPM staleness on a real GPU (the change-point forecast), GPU 0:
 
 a. ramps after a steady period: two processes hold memory steady (other
    jobs on the GPU); for each rate (default 0.75 and 2.5 GiB/s), after

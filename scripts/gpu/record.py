@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Real-GPU check of `gpumem-exporter record` (issue 13), under a minute:
+"""Real-GPU check of `gpumem-exporter record`, under a minute:
 
     OUT=/some/dir scripts/gpu/record.py [path/to/gpumem-exporter]   # default .dev/gpumem-exporter
 

@@ -74,7 +74,7 @@ for line in text.splitlines():
     if line.startswith(("gpu_memory", "gpu_process", "gpu_up", "gpu_info", "gpu_driver_info")):
         print(line)
 # Body size of this scrape (the torch holder listed), plain and as the
-# exporter gzips it: the figure issue 18 compares before / after.
+# exporter gzips it: the figure BENCHMARKS.md compares before / after leaving out empty labels.
 req = urllib.request.Request(f"http://127.0.0.1:{PORT}/metrics", headers={"Accept-Encoding": "gzip"})
 with urllib.request.urlopen(req, timeout=5) as r:
     gz = r.read()

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Real-GPU check of the bridge's per-step figures, the exporter's forecast
-and the threshold warning (issue 23), and what the step hook costs.
+and the threshold warning (GPUMEM_BRIDGE_WARN_AT), and what the step hook costs.
 
     scripts/gpu/torch-steps.py --exporter .dev/gpumem-exporter --out docs/results/torch-steps
     scripts/gpu/torch-steps.py --exporter ... --out ... --only a,c,d   # skip the 4-minute fill
