@@ -12,8 +12,10 @@ use std::time::Duration;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use prost::Message as _;
 
-use crate::attribute::{cgroup, containers, passwd, procfs, redact, slurm, torch};
+use crate::attribute::{cgroup, passwd, procfs, redact, slurm};
+use crate::bridge as torch;
 use crate::config::{JobMappingFormat, PodResourcesConfig};
+use crate::containers;
 use crate::http::{negotiate, web_config};
 use crate::model::AllocatedDevice;
 use crate::podres::{self, dra, proto};

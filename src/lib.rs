@@ -23,8 +23,10 @@
 pub(crate) mod accounting;
 pub(crate) mod attribute;
 pub(crate) mod backoff;
+pub(crate) mod bridge;
 pub(crate) mod collectors;
 pub(crate) mod config;
+pub(crate) mod containers;
 pub(crate) mod encoding;
 pub(crate) mod expose;
 pub(crate) mod fuzzing;

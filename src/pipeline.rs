@@ -18,15 +18,16 @@ use std::sync::mpsc::{Sender, SyncSender};
 use std::thread::JoinHandle;
 
 use crate::attribute::ProcCache;
-use crate::attribute::containers::{self, ContainerCache};
+use crate::bridge;
 use crate::config::{self, Config, Overrides};
+use crate::containers::{self, ContainerCache};
 use crate::gpu::GpuSource;
 use crate::jobmap::{self, JobMap};
 use crate::kube::{self, PodIndex, SliceIndex};
 use crate::model::Snapshot;
 use crate::podres::{self, PodResources};
-use crate::publish::Shared;
-use crate::sample::{self, Control, OpenFailure, StartError};
+use crate::publish::{Shared, Sources};
+use crate::sample::{self, Control, OpenFailure, Parts, StartError};
 use crate::signals::{self, Signals};
 use crate::telemetry::Telemetry;
 
@@ -71,58 +72,73 @@ impl Pipeline {
         F: Fn() -> Result<G, OpenFailure<E>> + Send + 'static,
     {
         let telemetry = Arc::new(Telemetry::new());
-        let pod_resources = config
-            .pod_resources
-            .as_ref()
-            .and_then(PodResources::if_socket_exists);
-        let job_mapping = config.job_mapping.as_ref().and_then(|cfg| {
-            let store = Arc::new(JobMap::default());
-            match jobmap::spawn(cfg.clone(), &store) {
-                Ok(_) => Some(store),
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot start the Slurm job-mapping reader thread: gpu_allocation_info has no Slurm rows");
-                    None
-                }
-            }
-        });
-        let shared = Arc::new(
-            Shared::new(config.timing.sample_interval, Arc::clone(&telemetry))
-                .with_pod_resources(pod_resources.clone())
-                .with_job_mapping(job_mapping.clone()),
-        );
+        let shared = Arc::new(Shared::new(
+            config.timing.sample_interval,
+            Arc::clone(&telemetry),
+        ));
         if sink.is_some() {
             shared.set_sink(sink);
         }
-        let pods = config
-            .kubernetes
-            .as_ref()
-            .map(|_| Arc::new(PodIndex::new()));
-        let slices =
-            (pods.is_some() && pod_resources.is_some()).then(|| Arc::new(SliceIndex::new()));
-        let mut lookup = ProcCache::from_config(&config.attribution, pods.clone());
-        if let Some(store) = job_mapping {
-            // A Slurm job's owner from the mapping, where it gives one.
-            lookup = lookup.with_job_owners(store);
-        }
+        // NVML first: a host without a driver says so before any source
+        // starts (or logs anything).
+        let (control, control_rx) = std::sync::mpsc::channel::<Control>();
+        let opened = sample::spawn(open, config.sampler(), Arc::clone(&shared), control_rx)?;
+        // The sources, each started here and nowhere else; publish copies
+        // each one's state into every snapshot.
+        let mut sources = Sources {
+            pod_resources: config
+                .pod_resources
+                .as_ref()
+                .and_then(PodResources::if_socket_exists),
+            job_mapping: config.job_mapping.as_ref().and_then(|cfg| {
+                let store = Arc::new(JobMap::default());
+                match jobmap::spawn(cfg.clone(), &store) {
+                    Ok(_) => Some(store),
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start the Slurm job-mapping reader thread: gpu_allocation_info has no Slurm rows");
+                        None
+                    }
+                }
+            }),
+            pods: config
+                .kubernetes
+                .as_ref()
+                .map(|_| Arc::new(PodIndex::new())),
+            ..Sources::default()
+        };
         if let Some(engine) = &config.container_engine {
             // Its own thread from the start (also for `record`); it ends
             // when the sampler drops the cache.
             let (cache, queue) = ContainerCache::new();
             match containers::lookup::spawn(engine, Arc::clone(&cache), queue) {
-                Ok(_) => lookup = lookup.with_container_engine(cache),
+                Ok(_) => sources.containers = Some(cache),
                 Err(e) => tracing::error!(
                     "container engine lookups are off: cannot start their thread: {e}"
                 ),
             }
         }
-        let (control, control_rx) = std::sync::mpsc::channel::<Control>();
-        let sampler = sample::spawn(
-            open,
-            lookup,
-            config.sampler(),
-            Arc::clone(&shared),
-            control_rx,
-        )?;
+        let bridge = bridge::spawn(&config.attribution);
+        sources.bridge = bridge.as_ref().map(|b| b.bridge());
+        let slices = (sources.pods.is_some() && sources.pod_resources.is_some())
+            .then(|| Arc::new(SliceIndex::new()));
+        let mut lookup = ProcCache::from_config(&config.attribution, sources.pods.clone());
+        if let Some(store) = &sources.job_mapping {
+            // A Slurm job's owner from the mapping, where it gives one.
+            lookup = lookup.with_job_owners(Arc::clone(store) as _);
+        }
+        if let Some(cache) = &sources.containers {
+            lookup = lookup.with_container_engine(Arc::clone(cache));
+        }
+        shared.set_sources(sources.clone());
+        let sampler = opened.attribute(Parts {
+            procs: lookup,
+            bridge: bridge.map(|b| Box::new(b) as Box<dyn bridge::Figures>),
+        })?;
+        let Sources {
+            pods,
+            pod_resources,
+            ..
+        } = sources;
         Ok(Pipeline {
             config,
             reload,

@@ -3,9 +3,14 @@
 //! The sampler thread publishes each snapshot here by swapping an `Arc`;
 //! readers (HTTP handlers) load it without blocking and never see a
 //! half-built one. Before publishing, the exporter's own counters
-//! ([`Telemetry`]) and the kubelet's latest device allocations
-//! ([`PodResources`]) are copied into the snapshot, so one snapshot is
+//! ([`Telemetry`]) and every source's state ([`Sources`]: the pod watcher,
+//! the kubelet's pod-resources, the Slurm job map, the container engine,
+//! the torch bridge) are copied into the snapshot, so one snapshot is
 //! everything a scrape shows, in every format.
+//!
+//! Architecture invariant: **this is the one route from a source into the
+//! snapshot.** A source is its folder, one spawn line in the pipeline and
+//! one field of [`Sources`]; nothing else copies a source's state.
 //!
 //! A recorder (`gpumem-exporter record`) also wants every snapshot, not
 //! just the latest: [`Shared::set_sink`] hands each published snapshot to a
@@ -15,17 +20,48 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 
 use crate::accounting::Ledger;
+use crate::bridge::Bridge;
+use crate::containers::ContainerCache;
 use crate::history::History;
 use crate::jobmap::JobMap;
+use crate::kube::PodIndex;
 use crate::model::Snapshot;
 use crate::podres::PodResources;
 use crate::telemetry::Telemetry;
+
+/// Every source's store, as the pipeline started them (`None`: that source
+/// is off). Each is written by its own thread or task alone; publish reads
+/// each one's state into every snapshot.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Sources {
+    /// The pod watcher's index (its counters; attribution reads the pods).
+    pub(crate) pods: Option<Arc<PodIndex>>,
+    /// The kubelet's pod-resources answers.
+    pub(crate) pod_resources: Option<Arc<PodResources>>,
+    /// The Slurm job-mapping reader's latest read.
+    pub(crate) job_mapping: Option<Arc<JobMap>>,
+    /// The container engine's lookups (attribution reads the names).
+    pub(crate) containers: Option<Arc<ContainerCache>>,
+    /// The torch bridge (the sampler reads its per-process figures).
+    pub(crate) bridge: Option<Arc<Bridge>>,
+}
+
+impl Sources {
+    /// Copy each source's state into `s`.
+    fn copy_into(&self, s: &mut Snapshot) {
+        s.kubernetes = self.pods.as_ref().map(|p| p.stats());
+        s.pod_resources = self.pod_resources.as_ref().map(|p| p.state());
+        s.job_mapping = self.job_mapping.as_ref().map(|j| j.state());
+        s.containers = self.containers.as_ref().map(|c| c.lookups());
+        s.torch = self.bridge.as_ref().map(|b| b.state());
+    }
+}
 
 /// How many sample intervals may pass without a tick before `/healthz`
 /// reports the sampler as stuck.
@@ -45,10 +81,9 @@ pub struct Shared {
     sink: Mutex<Option<SyncSender<Arc<Snapshot>>>>,
     /// Snapshots the sink had no room for.
     sink_dropped: AtomicU64,
-    /// The pod-resources client's answers, when that part is on.
-    pod_resources: Option<Arc<PodResources>>,
-    /// The Slurm job-mapping reader's latest read, when that part is on.
-    job_mapping: Option<Arc<JobMap>>,
+    /// The sources whose state every snapshot carries (set once, by the
+    /// pipeline, after NVML opened).
+    sources: OnceLock<Sources>,
     /// The last 10 minutes of used memory per GPU, fed by [`Self::publish`].
     history: Mutex<History>,
     /// The memory-time and allocation ledger, fed by [`Self::publish`]
@@ -66,8 +101,7 @@ impl Shared {
             interval_ms: AtomicU64::new(interval.as_millis() as u64),
             sink: Mutex::new(None),
             sink_dropped: AtomicU64::new(0),
-            pod_resources: None,
-            job_mapping: None,
+            sources: OnceLock::new(),
             history: Mutex::new(History::new()),
             ledger: Mutex::new(Ledger::new()),
         }
@@ -87,17 +121,10 @@ impl Shared {
         self.sink_dropped.load(Ordering::Acquire)
     }
 
-    /// Copy `store`'s latest answer into every snapshot published.
-    pub fn with_pod_resources(mut self, store: Option<Arc<PodResources>>) -> Self {
-        self.pod_resources = store;
-        self
-    }
-
-    /// Copy `store`'s latest read of the Slurm job-mapping directory into
-    /// every snapshot published.
-    pub(crate) fn with_job_mapping(mut self, store: Option<Arc<JobMap>>) -> Self {
-        self.job_mapping = store;
-        self
+    /// Copy these sources' state into every snapshot published from now
+    /// on (the first call counts; the pipeline makes it once).
+    pub(crate) fn set_sources(&self, sources: Sources) {
+        let _ = self.sources.set(sources);
     }
 
     /// The sampler thread is alive and not stuck (also while it waits for
@@ -141,13 +168,13 @@ impl Shared {
         self.history.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Publish `s` with the exporter's own counters and the kubelet's
-    /// allocations as of now, after adding its memory figures to the
-    /// history.
+    /// Publish `s` with the exporter's own counters and every source's
+    /// state as of now, after adding its memory figures to the history.
     pub fn publish(&self, mut s: Snapshot) {
         s.exporter = self.telemetry.read();
-        s.pod_resources = self.pod_resources.as_ref().map(|p| p.state());
-        s.job_mapping = self.job_mapping.as_ref().map(|j| j.state());
+        if let Some(sources) = self.sources.get() {
+            sources.copy_into(&mut s);
+        }
         {
             // A panic while recording leaves totals that only grew.
             let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());

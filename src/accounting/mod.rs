@@ -24,9 +24,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::collectors::utilization::Utilization;
 use crate::model::{
-    Accounts, AllocatedDevice, AllocationRow, DeviceSample, ProcessSample, Snapshot,
+    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceSample, ProcessSample, Snapshot,
     WORKLOAD_GRACE_SECONDS, Workload, WorkloadAccount,
 };
 
@@ -121,13 +120,13 @@ impl Ledger {
         for d in s.devices.iter().filter(|d| d.info.is_known()) {
             let uuid = d.info.uuid.as_str();
             seen.insert(uuid);
-            let util = d.readings.get::<Utilization>();
-            let sampled = util.and_then(|u| u.samples);
+            let reading = d.readings.get::<Busy>();
+            let sampled = reading.and_then(|b| b.samples);
             // NVML's samples where it has them; else the gauge, held.
             let busy = match sampled {
                 Some(_) => None,
-                None => util
-                    .and_then(|u| u.gpu)
+                None => reading
+                    .and_then(|b| b.percent)
                     .map(|pct| f64::from(pct.min(100)) / 100.0),
             };
             let prev_read = self.held.get(uuid).and_then(|h| h.samples_read);

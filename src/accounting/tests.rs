@@ -3,7 +3,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use super::*;
 use crate::model::{
-    AllocatedDevice, DeviceInfo, DeviceSample, GpuAccount, JobAllocation, JobMappingState,
+    AllocatedDevice, Busy, DeviceInfo, DeviceSample, GpuAccount, JobAllocation, JobMappingState,
     MemoryInfo, ProcIdentity, Readings, SlurmJob, WorkloadTotals,
 };
 
@@ -56,9 +56,9 @@ fn snap(used: Option<u64>, busy: Option<u32>, processes: &Arc<[ProcessSample]>) 
         other: None,
         mig: Arc::from(Vec::new()),
         readings: match busy {
-            Some(pct) => Readings::default().with(Utilization {
-                gpu: Some(pct),
-                ..Default::default()
+            Some(pct) => Readings::default().with(Busy {
+                percent: Some(pct),
+                samples: None,
             }),
             None => Readings::default(),
         },
@@ -350,7 +350,7 @@ fn the_ranking_stays_bounded_when_a_tenant_makes_thousands_of_workloads() {
 
 #[test]
 fn nvml_utilisation_samples_are_counted_once_per_read_instead_of_the_gauge() {
-    use crate::collectors::utilization::BusySamples;
+    use crate::model::BusySamples;
     let alice = ident("alice", None);
     let held: Arc<[ProcessSample]> = Arc::from(vec![proc(10, GIB, &alice)]);
     let mut l = Ledger::new();
@@ -364,10 +364,9 @@ fn nvml_utilisation_samples_are_counted_once_per_read_instead_of_the_gauge() {
             percent_us: if i < 10 { 0 } else { 50 * 1_000_000 },
         };
         let mut s = snap(Some(GIB), None, &held);
-        s.devices[0].readings = Readings::default().with(Utilization {
-            gpu: Some(100),
+        s.devices[0].readings = Readings::default().with(Busy {
+            percent: Some(100),
             samples: Some(read),
-            ..Default::default()
         });
         a = l.record(&s, t0 + Duration::from_millis(100 * i));
     }

@@ -1,11 +1,11 @@
 //! Who a pid is: name and owner from /proc ([`procfs`], [`passwd`]),
 //! container and pod from its cgroup ([`cgroup`]), its Slurm job from the
 //! same path ([`slurm`]), the pod watcher's
-//! index ([`crate::kube`]), container names from the engine's API
-//! ([`containers`]), an optional redacted command line ([`redact`]), and the
-//! PyTorch allocator figures the process publishes itself ([`torch`]).
-//! [`ProcCache`] puts them together for the sampler, cached by (pid, start
-//! time).
+//! index ([`crate::kube`]), container names from the engine's cache
+//! ([`crate::containers`]) and an optional redacted command line
+//! ([`redact`]). [`ProcCache`] puts them together for the sampler, cached
+//! by (pid, start time). Identity only: what a process publishes about
+//! itself (the torch bridge) is a source of its own ([`crate::bridge`]).
 //!
 //! Architecture invariant: **attribution comes only from what a tenant
 //! cannot create.** A job, pod or container named by a process's cgroup
@@ -20,29 +20,23 @@
 pub(crate) mod cgroup;
 pub(crate) mod cgroupfs;
 pub(crate) mod cgroupns;
-pub(crate) mod containers;
 pub(crate) mod passwd;
 pub(crate) mod procfs;
 pub(crate) mod redact;
 pub(crate) mod slurm;
-pub(crate) mod torch;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::config::Attribution;
+use crate::containers::ContainerCache;
 use crate::kube::index::{PodIndex, PodLookup};
-use crate::model::{
-    AttributionRejections, ContainerLookups, KubeState, ProcIdentity, SlurmJob, TorchCounters,
-    TorchStats,
-};
+use crate::model::{AttributionRejections, ProcIdentity, SlurmJob};
 use crate::ratelimit::LogLimiter;
 use cgroupfs::{CgroupFs, Ownership};
 use cgroupns::{Namespaces, OwnView};
-use containers::ContainerCache;
 use passwd::UserNames;
 use procfs::ProcRoot;
-use torch::TorchReader;
 
 /// What the sampler learns about a pid from /proc (and the pod watcher).
 /// Implementations cache by (pid, start time), so a tick reads one small
@@ -51,38 +45,20 @@ pub trait ProcessLookup {
     /// Name, owner, container and pod of `pid`; all empty when the process
     /// is gone or not visible (no host PID namespace).
     fn identify(&mut self, pid: u32) -> Arc<ProcIdentity>;
+    /// The start time (clock ticks after boot, `/proc/<pid>/stat` field 22)
+    /// at which `identify(pid)` found `pid` in this sample: with the pid,
+    /// the key a per-process reading (the torch bridge's) is kept by.
+    fn started(&self, pid: u32) -> Option<u64>;
     /// Called at the start of each full sample: a pid listed on several
     /// GPUs is checked against /proc once per sample, not once per GPU.
     fn begin_tick(&mut self) {}
     /// Called once per full tick with the pids still on some GPU, so the
     /// cache can drop the rest.
     fn retain(&mut self, live: &dyn Fn(u32) -> bool);
-    /// Lookups of pids that were not visible in /proc, so far.
-    fn failures(&self) -> u64 {
-        0
-    }
-    /// Attribution claims refused so far, by reason.
-    fn rejections(&self) -> AttributionRejections {
-        AttributionRejections::default()
-    }
-    /// The pod watcher's state, when one feeds this lookup.
-    fn kubernetes(&self) -> Option<KubeState> {
-        None
-    }
-    /// PyTorch allocator figures `pid` itself published (torch bridge) for
-    /// the device named by `uuids` (its MIG instance's UUID first, then the
-    /// GPU's). Called after `identify(pid)` in the same tick; a process's
-    /// document is read at most once per tick, and `retain` ends the tick.
-    fn torch(&mut self, _pid: u32, _uuids: &[&str]) -> Option<TorchStats> {
-        None
-    }
-    /// Torch bridge documents accepted and dropped, when the bridge is on.
-    fn torch_counters(&self) -> Option<TorchCounters> {
-        None
-    }
-    /// Container engine lookups, when `containers.engine_socket` is set.
-    fn container_lookups(&self) -> Option<ContainerLookups> {
-        None
+    /// Lookups of pids that were not visible in /proc, and attribution
+    /// claims refused by reason, so far.
+    fn counters(&self) -> (u64, AttributionRejections) {
+        (0, AttributionRejections::default())
     }
 }
 
@@ -183,8 +159,6 @@ pub struct ProcCache {
     failures: u64,
     /// A pid hidden from /proc is logged once.
     hidden_warning: LogLimiter<()>,
-    /// PyTorch allocator figures: the bridge socket, and the fd fallback.
-    torch: Option<TorchReader>,
     /// Container names from the engine's API (filled off this thread).
     engine: Option<Arc<ContainerCache>>,
     /// The owners of the directories on cgroup paths are checked here.
@@ -216,7 +190,6 @@ impl ProcCache {
             unknown: Arc::new(ProcIdentity::default()),
             failures: 0,
             hidden_warning: LogLimiter::once(),
-            torch: None,
             engine: None,
             cgroupfs: CgroupFs::new("/sys/fs/cgroup"),
             namespaces: Namespaces::new(CgroupFs::new("/sys/fs/cgroup"), None),
@@ -266,11 +239,6 @@ impl ProcCache {
                 "cgroup paths are taken as the kernel writes them: those relative to a cgroup namespace (/..) cannot be placed and are refused as cgroup_unverified"
             ),
         }
-        if cfg.torch_bridge {
-            let root = ProcRoot::new(&cfg.procfs);
-            let socket = cfg.torch_bridge_socket.as_deref();
-            cache.torch = Some(TorchReader::start(root, socket, cfg.torch_bridge_fd_scan));
-        }
         if let Some(max) = cfg.cmdline {
             cache = cache.with_cmdline(max);
         }
@@ -278,15 +246,6 @@ impl ProcCache {
             cache = cache.with_pods(p);
         }
         cache
-    }
-
-    /// Read the PyTorch allocator figures processes publish with the
-    /// `gpumem_bridge` Python package through the fd fallback alone (no
-    /// socket; `from_config` listens where `processes.torch_bridge_socket`
-    /// says).
-    pub fn with_torch_bridge(mut self) -> Self {
-        self.torch = Some(TorchReader::new(self.root.clone()));
-        self
     }
 
     /// Map uids to names with this passwd file (e.g. the host's).
@@ -692,35 +651,18 @@ impl ProcessLookup for ProcCache {
                 .collect();
             engine.retain(&|id| ids.contains(id));
         }
-        if let Some(t) = &mut self.torch {
-            t.end_tick(live);
+    }
+
+    fn started(&self, pid: u32) -> Option<u64> {
+        // Only a process identify() found in /proc in this sample.
+        if !self.checked.contains(&pid) {
+            return None;
         }
+        self.entries.get(&pid).map(|(start, _)| *start)
     }
 
-    fn failures(&self) -> u64 {
-        self.failures
-    }
-
-    fn rejections(&self) -> AttributionRejections {
-        self.rejected
-    }
-
-    fn torch(&mut self, pid: u32, uuids: &[&str]) -> Option<TorchStats> {
-        // Only a process identify() just found in /proc, at that start time.
-        let start = self.entries.get(&pid)?.0;
-        self.torch.as_mut()?.stats(pid, start, uuids)
-    }
-
-    fn torch_counters(&self) -> Option<TorchCounters> {
-        self.torch.as_ref().map(TorchReader::counters)
-    }
-
-    fn container_lookups(&self) -> Option<ContainerLookups> {
-        self.engine.as_ref().map(|e| e.lookups())
-    }
-
-    fn kubernetes(&self) -> Option<KubeState> {
-        self.pods.as_ref().map(|p| p.stats())
+    fn counters(&self) -> (u64, AttributionRejections) {
+        (self.failures, self.rejected)
     }
 }
 
@@ -803,11 +745,11 @@ mod tests {
         // Gone from /proc mid-sample: the second GPU's lookup is not a read.
         std::fs::remove_file(dir.join("stat")).unwrap();
         assert_eq!(&*cache.identify(42).comm, "trainer");
-        assert_eq!(cache.failures(), 0);
+        assert_eq!(cache.counters().0, 0);
         // The next sample checks the start time again and finds it gone.
         cache.begin_tick();
         assert_eq!(&*cache.identify(42).comm, "");
-        assert_eq!(cache.failures(), 1);
+        assert_eq!(cache.counters().0, 1);
     }
 
     fn write_proc(root: &std::path::Path, pid: u32, cgroup: &str) {
@@ -829,8 +771,8 @@ mod tests {
     /// and an engine name gives way when its pod becomes known.
     #[test]
     fn engine_names_fill_in_later_and_kubernetes_wins() {
+        use crate::containers::cache::Outcome;
         use crate::model::ContainerInfo;
-        use containers::cache::Outcome;
         let root = tempfile::tempdir().unwrap();
         let plain = "c".repeat(64);
         let in_pod = "d".repeat(64);
@@ -881,7 +823,7 @@ mod tests {
         assert_eq!(&*ident.container, "trainer");
         assert!(ident.engine.is_none(), "{ident:?}");
         assert_eq!(engine.lookups().found, 1);
-        assert_eq!(cache.rejections(), AttributionRejections::default());
+        assert_eq!(cache.counters().1, AttributionRejections::default());
     }
 
     /// What a tenant can forge about itself names no job and no pod: a
@@ -936,7 +878,7 @@ mod tests {
             }
         }
         assert_eq!(
-            cache.rejections(),
+            cache.counters().1,
             AttributionRejections {
                 cgroup_misplaced: 1,
                 slurm_owner: 1,
@@ -977,7 +919,7 @@ mod tests {
             cache.identify(31).slurm.as_ref().map(|j| &*j.job),
             Some("78")
         );
-        assert_eq!(cache.rejections().slurm_owner, 1);
+        assert_eq!(cache.counters().1.slurm_owner, 1);
     }
 
     /// A job the mapping did not know when its process was first seen is
@@ -1038,7 +980,7 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(jobs(&mut cache), [None, Some("91".to_string())]);
         }
-        assert_eq!(cache.rejections().slurm_owner, 1);
+        assert_eq!(cache.counters().1.slurm_owner, 1);
         assert!(cache.owner_pending.is_empty());
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::gpu::{GpuError, GpuSource, Handle, Operation, RawProcess};
-use crate::model::Reading;
+use crate::model::{Reading, Readings};
 
 /// Where a collector's failed calls go: the sampler's NVML error
 /// accounting (`sample/errors.rs`).
@@ -119,6 +119,15 @@ pub(crate) trait Collector: Send {
 
     /// What this collector read of GPU `gpu` in the last full sample.
     fn reading(&self, gpu: usize) -> Option<Arc<dyn Reading>>;
+
+    /// Every reading it leaves in GPU `gpu`'s sample: [`Self::reading`],
+    /// and any reading of a shared type (in `model`) that a reader
+    /// outside `collectors/` asks for without naming this collector.
+    fn readings(&self, gpu: usize, out: &mut Readings) {
+        if let Some(r) = self.reading(gpu) {
+            out.put(r);
+        }
+    }
 
     /// What it read of process `pid` on GPU `gpu`, for per-process
     /// collectors.

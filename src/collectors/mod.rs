@@ -51,6 +51,7 @@ pub(crate) use collector::{Collector, Context, Failures, PerGpu};
 pub(crate) use registry::Collectors;
 pub use registry::Def;
 pub(crate) use registry::Running;
+pub(crate) use registry::{Json, ToJson, to_json};
 
 /// Every collector, in the order docs/metrics.md lists them.
 pub const REGISTRY: &[Def] = &[
@@ -64,6 +65,7 @@ pub const REGISTRY: &[Def] = &[
         vgpu_guest: true,
         make: None,
         encode: None,
+        json: None,
         operations: &[],
     },
     Def {
@@ -76,6 +78,7 @@ pub const REGISTRY: &[Def] = &[
         vgpu_guest: true,
         make: None,
         encode: None,
+        json: None,
         operations: &[],
     },
     Def {
@@ -88,6 +91,7 @@ pub const REGISTRY: &[Def] = &[
         vgpu_guest: true,
         make: Some(utilization::UtilizationCollector::boxed),
         encode: Some(utilization::families::encode),
+        json: Some(utilization::json::JSON),
         operations: utilization::calls::OPERATIONS,
     },
     Def {
@@ -100,6 +104,7 @@ pub const REGISTRY: &[Def] = &[
         vgpu_guest: true,
         make: Some(process_utilization::ProcessUtilizationCollector::boxed),
         encode: Some(process_utilization::families::encode),
+        json: Some(process_utilization::json::JSON),
         operations: process_utilization::calls::OPERATIONS,
     },
     Def {
@@ -112,6 +117,7 @@ pub const REGISTRY: &[Def] = &[
         vgpu_guest: true,
         make: Some(power_thermal::PowerThermalCollector::boxed),
         encode: Some(power_thermal::families::encode),
+        json: Some(power_thermal::json::JSON),
         operations: power_thermal::calls::OPERATIONS,
     },
     Def {
@@ -124,6 +130,7 @@ pub const REGISTRY: &[Def] = &[
         vgpu_guest: false,
         make: Some(health::HealthCollector::boxed),
         encode: Some(health::families::encode),
+        json: Some(health::json::JSON),
         operations: health::calls::OPERATIONS,
     },
     Def {
@@ -136,6 +143,7 @@ pub const REGISTRY: &[Def] = &[
         vgpu_guest: true,
         make: Some(gpm::GpmCollector::boxed),
         encode: Some(gpm::families::encode),
+        json: Some(gpm::json::JSON),
         operations: gpm::calls::OPERATIONS,
     },
 ];

@@ -12,7 +12,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 
 use super::collector::Collector;
 use crate::gpu::Operation;
-use crate::model::Snapshot;
+use crate::model::{Readings, Snapshot};
 
 /// One collector: its row of [`REGISTRY`](super::REGISTRY).
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +39,9 @@ pub struct Def {
     /// (after the allocations, in registry order); `None` for the
     /// sampler's own steps, whose families `expose/` writes.
     pub(crate) encode: Option<Encode>,
+    /// Its readings in `/api/v1/snapshot` (and so on the page), under its
+    /// key in each GPU's (or process's) object; `None`: not in the JSON.
+    pub(crate) json: Option<Json>,
     /// The `operation` label of every NVML call it makes (read by the
     /// test that no two collectors, nor the sampler, declare one label).
     #[cfg_attr(not(test), allow(dead_code))]
@@ -47,6 +50,27 @@ pub struct Def {
 
 /// A collector's encode step: its families of one snapshot.
 pub(crate) type Encode = fn(&mut DescriptorEncoder, &Snapshot) -> Result<(), fmt::Error>;
+
+/// A collector's JSON step: what it read of one GPU (or one process) as
+/// the value of `key` in that GPU's (process's) object of
+/// `/api/v1/snapshot` (`null` where it read nothing), written by serde in
+/// the collector's folder. The page shows every GPU key it does not draw
+/// itself as a line of figures, so a new collector is on the page too.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Json {
+    pub(crate) key: &'static str,
+    pub(crate) gpu: Option<ToJson>,
+    pub(crate) process: Option<ToJson>,
+}
+
+/// One GPU's (or process's) readings → this collector's JSON value.
+pub(crate) type ToJson = fn(&Readings) -> Option<Box<serde_json::value::RawValue>>;
+
+/// `value` as a JSON value for a [`ToJson`] step (`None` if serde fails,
+/// which plain numbers and strings do not).
+pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> Option<Box<serde_json::value::RawValue>> {
+    serde_json::value::to_raw_value(value).ok()
+}
 
 /// The sampler's own steps, by name.
 pub(super) const MEMORY: &str = "memory";
@@ -145,12 +169,10 @@ impl Running {
     }
 
     /// The readings of GPU `gpu`, in registry order.
-    pub(crate) fn readings(&self, gpu: usize) -> crate::model::Readings {
-        let mut out = crate::model::Readings::default();
+    pub(crate) fn readings(&self, gpu: usize) -> Readings {
+        let mut out = Readings::default();
         for c in self.instances.iter().flatten() {
-            if let Some(r) = c.reading(gpu) {
-                out.put(r);
-            }
+            c.readings(gpu, &mut out);
         }
         out
     }

@@ -72,6 +72,27 @@ mod toy_families {
         }
         Ok(())
     }
+
+    /// The recipe's `json.rs`: its object in `/api/v1/snapshot`.
+    pub(super) const JSON: crate::collectors::Json = crate::collectors::Json {
+        key: "toy",
+        gpu: Some(gpu),
+        process: None,
+    };
+
+    #[derive(serde::Serialize)]
+    struct Figures {
+        reads: u32,
+        used_bytes: u64,
+    }
+
+    fn gpu(r: &crate::model::Readings) -> Option<Box<serde_json::value::RawValue>> {
+        let t = r.get::<ToyReading>()?;
+        crate::collectors::to_json(&Figures {
+            reads: t.reads,
+            used_bytes: t.used,
+        })
+    }
 }
 
 /// A collector written only against this module's API: per-GPU state,
@@ -128,6 +149,7 @@ fn toy_registry() -> &'static [Def] {
         vgpu_guest: true,
         make: Some(Toy::boxed),
         encode: Some(toy_families::encode),
+        json: Some(toy_families::JSON),
         operations: &[toy_calls::TOY_MEMORY_INFO],
     });
     Box::leak(rows.into_boxed_slice())
@@ -138,6 +160,9 @@ struct NoLookup;
 impl ProcessLookup for NoLookup {
     fn identify(&mut self, _pid: u32) -> Arc<ProcIdentity> {
         Arc::default()
+    }
+    fn started(&self, _pid: u32) -> Option<u64> {
+        None
     }
     fn retain(&mut self, _live: &dyn Fn(u32) -> bool) {}
 }
@@ -181,6 +206,28 @@ fn a_toy_collector_joins_through_the_registry_alone() {
             .unwrap_or_default()
             .contains("gpu_toy_reads")
     );
+    // In /api/v1/snapshot from its row alone too: each GPU's "toy" object,
+    // and the collectors list the page draws its line from.
+    let json = crate::expose::json::Reuse::with_registry(registry);
+    let doc = crate::expose::json::snapshot_reusing(&snap, Duration::from_secs(1), &json)
+        .unwrap_or_default();
+    let doc: serde_json::Value = serde_json::from_slice(&doc).unwrap_or_default();
+    assert_eq!(
+        doc["gpus"][1]["toy"],
+        serde_json::json!({"reads": 1, "used_bytes": 3 * GIB}),
+        "{doc}"
+    );
+    assert_eq!(
+        doc["collectors"].as_array().and_then(|c| c.last()),
+        Some(&serde_json::json!({"key": "toy", "help": "a toy"}))
+    );
+    let plain = crate::expose::json::snapshot_reusing(
+        &snap,
+        Duration::from_secs(1),
+        &crate::expose::json::Reuse::default(),
+    )
+    .unwrap_or_default();
+    assert!(!String::from_utf8_lossy(&plain).contains("\"toy\""));
     let got: Vec<Option<ToyReading>> = snap
         .devices
         .iter()

@@ -22,11 +22,10 @@ use serde_json::value::RawValue;
 
 use super::exporter::{REVISION, VERSION};
 use crate::accounting::{Ranked, rank};
-use crate::collectors::process_utilization::ProcessUtilization as ProcessUtilizationReading;
-use crate::collectors::utilization::Utilization;
+use crate::collectors::{Def, REGISTRY, ToJson};
 use crate::history::{History, unix_seconds};
 use crate::model::{
-    DeviceSample, Forecast, MemoryInfo, ProcessSample, Snapshot, Workload, WorkloadTotals,
+    DeviceSample, Forecast, MemoryInfo, ProcessSample, Readings, Snapshot, Workload, WorkloadTotals,
 };
 
 /// `schema_version` of both documents; bumped on any incompatible change
@@ -47,10 +46,6 @@ fn seconds(t: SystemTime) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn ratio(percent: u32) -> f64 {
-    f64::from(percent) / 100.0
-}
-
 #[derive(Serialize)]
 struct SnapshotDoc<'a> {
     schema_version: u32,
@@ -64,6 +59,9 @@ struct SnapshotDoc<'a> {
     nvml_reinit_attempts: u64,
     kubernetes: Option<Kubernetes>,
     workloads: Workloads,
+    /// The collectors with a key in each GPU's object (registry order),
+    /// so the page shows each one's figures without knowing it.
+    collectors: Vec<CollectorDoc>,
 }
 
 /// Workloads listed per window in `workloads`, the largest first.
@@ -213,7 +211,9 @@ struct Gpu<'a> {
     memory_note: Option<&'static str>,
     memory: Option<Memory>,
     memory_used_peak_bytes: Option<u64>,
-    utilization: Option<GpuUtilization>,
+    /// Each collector's object, under its key (registry order).
+    #[serde(flatten)]
+    collectors: Collected<'a>,
     /// `[Process]`, serialized once per full sample ([`Reuse`]).
     processes: &'a RawValue,
     processes_other: Option<Rollup>,
@@ -229,12 +229,40 @@ struct GpuForecast {
     window_seconds: u64,
 }
 
+/// The collectors' readings of one GPU or process, each under its
+/// registry row's key, through the row's JSON step: this file names no
+/// collector.
+struct Collected<'a> {
+    readings: &'a Readings,
+    registry: &'static [Def],
+    /// The process step (else the GPU's).
+    process: bool,
+}
+
+impl Collected<'_> {
+    fn steps(&self) -> impl Iterator<Item = (&'static str, ToJson)> + '_ {
+        self.registry.iter().filter_map(|d| {
+            let j = d.json?;
+            Some((j.key, if self.process { j.process? } else { j.gpu? }))
+        })
+    }
+}
+
+impl Serialize for Collected<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        for (key, step) in self.steps() {
+            map.serialize_entry(key, &step(self.readings))?;
+        }
+        map.end()
+    }
+}
+
 #[derive(Serialize)]
-struct GpuUtilization {
-    gpu_ratio: Option<f64>,
-    memory_ratio: Option<f64>,
-    encoder_ratio: Option<f64>,
-    decoder_ratio: Option<f64>,
+struct CollectorDoc {
+    key: &'static str,
+    help: &'static str,
 }
 
 #[derive(Serialize, Clone, Copy, Debug)]
@@ -274,16 +302,10 @@ struct Process<'a> {
     compute_instance_id: Option<u32>,
     memory_used_bytes: Option<u64>,
     memory_used_peak_bytes: Option<u64>,
-    utilization: Option<ProcessUtilization>,
+    /// Each per-process collector's object, under its key.
+    #[serde(flatten)]
+    collectors: Collected<'a>,
     torch: Option<Torch>,
-}
-
-#[derive(Serialize)]
-struct ProcessUtilization {
-    sm_ratio: f64,
-    memory_ratio: f64,
-    encoder_ratio: f64,
-    decoder_ratio: f64,
 }
 
 #[derive(Serialize)]
@@ -347,7 +369,7 @@ fn slurm_field(
     i.slurm.as_ref().map(f).filter(|v| !v.is_empty())
 }
 
-fn process(p: &ProcessSample) -> Process<'_> {
+fn process<'a>(p: &'a ProcessSample, registry: &'static [Def]) -> Process<'a> {
     let i = &p.ident;
     Process {
         pid: p.pid,
@@ -370,15 +392,11 @@ fn process(p: &ProcessSample) -> Process<'_> {
         compute_instance_id: p.compute_instance_id,
         memory_used_bytes: p.used_bytes,
         memory_used_peak_bytes: p.used_peak_bytes,
-        utilization: p
-            .readings
-            .get::<ProcessUtilizationReading>()
-            .map(|u| ProcessUtilization {
-                sm_ratio: ratio(u.sm),
-                memory_ratio: ratio(u.memory),
-                encoder_ratio: ratio(u.encoder),
-                decoder_ratio: ratio(u.decoder),
-            }),
+        collectors: Collected {
+            readings: &p.readings,
+            registry,
+            process: true,
+        },
         torch: p.torch.map(|t| Torch {
             allocated_bytes: t.allocated,
             reserved_bytes: t.reserved,
@@ -407,8 +425,12 @@ fn process(p: &ProcessSample) -> Process<'_> {
 
 /// The processes listed (at most [`MAX_PROCESSES_PER_GPU`], by pid) and
 /// the rollup of those left out.
-fn processes(d: &DeviceSample) -> (Vec<Process<'_>>, Option<Rollup>) {
+fn processes<'a>(
+    d: &'a DeviceSample,
+    registry: &'static [Def],
+) -> (Vec<Process<'a>>, Option<Rollup>) {
     let all = &d.processes;
+    let process = |p| process(p, registry);
     if all.len() <= MAX_PROCESSES_PER_GPU {
         return (all.iter().map(process).collect(), None);
     }
@@ -437,13 +459,30 @@ struct KeptProcesses {
 /// 256 processes they are nearly all of `/api/v1/snapshot`, and only a
 /// full sample changes them, so a snapshot from a memory-only sample
 /// copies them instead of serializing 2,048 processes again.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Reuse {
     kept: Mutex<Vec<KeptProcesses>>,
     reused: AtomicU64,
+    /// The collectors whose JSON steps run.
+    registry: &'static [Def],
+}
+
+impl Default for Reuse {
+    fn default() -> Self {
+        Reuse::with_registry(REGISTRY)
+    }
 }
 
 impl Reuse {
+    /// Encode with this collector table (the toy collector's test).
+    pub(crate) fn with_registry(registry: &'static [Def]) -> Self {
+        Reuse {
+            kept: Mutex::new(Vec::new()),
+            reused: AtomicU64::new(0),
+            registry,
+        }
+    }
+
     /// Process lists copied instead of serialized (tests look).
     #[cfg(test)]
     fn reused(&self) -> u64 {
@@ -451,8 +490,11 @@ impl Reuse {
     }
 }
 
-fn processes_of(d: &DeviceSample) -> Result<KeptProcesses, serde_json::Error> {
-    let (list, omitted) = processes(d);
+fn processes_of(
+    d: &DeviceSample,
+    registry: &'static [Def],
+) -> Result<KeptProcesses, serde_json::Error> {
+    let (list, omitted) = processes(d, registry);
     Ok(KeptProcesses {
         of: Arc::clone(&d.processes),
         json: serde_json::value::to_raw_value(&list)?,
@@ -460,7 +502,12 @@ fn processes_of(d: &DeviceSample) -> Result<KeptProcesses, serde_json::Error> {
     })
 }
 
-fn gpu<'a>(d: &'a DeviceSample, forecast: Option<Forecast>, procs: &'a KeptProcesses) -> Gpu<'a> {
+fn gpu<'a>(
+    d: &'a DeviceSample,
+    forecast: Option<Forecast>,
+    procs: &'a KeptProcesses,
+    registry: &'static [Def],
+) -> Gpu<'a> {
     let i = &d.info;
     let processes = &*procs.json;
     let processes_omitted = procs.omitted;
@@ -477,22 +524,11 @@ fn gpu<'a>(d: &'a DeviceSample, forecast: Option<Forecast>, procs: &'a KeptProce
             .map(|_| "unified memory, shared with the host"),
         memory: d.memory.map(Memory::from),
         memory_used_peak_bytes: d.used_peak_bytes,
-        // The collector on, but no figure supported: as if off.
-        utilization: d
-            .readings
-            .get::<Utilization>()
-            .filter(|u| {
-                Utilization {
-                    samples: None,
-                    ..**u
-                } != Utilization::default()
-            })
-            .map(|u| GpuUtilization {
-                gpu_ratio: u.gpu.map(ratio),
-                memory_ratio: u.memory.map(ratio),
-                encoder_ratio: u.encoder.map(ratio),
-                decoder_ratio: u.decoder.map(ratio),
-            }),
+        collectors: Collected {
+            readings: &d.readings,
+            registry,
+            process: false,
+        },
         processes,
         processes_other: d.other.map(|o| Rollup {
             count: o.count,
@@ -549,10 +585,10 @@ pub(crate) fn snapshot_reusing(
                 reuse.reused.fetch_add(1, Ordering::Relaxed);
                 parts.push(k);
             }
-            _ => parts.push(processes_of(d)?),
+            _ => parts.push(processes_of(d, reuse.registry)?),
         }
     }
-    let body = encode_snapshot(s, sample_interval, &parts);
+    let body = encode_snapshot(s, sample_interval, &parts, reuse.registry);
     *kept = parts;
     body
 }
@@ -561,6 +597,7 @@ fn encode_snapshot(
     s: &Snapshot,
     sample_interval: Duration,
     parts: &[KeptProcesses],
+    registry: &'static [Def],
 ) -> Result<Vec<u8>, serde_json::Error> {
     let doc = SnapshotDoc {
         schema_version: SCHEMA_VERSION,
@@ -580,7 +617,7 @@ fn encode_snapshot(
             .iter()
             .zip(parts)
             .enumerate()
-            .map(|(i, (d, p))| gpu(d, s.forecasts.gpu(i), p))
+            .map(|(i, (d, p))| gpu(d, s.forecasts.gpu(i), p, registry))
             .collect(),
         nvml_errors: s
             .nvml_errors
@@ -604,6 +641,16 @@ fn encode_snapshot(
                 since_start: ranked(since),
             }
         },
+        collectors: registry
+            .iter()
+            .filter(|d| d.json.is_some_and(|j| j.gpu.is_some()))
+            .filter_map(|d| {
+                Some(CollectorDoc {
+                    key: d.json?.key,
+                    help: d.help,
+                })
+            })
+            .collect(),
     };
     serde_json::to_vec(&doc)
 }
@@ -688,12 +735,7 @@ mod tests {
             processes: processes.into(),
             other: None,
             mig: Arc::new([]),
-            // The collector on, but no figure supported.
-            readings: {
-                let mut r = crate::model::Readings::default();
-                r.put(Arc::new(Utilization::default()));
-                r
-            },
+            readings: Default::default(),
         });
         s
     }
@@ -754,11 +796,6 @@ mod tests {
         assert_eq!(v["sample_interval_seconds"], 0.25);
         assert_eq!(v["gpus"][0]["up"], false);
         assert_eq!(v["gpus"][0]["memory"], serde_json::Value::Null);
-        assert_eq!(
-            v["gpus"][0]["utilization"],
-            serde_json::Value::Null,
-            "collector on, nothing supported"
-        );
         let few = doc(&one_gpu(vec![proc(7, Some(1))]));
         assert_eq!(few["gpus"][0]["processes_omitted"], serde_json::Value::Null);
     }

@@ -79,3 +79,34 @@ impl PartialEq for Readings {
 }
 
 impl Eq for Readings {}
+
+/// How busy a GPU was, for the ledger's busy time (`gpu_busy_seconds_total`):
+/// a reading of a shared type, left by the collector that reads it (today
+/// `utilization`), so accounting reads it without naming a collector.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Busy {
+    /// The busy percentage over NVML's last sampling period
+    /// (`utilization.gpu`), held between reads where there are no samples.
+    pub percent: Option<u32>,
+    /// What NVML's utilisation samples added since the last read; `None`
+    /// where the driver has none.
+    pub samples: Option<BusySamples>,
+}
+
+/// The busy time in NVML's utilisation samples newer than the last read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BusySamples {
+    /// Which read this is: unique in the process, so the ledger adds each
+    /// read's [`Self::percent_us`] once however many snapshots carry it.
+    pub read: u64,
+    /// Σ over the new samples of percent × the µs since the sample before
+    /// (each counted for at most one second).
+    pub percent_us: u64,
+}
+
+impl BusySamples {
+    /// Busy seconds: `percent_us` / 100 / 10⁶.
+    pub fn seconds(&self) -> f64 {
+        self.percent_us as f64 / 1e8
+    }
+}

@@ -77,14 +77,14 @@ const WARN_INTERVAL_MAX: Duration = Duration::from_secs(3600);
 /// The latest answer of the kubelet and the counters, shared between the
 /// task and whoever publishes snapshots.
 #[derive(Debug, Default)]
-pub struct PodResources {
+pub(crate) struct PodResources {
     state: ArcSwap<PodResourcesState>,
 }
 
 impl PodResources {
     /// The store for `cfg`, when its socket exists; `None` (logged once)
     /// when it does not: this part is then off until a restart.
-    pub fn if_socket_exists(cfg: &PodResourcesConfig) -> Option<Arc<PodResources>> {
+    pub(crate) fn if_socket_exists(cfg: &PodResourcesConfig) -> Option<Arc<PodResources>> {
         if !cfg.socket.exists() {
             tracing::info!(
                 socket = %cfg.socket.display(),
@@ -96,7 +96,7 @@ impl PodResources {
     }
 
     /// The latest answer and the counters.
-    pub fn state(&self) -> PodResourcesState {
+    pub(crate) fn state(&self) -> PodResourcesState {
         PodResourcesState::clone(&self.state.load())
     }
 

@@ -28,7 +28,16 @@ impl ProcessLookup for Names {
         })
     }
     fn retain(&mut self, _live: &dyn Fn(u32) -> bool) {}
-    fn torch(&mut self, pid: u32, _uuids: &[&str]) -> Option<TorchStats> {
+    fn started(&self, _pid: u32) -> Option<u64> {
+        Some(0)
+    }
+}
+
+/// The bridge's stand-in: torch figures for pid 7.
+struct Torch7;
+impl crate::bridge::Figures for Torch7 {
+    fn end_tick(&mut self, _live: &dyn Fn(u32) -> bool) {}
+    fn stats(&mut self, pid: u32, _start: u64, _uuids: &[&str]) -> Option<TorchStats> {
         (pid == 7).then_some(TorchStats {
             allocated: 3 * GIB,
             reserved: 4 * GIB,
@@ -60,7 +69,7 @@ fn sampler() -> Sampler<FakeGpu, Names> {
         collectors: Default::default(),
         procfs: "/proc".into(),
     };
-    Sampler::new(FakeGpu::new(vec![d]), Names, config)
+    Sampler::new(FakeGpu::new(vec![d]), Names, config).with_bridge(Some(Box::new(Torch7)))
 }
 
 /// Encode each snapshot as the writer does; the text of each sample.

@@ -23,5 +23,5 @@ pub use select::select;
 pub(crate) use thread::Control;
 pub use thread::OpenFailure;
 pub(crate) use thread::StartError;
-pub(crate) use thread::spawn;
+pub(crate) use thread::{Parts, spawn};
 pub use tick::{SAMPLE_DURATION_BUCKETS, Sampler};

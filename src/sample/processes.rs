@@ -11,17 +11,25 @@ use super::device::DeviceState;
 use super::peaks::WindowMax;
 use super::select::select;
 use crate::attribute::ProcessLookup;
+use crate::bridge::Figures;
 use crate::collectors::Running;
 use crate::config::Selection;
 use crate::gpu::RawProcess;
 use crate::model::ProcessSample;
+
+/// Who each process is (attribution) and what it publishes about itself
+/// (the torch bridge, when on).
+pub(super) struct Lookups<'a, P> {
+    pub(super) procs: &'a mut P,
+    pub(super) bridge: Option<&'a mut (dyn Figures + 'static)>,
+}
 
 /// Replace `dev`'s processes with `listed` (sorted by pid, one per pid).
 pub(super) fn update<P: ProcessLookup>(
     dev: &mut DeviceState,
     listed: &[RawProcess],
     selection: &Selection,
-    procs: &mut P,
+    lookups: Lookups<'_, P>,
     collectors: &Running,
     now: Instant,
     window: Duration,
@@ -38,15 +46,25 @@ pub(super) fn update<P: ProcessLookup>(
     }
     dev.process_peaks
         .retain(|pid, _| listed.binary_search_by_key(pid, |p| p.pid).is_ok());
+    let Lookups { procs, mut bridge } = lookups;
     let (keep, other) = select(listed, selection);
     let mut list = Vec::with_capacity(keep.len());
     for k in keep {
         let p = &listed[k];
         let ident = procs.identify(p.pid);
-        // The process's MIG instance, whose UUID torch reports.
-        let torch = match dev.instance_of(p) {
-            Some(m) => procs.torch(p.pid, &[m.info.mig_uuid.as_str(), dev.info.uuid.as_str()]),
-            None => procs.torch(p.pid, &[dev.info.uuid.as_str()]),
+        // The bridge's figures for this very process (pid and the start
+        // time identify() just read), for its MIG instance's UUID, whose
+        // UUID torch reports, else the GPU's.
+        let torch = match (bridge.as_deref_mut(), procs.started(p.pid)) {
+            (Some(b), Some(start)) => match dev.instance_of(p) {
+                Some(m) => b.stats(
+                    p.pid,
+                    start,
+                    &[m.info.mig_uuid.as_str(), dev.info.uuid.as_str()],
+                ),
+                None => b.stats(p.pid, start, &[dev.info.uuid.as_str()]),
+            },
+            _ => None,
         };
         list.push(ProcessSample {
             pid: p.pid,

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use super::tick::Sampler;
 use crate::attribute::ProcessLookup;
 use crate::backoff::Backoff;
+use crate::bridge::Figures;
 use crate::config::{HumanDuration, SamplerConfig, Timing};
 use crate::gpu::{GpuError, GpuSource};
 use crate::publish::Shared;
@@ -83,28 +84,71 @@ fn wait_alive(
     }
 }
 
+/// What the sampler needs besides NVML, handed over once NVML is open:
+/// attribution and the torch bridge's reader (the pipeline starts the
+/// sources only after NVML answered or is being retried).
+pub(crate) struct Parts<P> {
+    pub(crate) procs: P,
+    pub(crate) bridge: Option<Box<dyn Figures>>,
+}
+
+/// A sampler thread that opened NVML (or is retrying): hand it its
+/// [`Parts`] with [`Opened::attribute`].
+pub(crate) struct Opened<P> {
+    handle: JoinHandle<()>,
+    parts: SyncSender<Parts<P>>,
+    first: Receiver<()>,
+    retrying: bool,
+}
+
+impl<P> Opened<P> {
+    /// Give the sampler its parts. Returns once the first snapshot is
+    /// published, or at once while NVML is being retried.
+    pub(crate) fn attribute<E: std::error::Error + 'static>(
+        self,
+        parts: Parts<P>,
+    ) -> Result<JoinHandle<()>, StartError<E>> {
+        if self.parts.send(parts).is_err() {
+            let _ = self.handle.join();
+            return Err(StartError::Ended);
+        }
+        if self.retrying {
+            return Ok(self.handle);
+        }
+        match self.first.recv() {
+            Ok(()) => Ok(self.handle),
+            Err(_) => {
+                let _ = self.handle.join();
+                Err(StartError::Ended)
+            }
+        }
+    }
+}
+
 /// Start the sampler thread. `open` runs on that thread (NVML handles stay
-/// on the thread that made them). A fatal open error is returned here, so
-/// the caller can exit with a clear message before serving anything. A
-/// retryable one is logged once; the thread keeps retrying with backoff
-/// while the server answers `/readyz` 503 and `/healthz` 200, and starts
-/// sampling by itself once NVML answers. Returns once the first snapshot is
-/// published or retrying has begun. The thread stops on [`Control::Stop`]
-/// or when the sender is dropped.
+/// on the thread that made them), first, before any source starts. A
+/// fatal open error is returned here, so the caller can exit with a clear
+/// message before serving or starting anything else. A retryable one is
+/// logged once; the thread keeps retrying with backoff while the server
+/// answers `/readyz` 503 and `/healthz` 200, and starts sampling by itself
+/// once NVML answers. Returns once NVML is open or retrying has begun; the
+/// thread then waits for its [`Parts`]. It stops on [`Control::Stop`] or
+/// when the sender is dropped.
 pub(crate) fn spawn<G, P, E, F>(
     open: F,
-    procs: P,
     config: SamplerConfig,
     shared: Arc<Shared>,
     control: Receiver<Control>,
-) -> Result<JoinHandle<()>, StartError<E>>
+) -> Result<Opened<P>, StartError<E>>
 where
     G: GpuSource + 'static,
     P: ProcessLookup + Send + 'static,
     E: std::error::Error + Send + 'static,
     F: Fn() -> Result<G, OpenFailure<E>> + Send + 'static,
 {
-    let (ready_tx, ready_rx) = sync_channel::<Result<(), E>>(1);
+    let (ready_tx, ready_rx) = sync_channel::<Result<bool, E>>(1);
+    let (parts_tx, parts_rx) = sync_channel::<Parts<P>>(1);
+    let (first_tx, first_rx) = sync_channel::<()>(1);
     let thread_shared = Arc::clone(&shared);
     let handle = std::thread::Builder::new()
         .name("sampler".into())
@@ -116,14 +160,23 @@ where
             let Some(gpu) = open_first(&open, &shared, &control, &ready_tx, beat) else {
                 return;
             };
-            let mut sampler = Sampler::new(gpu, procs, config);
+            let _ = ready_tx.send(Ok(false));
+            let Ok(Parts { procs, bridge }) = parts_rx.recv() else {
+                return;
+            };
+            let mut sampler = Sampler::new(gpu, procs, config).with_bridge(bridge);
             shared.publish(sampler.tick());
-            let _ = ready_tx.send(Ok(()));
+            let _ = first_tx.send(());
             run_loop(sampler, &shared, &control, &open);
         })
         .map_err(StartError::Thread)?;
     match ready_rx.recv() {
-        Ok(Ok(())) => Ok(handle),
+        Ok(Ok(retrying)) => Ok(Opened {
+            handle,
+            parts: parts_tx,
+            first: first_rx,
+            retrying,
+        }),
         Ok(Err(e)) => {
             let _ = handle.join();
             Err(StartError::Open(e))
@@ -145,7 +198,7 @@ fn open_first<G, E>(
     open: &dyn Fn() -> Result<G, OpenFailure<E>>,
     shared: &Shared,
     control: &Receiver<Control>,
-    ready: &SyncSender<Result<(), E>>,
+    ready: &SyncSender<Result<bool, E>>,
     beat: Duration,
 ) -> Option<G>
 where
@@ -169,7 +222,7 @@ where
                     tracing::error!(
                         "{e}; the exporter stays up (/readyz answers 503) and retries with backoff until NVML answers"
                     );
-                    let _ = ready.send(Ok(()));
+                    let _ = ready.send(Ok(true));
                 } else {
                     tracing::debug!(attempt = attempts, "NVML still not available: {e}");
                 }

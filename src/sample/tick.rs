@@ -11,6 +11,7 @@ use super::device::DeviceState;
 use super::errors::Errors;
 use super::processes;
 use crate::attribute::ProcessLookup;
+use crate::bridge::Figures;
 use crate::collectors::{Context, Def, REGISTRY, Running};
 use crate::config::{SamplerConfig, Selection, Timing};
 use crate::gpu::{GpuError, GpuSource, RawProcess};
@@ -29,6 +30,9 @@ pub const SAMPLE_DURATION_BUCKETS: &[f64] = &[
 pub struct Sampler<G: GpuSource, P: ProcessLookup> {
     gpu: G,
     procs: P,
+    /// The torch bridge's reader, when that source is on: a per-process
+    /// reading keyed by (pid, start time), beside identity.
+    bridge: Option<Box<dyn Figures>>,
     config: SamplerConfig,
     driver: Arc<DriverInfo>,
     devices: Vec<DeviceState>,
@@ -60,6 +64,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             devices: (0..gpu.device_count()).map(DeviceState::unknown).collect(),
             gpu,
             procs,
+            bridge: None,
             collectors: Running::new(registry, &config.collectors),
             config,
             errors: Errors::new(),
@@ -69,6 +74,13 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             reinit_attempts: 0,
             listed: Vec::new(),
         }
+    }
+
+    /// Read the torch bridge's figures through `reader` (the pipeline
+    /// starts it).
+    pub(crate) fn with_bridge(mut self, reader: Option<Box<dyn Figures>>) -> Self {
+        self.bridge = reader;
+        self
     }
 
     /// The timing in force.
@@ -184,11 +196,15 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             self.mark_all_down();
         }
         let devices = &self.devices;
-        self.procs.retain(&|pid| {
+        let live = |pid: u32| {
             devices
                 .iter()
                 .any(|d| d.processes.binary_search_by_key(&pid, |p| p.pid).is_ok())
-        });
+        };
+        self.procs.retain(&live);
+        if let Some(b) = &mut self.bridge {
+            b.end_tick(&live);
+        }
         Arc::make_mut(&mut self.durations).observe(started.elapsed().as_secs_f64());
         Arc::make_mut(&mut self.nvml_durations).observe(in_nvml.as_secs_f64());
         self.snapshot()
@@ -265,7 +281,10 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             &mut self.devices[i],
             &self.listed,
             &self.config.selection,
-            &mut self.procs,
+            processes::Lookups {
+                procs: &mut self.procs,
+                bridge: self.bridge.as_deref_mut(),
+            },
             &self.collectors,
             now,
             timing.peak_window,
@@ -284,6 +303,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
     /// The state as it stands, without calling NVML (every GPU is down
     /// while the source is closed).
     pub fn snapshot(&self) -> Snapshot {
+        let (lookup_failures, attribution_rejected) = self.procs.counters();
         Snapshot {
             taken_at: SystemTime::now(),
             driver: Arc::clone(&self.driver),
@@ -307,13 +327,13 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             sample_duration: Arc::clone(&self.durations),
             sample_nvml_duration: Arc::clone(&self.nvml_durations),
             memory_samples: self.memory_samples,
-            process_lookup_failures: self.procs.failures(),
-            attribution_rejected: self.procs.rejections(),
+            process_lookup_failures: lookup_failures,
+            attribution_rejected,
             nvml_reinit_attempts: self.reinit_attempts,
-            kubernetes: self.procs.kubernetes(),
-            torch: self.procs.torch_counters(),
-            containers: self.procs.container_lookups(),
-            // Filled in by `publish::Shared::publish`.
+            // Filled in by `publish::Shared::publish`, from the sources.
+            kubernetes: None,
+            torch: None,
+            containers: None,
             pod_resources: None,
             job_mapping: None,
             exporter: Default::default(),

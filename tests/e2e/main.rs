@@ -6,6 +6,13 @@
 //!   a real Prometheus server, the external tools (promtool, kubectl, …).
 //! - `core`: values to the byte, endpoints, formats, signals, bad configs.
 //! - `peaks`: windowed peaks from fast memory samples; gzip.
+//! - `accounting`: the ledger: memory-time and busy-time counters per
+//!   GPU, process and workload, allocated and idle time, the rankings in
+//!   the API and on the page.
+//! - `forecast`: the table of histories (steady, ramps, steps, sawtooth)
+//!   under faketime at 30x real speed: when the GPU is forecast full.
+//! - `tenant`: hostile tenants on a shared node: forged cgroups, fds,
+//!   FIFOs and names, as real uids in real cgroups.
 //! - `faults`: NVML not ready, every GPU lost, a hung call, SIGHUP reload.
 //! - `collectors`: utilisation, per-process utilisation, power/thermal and
 //!   memory health: exact values, absent when unsupported, switched off.

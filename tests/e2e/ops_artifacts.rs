@@ -413,10 +413,10 @@ fn dashboard_variables_are_found() {
 
 // ------------------------------------------------------------------ schemas
 
-/// The files ARCHITECTURE.md's code map names under `src/` and
-/// `tests/e2e/`: a row whose path is a folder names its files relative to
-/// it (`tick/tests.rs`).
-fn code_map_files(markdown: &str) -> BTreeSet<String> {
+/// The folders ARCHITECTURE.md's code map names under `src/` and
+/// `tests/e2e/`: each row's folder, and the subfolders its text names in
+/// backticks (`utilization/`), relative to it.
+fn code_map_folders(markdown: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let rows = markdown
         .lines()
@@ -424,48 +424,44 @@ fn code_map_files(markdown: &str) -> BTreeSet<String> {
     for line in rows {
         let cells: Vec<&str> = line.split(" | ").collect();
         let path = cells[0].trim_start_matches("| ").trim_matches('`');
-        if !path.ends_with('/') {
-            out.insert(path.to_string());
-            continue;
-        }
+        out.insert(path.trim_end_matches('/').to_string());
         let rest = cells[1..].join(" | ");
         for (i, tok) in rest.split('`').enumerate() {
-            let file = i % 2 == 1
-                && [".rs", ".js", ".css", ".html"]
-                    .iter()
-                    .any(|ext| tok.ends_with(ext))
-                && !tok.contains(' ');
-            if file {
-                out.insert(format!("{path}{tok}"));
+            if i % 2 == 1 && tok.ends_with('/') && !tok.contains(' ') && !tok.contains('{') {
+                out.insert(format!("{path}{}", tok.trim_end_matches('/')));
             }
         }
     }
     out
 }
 
-fn files_under(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
-    for e in std::fs::read_dir(dir).expect("read src/") {
+fn folders_under(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
+    let rel = dir.strip_prefix(root).expect("under the repo");
+    out.insert(rel.to_string_lossy().into_owned());
+    for e in std::fs::read_dir(dir).expect("read a folder") {
         let p = e.expect("entry").path();
         if p.is_dir() {
-            files_under(&p, root, out);
-        } else {
-            let rel = p.strip_prefix(root).expect("under the repo");
-            out.insert(rel.to_string_lossy().into_owned());
+            folders_under(&p, root, out);
         }
     }
 }
 
 #[test]
-fn the_code_map_lists_every_file_of_src_and_tests_e2e() {
-    let named = code_map_files(&read("ARCHITECTURE.md"));
+fn the_code_map_names_every_folder() {
+    let named = code_map_folders(&read("ARCHITECTURE.md"));
     let root = repo_file("");
     let mut present = BTreeSet::new();
-    files_under(&root.join("src"), &root, &mut present);
-    files_under(&root.join("tests/e2e"), &root, &mut present);
+    folders_under(&root.join("src"), &root, &mut present);
+    folders_under(&root.join("tests/e2e"), &root, &mut present);
     let missing: Vec<_> = present.difference(&named).collect();
     let gone: Vec<_> = named.difference(&present).collect();
     assert!(
         missing.is_empty() && gone.is_empty(),
-        "ARCHITECTURE.md's code map: not named {missing:?}; named but not in src/ or tests/e2e/ {gone:?}"
+        "ARCHITECTURE.md's code map: folders not named {missing:?}; named but not folders of src/ or tests/e2e/ {gone:?}"
+    );
+    let size = read("ARCHITECTURE.md").len();
+    assert!(
+        size <= 12_288,
+        "ARCHITECTURE.md is {size} bytes, over 12 KiB"
     );
 }

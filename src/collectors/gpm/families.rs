@@ -18,7 +18,7 @@ use crate::encoding::{Labels, gauge, gpu_labels};
 use crate::model::Snapshot;
 
 /// A metric's family name (after `gpu_gpm_` / `gpu_mig_gpm_`) and HELP.
-fn family(m: GpmMetric) -> (&'static str, &'static str) {
+pub(super) fn family(m: GpmMetric) -> (&'static str, &'static str) {
     match m {
         GpmMetric::SmActivity => (
             "sm_activity_ratio",
@@ -68,7 +68,7 @@ fn family(m: GpmMetric) -> (&'static str, &'static str) {
 }
 
 /// NVML's figure in Prometheus units.
-fn value(g: &Gpm, m: GpmMetric) -> Option<f64> {
+pub(super) fn value(g: &Gpm, m: GpmMetric) -> Option<f64> {
     let v = g.values[m as usize]?;
     Some(match m.unit() {
         GpmUnit::Percent => v / 100.0,

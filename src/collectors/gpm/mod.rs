@@ -25,6 +25,7 @@
 
 pub(crate) mod calls;
 pub(crate) mod families;
+pub(crate) mod json;
 
 use std::sync::Arc;
 

@@ -6,6 +6,7 @@
 
 pub(crate) mod calls;
 pub(crate) mod families;
+pub(crate) mod json;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

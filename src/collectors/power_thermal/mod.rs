@@ -4,6 +4,7 @@
 
 pub(crate) mod calls;
 pub(crate) mod families;
+pub(crate) mod json;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -10,11 +10,12 @@
 
 pub(crate) mod calls;
 pub(crate) mod families;
+pub(crate) mod json;
 
 use std::sync::Arc;
 
 use super::{Collector, Context, PerGpu};
-use crate::model::Reading;
+use crate::model::{Busy, Reading, Readings};
 
 /// Busy percentages of one GPU over NVML's last sampling period. A field
 /// is `None` when its call failed or is not supported: the family is then
@@ -33,23 +34,7 @@ pub struct Utilization {
     pub samples: Option<BusySamples>,
 }
 
-/// The busy time in NVML's utilisation samples newer than the last read.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BusySamples {
-    /// Which read this is: unique in the process, so the ledger adds each
-    /// read's [`Self::percent_us`] once however many snapshots carry it.
-    pub read: u64,
-    /// Σ over the new samples of percent × the µs since the sample before
-    /// (at most [`MAX_SAMPLE_GAP_US`] each).
-    pub percent_us: u64,
-}
-
-impl BusySamples {
-    /// Busy seconds: `percent_us` / 100 / 10⁶.
-    pub fn seconds(&self) -> f64 {
-        self.percent_us as f64 / 1e8
-    }
-}
+pub(crate) use crate::model::BusySamples;
 
 /// A sample counts for the time since the one before it, but never more
 /// than this: NVML samples every 1/6 s to 1 s, so a longer gap means
@@ -158,6 +143,18 @@ impl Collector for UtilizationCollector {
     fn reading(&self, gpu: usize) -> Option<Arc<dyn Reading>> {
         let u = self.read.get(gpu)?.clone()?;
         Some(u)
+    }
+
+    /// Its [`Utilization`], and the [`Busy`] reading the ledger reads.
+    fn readings(&self, gpu: usize, out: &mut Readings) {
+        let Some(u) = self.read.get(gpu).and_then(Clone::clone) else {
+            return;
+        };
+        out.put(Arc::new(Busy {
+            percent: u.gpu,
+            samples: u.samples,
+        }));
+        out.put(u);
     }
 }
 

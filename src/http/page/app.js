@@ -144,7 +144,7 @@
       ' · sampled every ' + s.sample_interval_seconds + ' s';
     const hist = new Map();
     if (state.hist) for (const h of state.hist.gpus) hist.set(h.gpu + '/' + h.uuid, h);
-    document.getElementById('gpus').replaceChildren(...s.gpus.map((g) => gpuCard(g, hist.get(g.gpu + '/' + g.uuid))));
+    document.getElementById('gpus').replaceChildren(...s.gpus.map((g) => gpuCard(g, hist.get(g.gpu + '/' + g.uuid), s.collectors || [])));
     document.getElementById('workloads').replaceChildren(...(s.workloads ? workloads(s.workloads) : []));
     document.getElementById('health').replaceChildren(health(s, age));
   }
@@ -204,7 +204,42 @@
     return out;
   }
 
-  function gpuCard(g, hist) {
+  // One collector's figures of a GPU as "help: name value · …", for every
+  // collector the snapshot lists (its registry row) that the card does not
+  // draw itself: a new collector is on the page with no edit here.
+  const DRAWN = new Set(['utilization']);
+  function figure(name, v) {
+    if (v === null || v === undefined) return null;
+    if (typeof v === 'object') {
+      const inner = Object.entries(v).map(([k, n]) => k + ' ' + n);
+      return inner.length ? name + ' {' + inner.join(', ') + '}' : null;
+    }
+    const label = name.replace(/_(ratio|bytes|celsius|watts|joules|hertz|bytes_per_second)$/, '').replace(/_/g, ' ');
+    if (typeof v === 'boolean') return label + ' ' + (v ? 'yes' : 'no');
+    if (name.endsWith('_ratio')) return label + ' ' + pct(v);
+    if (name.endsWith('_bytes_per_second')) return label + ' ' + mib(v) + '/s';
+    if (name.endsWith('_bytes')) return label + ' ' + mib(v);
+    if (name.endsWith('_celsius')) return label + ' ' + v + ' °C';
+    if (name.endsWith('_watts')) return label + ' ' + v.toFixed(1) + ' W';
+    if (name.endsWith('_joules')) return label + ' ' + v.toFixed(0) + ' J';
+    if (name.endsWith('_hertz')) return label + ' ' + (v / 1e6).toFixed(0) + ' MHz';
+    return label + ' ' + v;
+  }
+  function collectorLines(g, collectors) {
+    const out = [];
+    for (const c of collectors) {
+      const r = g[c.key];
+      if (DRAWN.has(c.key) || !r || typeof r !== 'object') continue;
+      const parts = Object.entries(r).map(([k, v]) => figure(k, v)).filter(Boolean);
+      if (!parts.length) continue;
+      const p = el('p', 'collector dim', c.help + ': ' + parts.join(' · '));
+      p.dataset.collector = c.key;
+      out.push(p);
+    }
+    return out;
+  }
+
+  function gpuCard(g, hist, collectors) {
     const card = el('section', 'gpu' + (g.up ? '' : ' down'));
     card.dataset.gpu = g.gpu;
     card.dataset.uuid = g.uuid;
@@ -236,6 +271,7 @@
       if (u.decoder_ratio !== null) parts.push('decoder ' + pct(u.decoder_ratio));
       if (parts.length) card.append(el('p', 'util', 'utilisation: ' + parts.join(' · ')));
     }
+    card.append(...collectorLines(g, collectors));
     card.append(sparkline(hist, m.total_bytes));
     const f = g.forecast;
     if (f) {

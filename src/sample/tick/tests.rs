@@ -17,7 +17,6 @@ const GIB: u64 = 1 << 30;
 #[derive(Default)]
 struct Recorder {
     identified: Vec<u32>,
-    torch_asked: Vec<(u32, Vec<String>)>,
     live_after_tick: Vec<u32>,
 }
 
@@ -32,11 +31,32 @@ impl ProcessLookup for Recorder {
     fn retain(&mut self, live: &dyn Fn(u32) -> bool) {
         self.live_after_tick = (0..100).filter(|p| live(*p)).collect();
     }
-    fn torch(&mut self, pid: u32, uuids: &[&str]) -> Option<crate::model::TorchStats> {
-        self.torch_asked
-            .push((pid, uuids.iter().map(|u| u.to_string()).collect()));
+    fn started(&self, _pid: u32) -> Option<u64> {
+        Some(0)
+    }
+}
+
+/// The bridge's stand-in: records which devices the sampler asks for.
+#[derive(Clone, Default)]
+struct TorchAsked(Arc<std::sync::Mutex<Asked>>);
+
+/// Each pid asked for, with the device UUIDs it was asked for.
+type Asked = Vec<(u32, Vec<String>)>;
+
+impl TorchAsked {
+    fn asked(&self) -> Vec<(u32, Vec<String>)> {
+        self.0.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
+
+impl crate::bridge::Figures for TorchAsked {
+    fn stats(&mut self, pid: u32, _start: u64, uuids: &[&str]) -> Option<crate::model::TorchStats> {
+        if let Ok(mut v) = self.0.lock() {
+            v.push((pid, uuids.iter().map(|u| u.to_string()).collect()));
+        }
         None
     }
+    fn end_tick(&mut self, _live: &dyn Fn(u32) -> bool) {}
 }
 
 fn timing() -> Timing {
@@ -202,7 +222,9 @@ fn mig_instances_are_read_and_torch_is_asked_for_the_instance_first() {
         },
         process(8, GIB),
     ]);
-    let mut s = Sampler::new(FakeGpu::new(vec![d0]), Recorder::default(), with(timing()));
+    let torch = TorchAsked::default();
+    let mut s = Sampler::new(FakeGpu::new(vec![d0]), Recorder::default(), with(timing()))
+        .with_bridge(Some(Box::new(torch.clone())));
     let snap = s.tick();
     let d = &snap.devices[0];
     assert_eq!(d.mig.len(), 2);
@@ -214,7 +236,7 @@ fn mig_instances_are_read_and_torch_is_asked_for_the_instance_first() {
         Some(&1)
     );
     assert_eq!(
-        s.procs.torch_asked,
+        torch.asked(),
         vec![
             (7, vec!["MIG-a".to_string(), "GPU-fake-0000".to_string()]),
             (8, vec!["GPU-fake-0000".to_string()]),
@@ -317,7 +339,9 @@ fn mig_layouts_are_followed_two_three_then_off() {
         (mig("MIG-b", 2), Ok(memory(18 * GIB, 0))),
     ];
     d0.processes = Ok(vec![on_instance(7, 1)]);
-    let mut s = Sampler::new(FakeGpu::new(vec![d0]), Recorder::default(), with(timing()));
+    let torch = TorchAsked::default();
+    let mut s = Sampler::new(FakeGpu::new(vec![d0]), Recorder::default(), with(timing()))
+        .with_bridge(Some(Box::new(torch.clone())));
     let snap = s.tick();
     let uuids = |snap: &Snapshot| -> Vec<String> {
         snap.devices[0]
@@ -343,7 +367,7 @@ fn mig_layouts_are_followed_two_three_then_off() {
         .collect();
     assert_eq!(pids, vec![(7, Some(1)), (8, Some(3))]);
     assert_eq!(
-        s.procs.torch_asked.last(),
+        torch.asked().last(),
         Some(&(8, vec!["MIG-c".to_string(), "GPU-fake-0000".to_string()])),
         "torch is asked for the new instance"
     );

@@ -1,6 +1,10 @@
-//! PyTorch caching-allocator figures, published by the `gpumem_bridge`
-//! Python package (`python/`): what a process says about itself, and only
-//! about itself.
+//! The torch bridge, a source: PyTorch caching-allocator figures that the
+//! `gpumem_bridge` Python package (`python/`) publishes from inside a
+//! process. They are figures, never identity: which process sent them is
+//! what the kernel says (its credentials and a pidfd), and a process's
+//! figures describe only that process. The sampler reads them as a
+//! per-process reading keyed by (pid, start time); [`spawn`], called from
+//! the pipeline alone, starts the socket's thread.
 //!
 //! Two ways in, one document ([`document`]):
 //!
@@ -34,35 +38,111 @@ pub(crate) mod socket;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::procfs::ProcRoot;
+use crate::attribute::procfs::ProcRoot;
+use crate::config::Attribution;
 use crate::model::{BridgeSocketCounters, TorchCounters, TorchStats};
 use crate::ratelimit::LogLimiter;
 pub(crate) use document::{Document, DropReason, MAX_DOCUMENT_BYTES, parse};
 use fdscan::{FdScan, Outcome};
 
-/// Counters of the fd fallback (the socket keeps its own).
-#[derive(Debug, Clone, Copy, Default)]
+/// Counters of the fd fallback (the socket keeps its own); written by the
+/// sampler thread's [`TorchReader`] alone, read by publish.
+#[derive(Debug, Default)]
 struct FdCounters {
-    reports: u64,
-    malformed: u64,
-    oversized: u64,
-    permission: u64,
+    reports: AtomicU64,
+    malformed: AtomicU64,
+    oversized: AtomicU64,
+    permission: AtomicU64,
 }
 
-/// Reads bridge documents for the sampler (through `ProcCache`): from the
-/// socket's store first, else (when on) the fd fallback. Owned by the
-/// sampler thread.
-#[derive(Debug)]
-pub(crate) struct TorchReader {
+/// The bridge as a source: the socket's store (written by its thread) and
+/// the fd fallback's counters (written by the sampler's reader). Publish
+/// copies [`Bridge::state`] into every snapshot.
+#[derive(Debug, Default)]
+pub(crate) struct Bridge {
     socket: Option<Arc<socket::Store>>,
     socket_path: Option<String>,
+    fd: FdCounters,
+}
+
+impl Bridge {
+    /// Documents accepted and dropped so far.
+    pub(crate) fn state(&self) -> TorchCounters {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let f = &self.fd;
+        let mut c = TorchCounters {
+            reports: get(&f.reports),
+            malformed: get(&f.malformed),
+            oversized: get(&f.oversized),
+            permission: get(&f.permission),
+            identity: 0,
+            socket: None,
+        };
+        if let Some(s) = &self.socket {
+            let s = &s.counters;
+            c.reports += get(&s.accepted);
+            c.malformed += get(&s.malformed);
+            c.oversized += get(&s.oversized);
+            c.identity = get(&s.identity);
+            c.socket = Some(BridgeSocketCounters {
+                connections: get(&s.open),
+                limited_connections: get(&s.limited_connections),
+                limited_rate: get(&s.limited_rate),
+            });
+        }
+        c
+    }
+}
+
+/// Start what `processes.torch_bridge*` asks for (`None` when the bridge is
+/// off): the socket's thread, listening at `torch_bridge_socket`, and the
+/// fd fallback when `torch_bridge_fd_scan`. Called from the pipeline
+/// alone; the reader goes to the sampler, its [`TorchReader::bridge`] to
+/// publish.
+pub(crate) fn spawn(cfg: &Attribution) -> Option<TorchReader> {
+    if !cfg.torch_bridge {
+        return None;
+    }
+    let root = ProcRoot::new(&cfg.procfs);
+    Some(TorchReader::start(
+        root,
+        cfg.torch_bridge_socket.as_deref(),
+        cfg.torch_bridge_fd_scan,
+    ))
+}
+
+/// What the sampler asks of the bridge: the figures of one process (by pid
+/// and start time) for one device, and the end of a full sample. The
+/// [`TorchReader`] answers; tests stand in for it.
+pub(crate) trait Figures: Send {
+    /// The figures process `pid` (whose start time the caller just read
+    /// from /proc) published for the device named by `uuids`, if any.
+    fn stats(&mut self, pid: u32, start: u64, uuids: &[&str]) -> Option<TorchStats>;
+    /// End of a full sample: `live` says which pids are still on a GPU.
+    fn end_tick(&mut self, live: &dyn Fn(u32) -> bool);
+}
+
+impl Figures for TorchReader {
+    fn stats(&mut self, pid: u32, start: u64, uuids: &[&str]) -> Option<TorchStats> {
+        TorchReader::stats(self, pid, start, uuids)
+    }
+    fn end_tick(&mut self, live: &dyn Fn(u32) -> bool) {
+        TorchReader::end_tick(self, live)
+    }
+}
+
+/// Reads bridge documents for the sampler: from the socket's store first,
+/// else (when on) the fd fallback. Owned by the sampler thread; each
+/// figure is a per-process reading keyed by (pid, start time).
+#[derive(Debug)]
+pub(crate) struct TorchReader {
+    bridge: Arc<Bridge>,
     fds: Option<FdScan>,
     /// Documents looked up in the current tick (a process on two GPUs is
     /// read once); cleared by [`TorchReader::end_tick`].
     this_tick: HashMap<(u32, u64), Option<Arc<Document>>>,
-    counters: FdCounters,
     /// Each reason is logged once.
     warned: LogLimiter<DropReason>,
 }
@@ -72,21 +152,19 @@ impl TorchReader {
     /// /proc lookup: the host's, with hostPID).
     pub(crate) fn new(root: ProcRoot) -> Self {
         TorchReader {
-            socket: None,
-            socket_path: None,
+            bridge: Arc::new(Bridge::default()),
             fds: Some(FdScan::new(root)),
             this_tick: HashMap::new(),
-            counters: FdCounters::default(),
             warned: LogLimiter::once(),
         }
     }
 
-    /// What `processes.torch_bridge_*` asks for: listen on `socket` (its
-    /// thread started here, ending when this reader is dropped) and scan
-    /// fds when `fd_scan`. A socket that cannot be bound is logged (a
-    /// missing directory at info level: the usual state where none is set
-    /// up) and left off; the fallback still works.
-    pub(crate) fn start(root: ProcRoot, socket: Option<&Path>, fd_scan: bool) -> Self {
+    /// Listen on `socket` (its thread started here, ending when the
+    /// [`Bridge`] is dropped) and scan fds when `fd_scan`. A socket that
+    /// cannot be bound is logged (a missing directory at info level: the
+    /// usual state where none is set up) and left off; the fallback still
+    /// works.
+    fn start(root: ProcRoot, socket: Option<&Path>, fd_scan: bool) -> Self {
         let mut reader = TorchReader::new(root.clone());
         if !fd_scan {
             reader.fds = None;
@@ -100,8 +178,11 @@ impl TorchReader {
         });
         match listening {
             Ok(_) => {
-                reader.socket = Some(store);
-                reader.socket_path = Some(path.display().to_string());
+                reader.bridge = Arc::new(Bridge {
+                    socket: Some(store),
+                    socket_path: Some(path.display().to_string()),
+                    fd: FdCounters::default(),
+                });
             }
             Err(e) if e.is_absent() => tracing::info!(
                 path = %path.display(),
@@ -115,31 +196,15 @@ impl TorchReader {
         reader
     }
 
+    /// The source's shared half, for publish.
+    pub(crate) fn bridge(&self) -> Arc<Bridge> {
+        Arc::clone(&self.bridge)
+    }
+
     /// Documents accepted and dropped so far.
+    #[cfg(test)]
     pub(crate) fn counters(&self) -> TorchCounters {
-        let f = self.counters;
-        let mut c = TorchCounters {
-            reports: f.reports,
-            malformed: f.malformed,
-            oversized: f.oversized,
-            permission: f.permission,
-            identity: 0,
-            socket: None,
-        };
-        if let Some(s) = &self.socket {
-            let s = &s.counters;
-            let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-            c.reports += get(&s.accepted);
-            c.malformed += get(&s.malformed);
-            c.oversized += get(&s.oversized);
-            c.identity = get(&s.identity);
-            c.socket = Some(BridgeSocketCounters {
-                connections: get(&s.open),
-                limited_connections: get(&s.limited_connections),
-                limited_rate: get(&s.limited_rate),
-            });
-        }
-        c
+        self.bridge.state()
     }
 
     /// Fd links the fallback probed so far.
@@ -171,12 +236,12 @@ impl TorchReader {
     }
 
     fn read(&mut self, pid: u32, start: u64) -> Option<Arc<Document>> {
-        if let Some(doc) = self.socket.as_ref().and_then(|s| s.get(pid, start)) {
+        if let Some(doc) = self.bridge.socket.as_ref().and_then(|s| s.get(pid, start)) {
             return Some(doc);
         }
         match self.fds.as_mut()?.read(pid, start) {
             Outcome::Document(doc) => {
-                self.counters.reports += 1;
+                self.bridge.fd.reports.fetch_add(1, Ordering::Relaxed);
                 Some(Arc::new(doc))
             }
             Outcome::Dropped(reason) => {
@@ -188,19 +253,20 @@ impl TorchReader {
     }
 
     fn count(&mut self, pid: u32, reason: DropReason) {
+        let f = &self.bridge.fd;
         let n = match reason {
-            DropReason::Malformed => &mut self.counters.malformed,
-            DropReason::Oversized => &mut self.counters.oversized,
-            DropReason::Permission => &mut self.counters.permission,
+            DropReason::Malformed => &f.malformed,
+            DropReason::Oversized => &f.oversized,
+            DropReason::Permission => &f.permission,
         };
-        *n += 1;
+        n.fetch_add(1, Ordering::Relaxed);
         if self.warned.check(reason).is_none() {
             return;
         }
         match reason {
             DropReason::Permission => tracing::warn!(
                 pid,
-                socket = self.socket_path.as_deref().unwrap_or("off"),
+                socket = self.bridge.socket_path.as_deref().unwrap_or("off"),
                 "cannot look at the fds of a GPU process (permission denied), so a gpumem_bridge older than 0.4 (memfd only) in it cannot be read: upgrade the bridge, which then sends its figures over the exporter's socket (processes.torch_bridge_socket; in Kubernetes mount its directory into the pod) and needs no privilege; reading fds would need the process's uid or CAP_SYS_PTRACE, which the shipped deployments no longer grant. processes.torch_bridge_fd_scan: false stops trying. Counted in gpumem_exporter_torch_reports_dropped_total{{reason=\"permission\"}}; this is logged once"
             ),
             _ => tracing::warn!(
@@ -418,6 +484,6 @@ mod tests {
         assert!(r.counters().socket.is_none());
         assert!(r.fds.is_some());
         let r = TorchReader::start(ProcRoot::default(), None, false);
-        assert!(r.fds.is_none() && r.socket.is_none());
+        assert!(r.fds.is_none() && r.bridge.socket.is_none());
     }
 }
