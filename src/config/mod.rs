@@ -271,30 +271,20 @@ fn flag<T: FromStr<Err = String>>(
         .transpose()
 }
 
-fn build(
-    file: FileConfig,
-    o: &Overrides,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Config, Located> {
-    let d = Config::default();
-    let listen = flag::<ListenAddress>("web.listen-address", &o.listen_address)?
-        .or(file.web.listen_address)
-        .map(|a| a.0)
-        .unwrap_or(d.http.listen_address);
-    let path = flag::<TelemetryPath>("web.telemetry-path", &o.telemetry_path)?
-        .or(file.web.telemetry_path)
-        .map(|p| p.0)
-        .unwrap_or(d.http.telemetry_path);
+/// The sample intervals, the peak window and the MIG rescan interval:
+/// flags over file keys over `d`, each checked against the full sample
+/// interval.
+fn timing(file: &FileConfig, o: &Overrides, d: &Timing) -> Result<Timing, Located> {
     let interval = flag::<Interval>("sample-interval", &o.sample_interval)?
         .or(file.sample_interval)
         .map(|i| i.0)
-        .unwrap_or(d.timing.sample_interval);
+        .unwrap_or(d.sample_interval);
     let mem_flag = flag::<Interval>("memory-sample-interval", &o.memory_sample_interval)?;
     let mem_from_flag = mem_flag.is_some();
     let memory_interval = mem_flag
         .or(file.memory_sample_interval)
         .map(|i| i.0)
-        .unwrap_or(d.timing.memory_sample_interval)
+        .unwrap_or(d.memory_sample_interval)
         .min(if mem_from_flag || file.memory_sample_interval.is_some() {
             Duration::MAX
         } else {
@@ -317,17 +307,40 @@ fn build(
     let peak_window = not_below_interval(
         ("peak-window", &o.peak_window),
         ("peak_window", file.peak_window),
-        d.timing.peak_window,
+        d.peak_window,
         interval,
         "it must be at least one sample interval (and should be at least the scrape interval)",
     )?;
     let mig_rescan_interval = not_below_interval(
         ("mig-rescan-interval", &o.mig_rescan_interval),
         ("mig_rescan_interval", file.mig_rescan_interval),
-        d.timing.mig_rescan_interval,
+        d.mig_rescan_interval,
         interval,
         "MIG layouts are read in full samples, so it must be at least one sample interval",
     )?;
+    Ok(Timing {
+        sample_interval: interval,
+        memory_sample_interval: memory_interval,
+        peak_window,
+        mig_rescan_interval,
+    })
+}
+
+fn build(
+    file: FileConfig,
+    o: &Overrides,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, Located> {
+    let d = Config::default();
+    let timing = timing(&file, o, &d.timing)?;
+    let listen = flag::<ListenAddress>("web.listen-address", &o.listen_address)?
+        .or(file.web.listen_address)
+        .map(|a| a.0)
+        .unwrap_or(d.http.listen_address);
+    let path = flag::<TelemetryPath>("web.telemetry-path", &o.telemetry_path)?
+        .or(file.web.telemetry_path)
+        .map(|p| p.0)
+        .unwrap_or(d.http.telemetry_path);
     let library = o
         .nvml_library
         .clone()
@@ -364,12 +377,7 @@ fn build(
                 .map(|h| h.0)
                 .collect(),
         },
-        timing: Timing {
-            sample_interval: interval,
-            memory_sample_interval: memory_interval,
-            peak_window,
-            mig_rescan_interval,
-        },
+        timing,
         selection,
         collectors,
         nvml_library: library,

@@ -240,6 +240,41 @@ impl Output {
     }
 }
 
+/// Whether `target` could be opened as [`Output::create`] would, without
+/// creating or changing anything: checked before the pipeline starts, so
+/// a bad path is one clear error and nothing else.
+pub(crate) fn check(target: &Target, force: bool) -> Result<(), OutputError> {
+    let Target::Path(path) = target else {
+        return Ok(());
+    };
+    let name = target.name();
+    let open_err = |source| OutputError::Open {
+        path: name.clone(),
+        source,
+    };
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Err(OutputError::Directory { path: name.clone() }),
+        Ok(m) if m.is_file() && !force => Err(OutputError::Exists { path: name.clone() }),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() => rustix::fs::access(dir, rustix::fs::Access::WRITE_OK)
+                    .map_err(|e| open_err(e.into())),
+                Ok(_) => Err(open_err(std::io::Error::new(
+                    ErrorKind::NotADirectory,
+                    format!("{} is not a directory", dir.display()),
+                ))),
+                Err(e) => Err(open_err(e)),
+            }
+        }
+        Err(e) => Err(open_err(e)),
+    }
+}
+
 /// Open a path as the module doc says; also returns the path when the
 /// file was created here.
 fn open_path(
@@ -333,6 +368,18 @@ mod tests {
         let missing = Target::Path(dir.path().join("no/such/dir/r.csv"));
         let e = Output::create(&missing, false, b"h\n", b"").unwrap_err();
         assert!(matches!(e, OutputError::Open { .. }), "{e}");
+        // The check before the pipeline says the same, creating nothing.
+        let e = check(&missing, false).unwrap_err();
+        assert!(matches!(e, OutputError::Open { .. }), "{e}");
+        assert!(matches!(
+            check(&d, true),
+            Err(OutputError::Directory { .. })
+        ));
+        assert!(matches!(check(&t, false), Err(OutputError::Exists { .. })));
+        assert!(check(&t, true).is_ok());
+        let fresh = Target::Path(dir.path().join("new.csv"));
+        assert!(check(&fresh, false).is_ok());
+        assert!(!dir.path().join("new.csv").exists());
     }
 
     #[test]

@@ -135,9 +135,12 @@ where
     E: std::error::Error + Send + Sync + 'static,
     F: Fn() -> Result<G, OpenFailure<E>> + Send + 'static,
 {
+    // The output path first, without creating it: a bad one is the only
+    // line printed. Then the sampler: its first snapshot waits in the
+    // channel while the output is opened, and no file is left behind when
+    // NVML cannot load.
+    output::check(&opts.target, opts.force)?;
     let (sink_tx, sink_rx) = sync_channel(SINK_CAPACITY);
-    // The sampler first: its first snapshot waits in the channel while the
-    // output is opened, and no file is left behind when NVML cannot load.
     let pipeline = Pipeline::start(cfg, reload, Some(sink_tx), open)
         .map_err(|e| RecordError::Sampler(Box::new(e)))?;
     let command_pid = Arc::new(AtomicU32::new(0));
@@ -164,7 +167,7 @@ where
         duration = %opts.duration.map(|d| HumanDuration(d).to_string()).unwrap_or_else(|| "until stopped".into()),
         "recording"
     );
-    let (stopped, mut child) = runtime.block_on(async {
+    let (stopped, child) = runtime.block_on(async {
         let signals = pipeline.run_background();
         wait_for_end(&opts, signals, &mut writer.done, &command_pid).await
     });
@@ -177,6 +180,28 @@ where
             "samples left out of the recording because writing them fell behind"
         );
     }
+    let Some((end, command_code)) = conclude(stopped, child, &runtime, &opts, &mut code) else {
+        return Ok(EXIT_CANNOT_START);
+    };
+    let report = tracker
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .report(&end, command_code);
+    write_summary(&opts.target, &report);
+    Ok(code)
+}
+
+/// How the recording ended, and the command's exit code when it ran:
+/// waits for a command still running after a duration or a writer's end
+/// (a command that could not start is said here, and `None` returned);
+/// sets `code` from the command's where writing did not fail.
+fn conclude(
+    stopped: Stopped,
+    mut child: Option<tokio::process::Child>,
+    runtime: &tokio::runtime::Runtime,
+    opts: &Options,
+    code: &mut u8,
+) -> Option<(String, Option<i32>)> {
     let end = match &stopped {
         Stopped::Exited(_) => "exited",
         Stopped::CannotStart(_) => "cannot_start",
@@ -195,7 +220,7 @@ where
                 "gpumem-exporter: cannot start the command {:?}: {e}",
                 program.unwrap_or_default()
             );
-            return Ok(EXIT_CANNOT_START);
+            return None;
         }
         Stopped::Duration | Stopped::WriterEnded if child.is_some() => {
             tracing::info!("recording stopped; waiting for the command to exit");
@@ -213,22 +238,17 @@ where
                 end = "signalled".into();
             }
             command_code = Some(i32::from(c));
-            if code == 0 {
-                code = c;
+            if *code == 0 {
+                *code = c;
             }
         }
         Some(Err(e)) => {
             eprintln!("gpumem-exporter: cannot wait for the command: {e}");
-            code = 1;
+            *code = 1;
         }
         None => {}
     }
-    let report = tracker
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .report(&end, command_code);
-    write_summary(&opts.target, &report);
-    Ok(code)
+    Some((end, command_code))
 }
 
 /// The summary on stderr, and as JSON beside a recording in a file. A

@@ -22,11 +22,11 @@ use gpumem_exporter::testing::expose::{self, Format};
 use gpumem_exporter::testing::gpu::{ErrorKind, Operation};
 use gpumem_exporter::testing::model::{
     AllocatedDevice, AllocatorBackend, AllocatorSettings, AttributionRejections,
-    BridgeSocketCounters, ContainerInfo, ContainerLookups, DeviceInfo, DeviceSample, DriverInfo,
-    DurationHistogram, ExporterCounters, JobAllocation, JobMappingErrors, JobMappingState,
-    KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses, ProcIdentity, ProcessSample,
-    Readings, SlurmJob, Snapshot, TorchCounters, TorchPool, TorchPools, TorchStats, TorchSteps,
-    TorchThreshold,
+    BridgeSocketCounters, Busy, ContainerInfo, ContainerLookups, DeviceInfo, DeviceSample,
+    DriverInfo, DurationHistogram, ExporterCounters, JobAllocation, JobMappingErrors,
+    JobMappingState, KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses, ProcIdentity,
+    ProcessSample, Readings, SlurmJob, Snapshot, TorchCounters, TorchPool, TorchPools, TorchStats,
+    TorchSteps, TorchThreshold,
 };
 use gpumem_exporter::testing::readings::{
     Health, PowerThermal, ProcessUtilization, RemappedRows, RetiredPages, Utilization,
@@ -210,6 +210,12 @@ fn fixed_snapshot() -> Snapshot {
                 memory: Some(41),
                 encoder: Some(0),
                 decoder: None,
+                samples: None,
+            })
+            // What the utilisation collector leaves for the ledger beside
+            // its own reading.
+            .with(Busy {
+                percent: Some(93),
                 samples: None,
             })
             .with(PowerThermal {
