@@ -56,7 +56,7 @@ pub fn fake_nvml() -> &'static Path {
     LIB.get_or_init(|| {
         let manifest = repo();
         let status = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "fake-nvml", "--lib"])
+            .args(["build", "--locked", "-q", "-p", "fake-nvml", "--lib"])
             .current_dir(manifest)
             .status()
             .expect("run cargo build -p fake-nvml");
