@@ -36,6 +36,8 @@
 //! - `fleet`: the fleet path from the shipped deploy/fleet files: vmagent →
 //!   VictoriaMetrics → vmalert → Alertmanager → a webhook, GpuMemoryHigh
 //!   fired and resolved; Prometheus in agent mode remote-writing.
+//! - `demo`: `scripts/demo` as a newcomer runs it: names, users and pods,
+//!   nothing refused, nothing left behind on SIGTERM.
 //! - `empty_labels`: the same queries answer the same series whether the
 //!   exposition leaves empty labels out (it does) or writes them.
 //! - `kube_watch`: the pod watcher against the list/watch wire format.
@@ -114,6 +116,8 @@ mod attack; // slowhttptest, sslscan, openssl; 3,000 connections
 mod ceiling; // root, cgroup v1, python3 children: the release exporter under its documented memory limit
 #[cfg(feature = "external-tools")]
 mod chaos; // the long run: every fault at once for CHAOS_SECONDS
+#[cfg(feature = "external-tools")]
+mod demo; // python3: scripts/demo (its fake Kubernetes API) on this build
 #[cfg(feature = "external-tools")]
 mod empty_labels; // a real Prometheus
 #[cfg(feature = "external-tools")]

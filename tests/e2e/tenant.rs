@@ -127,7 +127,10 @@ impl Cgroups {
         let script = format!(
             "{root_part}exec setpriv --reuid={uid} --regid={uid} --clear-groups sh -c \"{tenant_part}echo ready && exec sleep 600\""
         );
-        let mut child = Command::new("sh")
+        let mut cmd = Command::new("sh");
+        // sh, setpriv, sh, sleep: one group, killed together.
+        own_group(&mut cmd);
+        let mut child = cmd
             .arg("-c")
             .arg(&script)
             .stdout(Stdio::piped())
@@ -149,8 +152,7 @@ impl Cgroups {
 impl Drop for Cgroups {
     fn drop(&mut self) {
         for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
+            kill_group(c);
         }
         for dir in self.made.iter().rev() {
             // A cgroup empties a moment after its last process exits.

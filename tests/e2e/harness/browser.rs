@@ -46,7 +46,11 @@ impl Browser {
     /// its page, with the Runtime, Log and Page domains on.
     pub fn start(width: u32, height: u32) -> Browser {
         let profile = tempfile::tempdir().expect("profile dir");
-        let child = Command::new(chromium())
+        let mut cmd = Command::new(chromium());
+        // Its zygote, renderer and utility processes: one group, killed
+        // with it.
+        super::own_group(&mut cmd);
+        let child = cmd
             .args([
                 "--headless",
                 "--no-sandbox",
@@ -281,7 +285,6 @@ fn devtools_get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        super::kill_group(&mut self.child);
     }
 }

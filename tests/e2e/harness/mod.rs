@@ -56,7 +56,7 @@ pub fn fake_nvml() -> &'static Path {
     LIB.get_or_init(|| {
         let manifest = repo();
         let status = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "fake-nvml", "--lib"])
+            .args(["build", "--locked", "-q", "-p", "fake-nvml", "--lib"])
             .current_dir(manifest)
             .status()
             .expect("run cargo build -p fake-nvml");
@@ -68,6 +68,52 @@ pub fn fake_nvml() -> &'static Path {
         assert!(lib.exists(), "{} not built", lib.display());
         lib
     })
+}
+
+/// Make `cmd` start as the leader of a process group of its own, so that
+/// [`kill_group`] ends whatever it starts too. A wrapper (`faketime`,
+/// which forks the exporter and waits; a shell that does not `exec`) does
+/// not pass a SIGKILL on to its child: killing the wrapper alone left an
+/// exporter running, reparented to init, long after its test.
+pub fn own_group(cmd: &mut Command) -> &mut Command {
+    std::os::unix::process::CommandExt::process_group(cmd, 0)
+}
+
+/// SIGKILL to the process group `child` leads (started with
+/// [`own_group`]), then reap `child`. Only while the leader is unreaped
+/// (running, or exited and not waited for): until then its pid, the
+/// group's id, cannot be given to another process, whose group a late
+/// kill would hit (pids wrap at 32,768 on some machines).
+pub fn kill_group(child: &mut Child) {
+    if let Some(pgid) = unreaped(child, false) {
+        // SAFETY: kill(2) on the group of a child we started as its leader
+        // and have not reaped; a valid signal number.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// `child`'s pid while it is not reaped yet, without reaping it
+/// (`waitid` with `WNOWAIT`); with `block`, once it has exited.
+fn unreaped(child: &Child, block: bool) -> Option<libc::pid_t> {
+    let pid = libc::pid_t::try_from(child.id()).ok()?;
+    let id = libc::id_t::try_from(pid).ok()?;
+    let flags = libc::WEXITED | libc::WNOWAIT | if block { 0 } else { libc::WNOHANG };
+    // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid(2).
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: waitid(2) on our own child, with a valid out-pointer;
+        // WNOWAIT leaves it for `Child::wait` to reap.
+        let rc = unsafe { libc::waitid(libc::P_PID, id, &mut info, flags) };
+        if rc == 0 {
+            return Some(pid);
+        }
+        // ECHILD: reaped already (by `Child::wait`).
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return None;
+        }
+    }
 }
 
 /// A scenario file the fake NVML re-reads when it changes.
@@ -159,7 +205,10 @@ impl Exporter {
 
     /// Run `cmd` (the exporter, possibly behind a wrapper such as setpriv)
     /// and wait until it logs the address it listens on.
+    /// It leads a process group of its own ([`own_group`]): dropping the
+    /// `Exporter` kills the group, the exporter behind a wrapper too.
     pub fn spawn(mut cmd: Command) -> Exporter {
+        own_group(&mut cmd);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -181,8 +230,7 @@ impl Exporter {
         let addr = match rx.recv_timeout(Duration::from_secs(20)) {
             Ok(a) => a,
             Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                kill_group(&mut child);
                 panic!(
                     "exporter did not start listening; stderr:\n{}",
                     lines.lock().unwrap().join("\n")
@@ -225,8 +273,17 @@ impl Exporter {
     pub fn signal(&mut self, sig: &str) -> (std::process::ExitStatus, Duration) {
         let t = Instant::now();
         self.signal_only(sig);
+        // Exited, not yet reaped: what it started behind a wrapper goes
+        // with its group, while the group's id is still its own.
+        let waited = unreaped(&self.child, true);
+        let took = t.elapsed();
+        if let Some(pgid) = waited {
+            // SAFETY: kill(2) on the group of our unreaped child; a valid
+            // signal number.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        }
         let status = self.child.wait().expect("wait");
-        (status, t.elapsed())
+        (status, took)
     }
 
     /// Send a signal without waiting for an exit.
@@ -258,8 +315,7 @@ pub fn send_signal(child: &Child, sig: &str) {
 
 impl Drop for Exporter {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        kill_group(&mut self.child);
     }
 }
 

@@ -151,6 +151,8 @@ impl Py {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        // setpriv before python3, and whatever the code starts: one group.
+        super::own_group(&mut cmd);
         let mut child = cmd.spawn().expect("spawn python3");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
@@ -164,8 +166,7 @@ impl Py {
             .strip_prefix("ready ")
             .and_then(|p| p.trim().parse().ok());
         let Some(pid) = pid else {
-            let _ = child.kill();
-            let _ = child.wait();
+            super::kill_group(&mut child);
             let err = stderr
                 .map(|p| std::fs::read_to_string(p).unwrap_or_default())
                 .unwrap_or_default();
@@ -251,7 +252,6 @@ impl Py {
 
 impl Drop for Py {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        super::kill_group(&mut self.child);
     }
 }
