@@ -50,8 +50,8 @@ fn at(base: &Snapshot, procs: &mut Vec<Arc<[ProcessSample]>>, ms: u64) -> Snapsh
     s
 }
 
-/// The forecast before issue 39: the slope of the whole window and of
-/// each half, from a copy of the window, at every sample.
+/// The forecast the change-point one replaced: the slope of the whole
+/// window and of each half, from a copy of the window, at every sample.
 fn old_forecast(points: &[(u64, u64)]) -> Option<f64> {
     let (first, last) = (points.first()?.0, points.last()?.0);
     let middle = first + (last - first) / 2;

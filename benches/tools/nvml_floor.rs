@@ -1,7 +1,8 @@
 //! The RSS floor of any NVML exporter written in Rust: a process that
 //! opens NVML (nvml-wrapper, as the exporter does), reads one GPU's
 //! identity and memory, and then only waits. Whatever the exporter holds
-//! above this figure is its own (issue 28's target: idle RSS ≤ this + 6 MiB).
+//! above this figure is its own (the lean pass's target: idle RSS at most
+//! this plus 6 MiB; BENCHMARKS.md, "H200: peers after the lean pass").
 //!
 //!     cargo run --release --example nvml_floor -- [seconds] [path/to/libnvidia-ml.so.1]
 //!

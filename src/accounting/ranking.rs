@@ -1,5 +1,5 @@
 //! The workloads ranked by memory-time, over the last hour and since
-//! start, for `/api/v1/snapshot` and the page (issue 37).
+//! start, for `/api/v1/snapshot` and the page (the memory-time accounting).
 //!
 //! The ledger's per-workload totals only say "since the account was
 //! made", and an account goes 300 s after the workload's last process. So

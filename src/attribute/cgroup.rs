@@ -448,14 +448,23 @@ pub(crate) mod tests {
             .replace("{UID}", UID)
     }
 
+    fn none() -> CgroupIdentity {
+        ident(None, None, None, None)
+    }
+
+    /// Parses each case's input (a `fill` template) and compares it with
+    /// the identity wanted.
+    fn check_cgroup_cases(cases: &[(&str, &str, CgroupIdentity)]) {
+        for (name, input, expected) in cases {
+            let got = parse_cgroup(&fill(input));
+            assert_eq!(&got, expected, "case {name:?}: input {input:?}");
+        }
+    }
+
     #[test]
-    fn parse_cgroup_table() {
+    fn parse_cgroup_docker_and_podman() {
         use Runtime::*;
-        let none = ident(None, None, None, None);
-        let id63_scope = format!("0::/system.slice/docker-{}.scope", &ID[..63]);
-        let id65 = format!("0::/docker/{ID}0");
-        let upper = format!("0::/docker/{}", ID.to_uppercase());
-        let cases: Vec<(&str, &str, CgroupIdentity)> = vec![
+        check_cgroup_cases(&[
             // --- Docker ---
             (
                 "docker cgroupfs v1, many controllers",
@@ -478,6 +487,38 @@ pub(crate) mod tests {
                 "0::/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{ID}.scope",
                 ident(Some(ID), None, Some(Docker), None),
             ),
+            // --- Podman ---
+            (
+                "podman rootful",
+                "0::/machine.slice/libpod-{ID}.scope",
+                ident(Some(ID), None, Some(Podman), None),
+            ),
+            (
+                "podman rootful with container subgroup",
+                "0::/machine.slice/libpod-{ID}.scope/container",
+                ident(Some(ID), None, Some(Podman), None),
+            ),
+            (
+                "podman rootless",
+                "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope",
+                ident(Some(ID), None, Some(Podman), None),
+            ),
+            (
+                "podman conmon is not a container",
+                "0::/machine.slice/libpod-conmon-{ID}.scope",
+                ident(None, None, None, Some(&fill("libpod-conmon-{ID}.scope"))),
+            ),
+            (
+                "podman cgroupfs manager",
+                "0::/libpod_parent/libpod-{ID}",
+                ident(Some(ID), None, Some(Podman), None),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn parse_cgroup_kubernetes_cgroupfs_driver() {
+        check_cgroup_cases(&[
             // --- Kubernetes, cgroupfs driver ---
             (
                 "k8s cgroupfs burstable v1",
@@ -502,8 +543,15 @@ pub(crate) mod tests {
             (
                 "k8s cgroupfs malformed pod uid: nothing at its place",
                 "0::/kubepods/burstable/podnot-a-uid/{ID}",
-                none.clone(),
+                none(),
             ),
+        ]);
+    }
+
+    #[test]
+    fn parse_cgroup_kubernetes_systemd_driver() {
+        use Runtime::*;
+        check_cgroup_cases(&[
             // --- Kubernetes, systemd driver ---
             (
                 "k8s systemd burstable containerd v2",
@@ -546,32 +594,13 @@ pub(crate) mod tests {
                 "0::/kubepods.slice/kubepods-pod{UID_}.slice/crio-{ID}.scope/container",
                 ident(Some(ID), Some(UID), Some(CriO), None),
             ),
-            // --- Podman ---
-            (
-                "podman rootful",
-                "0::/machine.slice/libpod-{ID}.scope",
-                ident(Some(ID), None, Some(Podman), None),
-            ),
-            (
-                "podman rootful with container subgroup",
-                "0::/machine.slice/libpod-{ID}.scope/container",
-                ident(Some(ID), None, Some(Podman), None),
-            ),
-            (
-                "podman rootless",
-                "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope",
-                ident(Some(ID), None, Some(Podman), None),
-            ),
-            (
-                "podman conmon is not a container",
-                "0::/machine.slice/libpod-conmon-{ID}.scope",
-                ident(None, None, None, Some(&fill("libpod-conmon-{ID}.scope"))),
-            ),
-            (
-                "podman cgroupfs manager",
-                "0::/libpod_parent/libpod-{ID}",
-                ident(Some(ID), None, Some(Podman), None),
-            ),
+        ]);
+    }
+
+    #[test]
+    fn parse_cgroup_nested_kind_and_k3d() {
+        use Runtime::*;
+        check_cgroup_cases(&[
             // --- nested (kind, k3d) ---
             (
                 "kind seen from host, systemd",
@@ -600,6 +629,13 @@ pub(crate) mod tests {
                 "0::/system.slice/docker-{NODE}.scope/system.slice/containerd.service",
                 ident(Some(NODE), None, Some(Docker), None),
             ),
+        ]);
+    }
+
+    #[test]
+    fn parse_cgroup_host_processes() {
+        use Runtime::*;
+        check_cgroup_cases(&[
             // --- host processes ---
             (
                 "systemd service",
@@ -642,19 +678,25 @@ pub(crate) mod tests {
                 "0::/ecs/task-1234/{ID}",
                 ident(Some(ID), None, None, None),
             ),
+        ]);
+    }
+
+    #[test]
+    fn parse_cgroup_malformed() {
+        use Runtime::*;
+        let id63_scope = format!("0::/system.slice/docker-{}.scope", &ID[..63]);
+        let id65 = format!("0::/docker/{ID}0");
+        let upper = format!("0::/docker/{}", ID.to_uppercase());
+        check_cgroup_cases(&[
             // --- malformed ---
-            ("empty", "", none.clone()),
-            ("only newlines", "\n\n\n", none.clone()),
-            ("garbage", "hello world\x00\x01 ::: ", none.clone()),
-            ("root v2", "0::/", none.clone()),
-            ("root v1", "4:memory:/\n1:name=systemd:/", none.clone()),
-            ("line without colons", "/docker/{ID}", none.clone()),
-            ("one colon only", "0:/docker/{ID}", none.clone()),
-            (
-                "truncated id cgroupfs",
-                "0::/docker/3f4e5d6c7b8a",
-                none.clone(),
-            ),
+            ("empty", "", none()),
+            ("only newlines", "\n\n\n", none()),
+            ("garbage", "hello world\x00\x01 ::: ", none()),
+            ("root v2", "0::/", none()),
+            ("root v1", "4:memory:/\n1:name=systemd:/", none()),
+            ("line without colons", "/docker/{ID}", none()),
+            ("one colon only", "0:/docker/{ID}", none()),
+            ("truncated id cgroupfs", "0::/docker/3f4e5d6c7b8a", none()),
             (
                 "63-hex id in scope is a unit, not a container",
                 &id63_scope,
@@ -665,8 +707,8 @@ pub(crate) mod tests {
                     Some(&format!("docker-{}.scope", &ID[..63])),
                 ),
             ),
-            ("65-hex id is not a container id", &id65, none.clone()),
-            ("uppercase hex is not a container id", &upper, none.clone()),
+            ("65-hex id is not a container id", &id65, none()),
+            ("uppercase hex is not a container id", &upper, none()),
             (
                 "trailing whitespace and CRLF",
                 "0::/system.slice/docker-{ID}.scope  \r\n\n",
@@ -687,46 +729,54 @@ pub(crate) mod tests {
                 "0::/☃/docker-💥.scope/pod☃/kubepods-pod💥.slice",
                 ident(None, None, None, Some("docker-💥.scope")),
             ),
-            (
-                "bare .scope is not a unit",
-                "0::/.scope/.service",
-                none.clone(),
-            ),
+            ("bare .scope is not a unit", "0::/.scope/.service", none()),
             (
                 "short pod uid group",
                 "0::/kubepods/burstable/pod7e6b1f2a-3c4d-4e5f-8a9b-0c1d2e3f4a5/{ID}",
-                none.clone(),
+                none(),
             ),
-        ];
-        for (name, input, expected) in cases {
-            let got = parse_cgroup(&fill(input));
-            assert_eq!(got, expected, "case {name:?}: input {input:?}");
+        ]);
+    }
+
+    const VICTIM: &str = "0b6e2f51-3c1d-4a8e-9f7b-2d4c6e8a0b1c";
+    const VICTIM_: &str = "0b6e2f51_3c1d_4a8e_9f7b_2d4c6e8a0b1c";
+
+    /// `fill`, and `{VICTIM}`, `{VICTIM_}` (a victim pod's uid) and `{VID}`
+    /// (a victim container's id).
+    fn fill_forged(template: &str) -> String {
+        fill(template)
+            .replace("{VICTIM_}", VICTIM_)
+            .replace("{VICTIM}", VICTIM)
+            .replace("{VID}", &"e".repeat(64))
+    }
+
+    /// (name, input, identity, misplaced)
+    fn check_forged_cases(cases: &[(&str, &str, CgroupIdentity, bool)]) {
+        for (name, input, expected, misplaced) in cases {
+            let input = fill_forged(input);
+            let got = parse_cgroup_lines(&input);
+            assert_eq!(&got.identity, expected, "case {name:?}: input {input:?}");
+            assert_eq!(got.misplaced, *misplaced, "case {name:?} misplaced");
         }
     }
 
     /// Forged paths: a pod or container named where the kubelet and the
-    /// engines never put one (a user's delegated subtree, a privileged
-    /// container's own cgroup) gives no workload and is flagged misplaced;
-    /// names nested below a real container never override it.
+    /// engines never put one (a user's delegated subtree, a service's
+    /// cgroup, another cgroup namespace) gives no workload and is flagged
+    /// misplaced.
     #[test]
     fn forged_paths_name_nothing() {
-        use Runtime::*;
-        const VICTIM: &str = "0b6e2f51-3c1d-4a8e-9f7b-2d4c6e8a0b1c";
-        const VICTIM_: &str = "0b6e2f51_3c1d_4a8e_9f7b_2d4c6e8a0b1c";
-        let victim_id = "e".repeat(64);
-        let fill = |t: &str| {
-            fill(t)
-                .replace("{VICTIM_}", VICTIM_)
-                .replace("{VICTIM}", VICTIM)
-                .replace("{VID}", &victim_id)
-        };
-        // (name, input, identity, misplaced)
-        let cases: Vec<(&str, &str, CgroupIdentity, bool)> = vec![
+        check_forged_cases(&[
             (
                 "user manager: a kubepods tree of the user's own",
                 "0::/user.slice/user-65534.slice/user@65534.service/app.slice/kubepods.slice/\
                  kubepods-pod{VICTIM_}.slice/cri-containerd-{VID}.scope",
-                ident(None, None, None, Some(&fill("cri-containerd-{VID}.scope"))),
+                ident(
+                    None,
+                    None,
+                    None,
+                    Some(&fill_forged("cri-containerd-{VID}.scope")),
+                ),
                 true,
             ),
             (
@@ -741,6 +791,74 @@ pub(crate) mod tests {
                 ident(None, None, None, Some("session-4.scope")),
                 true,
             ),
+            (
+                "kubepods below a service is not the kubelet's",
+                "0::/system.slice/evil.service/kubepods.slice/kubepods-pod{VICTIM_}.slice/cri-containerd-{VID}.scope",
+                ident(
+                    None,
+                    None,
+                    None,
+                    Some(&fill_forged("cri-containerd-{VID}.scope")),
+                ),
+                true,
+            ),
+            (
+                "relative to another cgroup namespace",
+                "0::/../../kubepods-besteffort.slice/kubepods-besteffort-pod{VICTIM_}.slice/cri-containerd-{VID}.scope",
+                ident(
+                    None,
+                    None,
+                    None,
+                    Some(&fill_forged("cri-containerd-{VID}.scope")),
+                ),
+                true,
+            ),
+        ]);
+    }
+
+    /// A kubepods tree of the wrong shape names no container: a pod slice
+    /// out of its QoS parent, an engine's scope the kubelet never makes.
+    #[test]
+    fn forged_kubelet_layouts_name_no_container() {
+        check_forged_cases(&[
+            (
+                "a qos pod slice directly under kubepods.slice",
+                "0::/kubepods.slice/kubepods-burstable-pod{VICTIM_}.slice/cri-containerd-{VID}.scope",
+                ident(
+                    None,
+                    None,
+                    None,
+                    Some(&fill_forged("cri-containerd-{VID}.scope")),
+                ),
+                true,
+            ),
+            (
+                "a pod slice whose name is not its parent's child",
+                "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-burstable-pod{VICTIM_}.slice",
+                ident(None, None, None, None),
+                true,
+            ),
+            (
+                "podman's scope is no CRI container of a pod",
+                "0::/kubepods.slice/kubepods-pod{VICTIM_}.slice/libpod-{VID}.scope",
+                ident(None, Some(VICTIM), None, None),
+                false,
+            ),
+            (
+                "machine.slice holds Podman, not Docker",
+                "0::/machine.slice/docker-{VID}.scope",
+                ident(None, None, None, Some(&fill_forged("docker-{VID}.scope"))),
+                true,
+            ),
+        ]);
+    }
+
+    /// Names nested below a real container (a privileged container's own
+    /// cgroup) never override it.
+    #[test]
+    fn names_below_a_real_container_never_override_it() {
+        use Runtime::*;
+        check_forged_cases(&[
             (
                 "privileged pod nests a victim's container below its own",
                 "0::/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{ID}.scope/\
@@ -761,55 +879,13 @@ pub(crate) mod tests {
                 false,
             ),
             (
-                "kubepods below a service is not the kubelet's",
-                "0::/system.slice/evil.service/kubepods.slice/kubepods-pod{VICTIM_}.slice/cri-containerd-{VID}.scope",
-                ident(None, None, None, Some(&fill("cri-containerd-{VID}.scope"))),
-                true,
-            ),
-            (
-                "a qos pod slice directly under kubepods.slice",
-                "0::/kubepods.slice/kubepods-burstable-pod{VICTIM_}.slice/cri-containerd-{VID}.scope",
-                ident(None, None, None, Some(&fill("cri-containerd-{VID}.scope"))),
-                true,
-            ),
-            (
-                "a pod slice whose name is not its parent's child",
-                "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-burstable-pod{VICTIM_}.slice",
-                ident(None, None, None, None),
-                true,
-            ),
-            (
-                "podman's scope is no CRI container of a pod",
-                "0::/kubepods.slice/kubepods-pod{VICTIM_}.slice/libpod-{VID}.scope",
-                ident(None, Some(VICTIM), None, None),
-                false,
-            ),
-            (
-                "machine.slice holds Podman, not Docker",
-                "0::/machine.slice/docker-{VID}.scope",
-                ident(None, None, None, Some(&fill("docker-{VID}.scope"))),
-                true,
-            ),
-            (
-                "relative to another cgroup namespace",
-                "0::/../../kubepods-besteffort.slice/kubepods-besteffort-pod{VICTIM_}.slice/cri-containerd-{VID}.scope",
-                ident(None, None, None, Some(&fill("cri-containerd-{VID}.scope"))),
-                true,
-            ),
-            (
                 "v1: a forged line does not beat a real one",
                 "12:memory:/user.slice/user-65534.slice/user@65534.service/kubepods/pod{VICTIM}/{VID}\n\
                  1:name=systemd:/system.slice/docker-{ID}.scope\n",
                 ident(Some(ID), None, Some(Docker), None),
                 false,
             ),
-        ];
-        for (name, input, expected, misplaced) in cases {
-            let input = fill(input);
-            let got = parse_cgroup_lines(&input);
-            assert_eq!(got.identity, expected, "case {name:?}: input {input:?}");
-            assert_eq!(got.misplaced, misplaced, "case {name:?} misplaced");
-        }
+        ]);
     }
 
     /// The line an identity came from is the one whose owners are checked.

@@ -355,32 +355,28 @@ mod tests {
         }
     }
 
+    fn ok_devices(devs: Vec<(&str, u64)>) -> Result<Document, DropReason> {
+        Ok(Document {
+            devices: devs
+                .into_iter()
+                .map(|(u, b)| (u.to_string(), stats(b)))
+                .collect(),
+        })
+    }
+
+    fn check_parse_cases(cases: Vec<(&str, String, Result<Document, DropReason>)>) {
+        for (name, input, want) in cases {
+            assert_eq!(parse(input.as_bytes()), want, "case {name:?}");
+        }
+    }
+
     #[test]
-    fn parse_table() {
-        let ok = |devs: Vec<(&str, u64)>| {
-            Ok(Document {
-                devices: devs
-                    .into_iter()
-                    .map(|(u, b)| (u.to_string(), stats(b)))
-                    .collect(),
-            })
-        };
-        let padded = format!(
-            r#"{{"v":1,"devices":[],"pad":"{}"}}"#,
-            "x".repeat(MAX_DOCUMENT_BYTES as usize)
-        );
-        let just_fits = {
-            let head = r#"{"v":1,"devices":[]}"#;
-            format!(
-                "{head}{}",
-                " ".repeat(MAX_DOCUMENT_BYTES as usize - head.len())
-            )
-        };
-        let cases: Vec<(&str, String, Result<Document, DropReason>)> = vec![
+    fn parse_accepts_documents() {
+        check_parse_cases(vec![
             (
                 "one device",
                 format!(r#"{{"v":1,"seq":3,"devices":[{}]}}"#, dev(U0, 10)),
-                ok(vec![(U0, 10)]),
+                ok_devices(vec![(U0, 10)]),
             ),
             (
                 "two devices, order kept",
@@ -389,16 +385,20 @@ mod tests {
                     dev("GPU-b", 1),
                     dev("GPU-a", 2)
                 ),
-                ok(vec![("GPU-b", 1), ("GPU-a", 2)]),
+                ok_devices(vec![("GPU-b", 1), ("GPU-a", 2)]),
             ),
-            ("no devices", r#"{"v":1,"devices":[]}"#.into(), ok(vec![])),
+            (
+                "no devices",
+                r#"{"v":1,"devices":[]}"#.into(),
+                ok_devices(vec![]),
+            ),
             (
                 "unknown fields, a claimed pid among them, are ignored",
                 format!(
                     r#"{{"v":1,"pid":1,"host":"x","devices":[{}]}}"#,
                     dev(U0, 0).replace("{\"uuid\"", "{\"pid\":1,\"extra\":[1,2],\"uuid\"")
                 ),
-                ok(vec![(U0, 0)]),
+                ok_devices(vec![(U0, 0)]),
             ),
             (
                 "u64 max",
@@ -419,10 +419,33 @@ mod tests {
             (
                 "surrounding whitespace",
                 "\n {\"v\":1,\"devices\":[]} \n".into(),
-                ok(vec![]),
+                ok_devices(vec![]),
             ),
-            ("just fits", just_fits, ok(vec![])),
+        ]);
+    }
+
+    #[test]
+    fn parse_size_limit() {
+        let padded = format!(
+            r#"{{"v":1,"devices":[],"pad":"{}"}}"#,
+            "x".repeat(MAX_DOCUMENT_BYTES as usize)
+        );
+        let just_fits = {
+            let head = r#"{"v":1,"devices":[]}"#;
+            format!(
+                "{head}{}",
+                " ".repeat(MAX_DOCUMENT_BYTES as usize - head.len())
+            )
+        };
+        check_parse_cases(vec![
+            ("just fits", just_fits, ok_devices(vec![])),
             ("oversized", padded, Err(DropReason::Oversized)),
+        ]);
+    }
+
+    #[test]
+    fn parse_rejects_malformed_json() {
+        check_parse_cases(vec![
             ("empty", "".into(), Err(DropReason::Malformed)),
             ("not json", "hello".into(), Err(DropReason::Malformed)),
             ("array", "[]".into(), Err(DropReason::Malformed)),
@@ -457,6 +480,17 @@ mod tests {
                 r#"{"v":1,"devices":{}}"#.into(),
                 Err(DropReason::Malformed),
             ),
+            (
+                "deep nesting",
+                format!(r#"{{"v":1,"devices":[],"x":{}}}"#, "[".repeat(10_000)),
+                Err(DropReason::Malformed),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn parse_rejects_malformed_device_entries() {
+        check_parse_cases(vec![
             (
                 "string figure",
                 format!(
@@ -505,15 +539,7 @@ mod tests {
                 ),
                 Err(DropReason::Malformed),
             ),
-            (
-                "deep nesting",
-                format!(r#"{{"v":1,"devices":[],"x":{}}}"#, "[".repeat(10_000)),
-                Err(DropReason::Malformed),
-            ),
-        ];
-        for (name, input, want) in cases {
-            assert_eq!(parse(input.as_bytes()), want, "case {name:?}");
-        }
+        ]);
         // A UUID that is not UTF-8. (Fields that are ignored are skipped
         // without being decoded.)
         let mut bytes = format!(r#"{{"v":1,"devices":[{}]}}"#, dev("GPU-\u{1}", 0)).into_bytes();
@@ -685,34 +711,44 @@ mod tests {
         }
     }
 
+    const MIB: u64 = 1 << 20;
+
+    /// `n` steps ending at step `last`, 0.1 s apart, allocated growing by
+    /// `per` bytes per step from 1 GiB.
+    fn ring(n: u64, last: u64, per: u64) -> String {
+        let entries: Vec<String> = (last + 1 - n..=last)
+            .map(|s| {
+                format!(
+                    "[{s},{:.3},{}]",
+                    1000.0 + s as f64 * 0.1,
+                    (1 << 30) + s * per
+                )
+            })
+            .collect();
+        format!("[{}]", entries.join(","))
+    }
+
+    /// The step figures of a one-device document whose entry's `steps` is
+    /// `steps`.
+    fn parse_steps(steps: &str) -> Result<Option<TorchSteps>, DropReason> {
+        let d = dev_with(U0, 10, &format!(r#","steps":{steps}"#));
+        parse(format!(r#"{{"v":1,"devices":[{d}]}}"#).as_bytes()).map(|d| d.devices[0].1.steps)
+    }
+
+    type StepWant = Result<Option<(u64, Option<u64>, Option<f64>, u32)>, DropReason>;
+
+    fn check_step_cases(cases: Vec<(&str, String, StepWant)>) {
+        for (name, steps, want) in cases {
+            let got = parse_steps(&steps)
+                .map(|s| s.map(|s| (s.total, s.allocated, s.growth_bytes(), s.window)));
+            assert_eq!(got, want, "{name}: {steps}");
+        }
+    }
+
     /// The step figures a device entry's `steps` becomes, case by case.
     #[test]
     fn step_rings() {
-        const MIB: u64 = 1 << 20;
-        // `n` steps ending at step `last`, 0.1 s apart, allocated growing
-        // by `per` bytes per step from 1 GiB.
-        let ring = |n: u64, last: u64, per: u64| -> String {
-            let entries: Vec<String> = (last + 1 - n..=last)
-                .map(|s| {
-                    format!(
-                        "[{s},{:.3},{}]",
-                        1000.0 + s as f64 * 0.1,
-                        (1 << 30) + s * per
-                    )
-                })
-                .collect();
-            format!("[{}]", entries.join(","))
-        };
-        let with = |steps: &str| {
-            let d = dev_with(U0, 10, &format!(r#","steps":{steps}"#));
-            format!(r#"{{"v":1,"devices":[{d}]}}"#)
-        };
-        let parsed = |steps: &str| parse(with(steps).as_bytes()).map(|d| d.devices[0].1.steps);
-        let growth = |s: Result<Option<TorchSteps>, DropReason>| {
-            s.map(|s| s.map(|s| (s.total, s.allocated, s.growth_bytes(), s.window)))
-        };
-        type Want = Result<Option<(u64, Option<u64>, Option<f64>, u32)>, DropReason>;
-        let cases: Vec<(&str, String, Want)> = vec![
+        check_step_cases(vec![
             (
                 "70 steps keeping 3 MiB: the last 64 give exactly 3 MiB",
                 format!(r#"{{"total":70,"ring":{}}}"#, ring(70, 70, 3 * MIB)),
@@ -753,6 +789,23 @@ mod tests {
                 format!(r#"{{"total":20,"ring":{},"later":1}}"#, ring(20, 20, 0)),
                 Ok(Some((20, Some(1 << 30), Some(0.0), 20))),
             ),
+        ]);
+        // The pace: 63 steps over the last 64 entries, 6.3 s apart.
+        let s = parse_steps(&format!(r#"{{"total":70,"ring":{}}}"#, ring(70, 70, 0)));
+        let s = s.ok().flatten().and_then(|s| s.steps_per_second());
+        assert!(s.is_some_and(|s| (s - 10.0).abs() < 1e-9), "{s:?}");
+        // No steps field: an older bridge.
+        assert_eq!(
+            parse(format!(r#"{{"v":1,"devices":[{}]}}"#, dev(U0, 10)).as_bytes())
+                .map(|d| d.devices[0].1.steps),
+            Ok(None)
+        );
+    }
+
+    /// Steps that break the contract drop the whole document.
+    #[test]
+    fn step_rings_malformed() {
+        check_step_cases(vec![
             (
                 "steps going back",
                 r#"{"total":3,"ring":[[2,1.0,5],[1,2.0,5]]}"#.into(),
@@ -798,20 +851,7 @@ mod tests {
                 r#"{"total":"3","ring":[]}"#.into(),
                 Err(DropReason::Malformed),
             ),
-        ];
-        for (name, steps, want) in cases {
-            assert_eq!(growth(parsed(&steps)), want, "{name}: {steps}");
-        }
-        // The pace: 63 steps over the last 64 entries, 6.3 s apart.
-        let s = parsed(&format!(r#"{{"total":70,"ring":{}}}"#, ring(70, 70, 0)));
-        let s = s.ok().flatten().and_then(|s| s.steps_per_second());
-        assert!(s.is_some_and(|s| (s - 10.0).abs() < 1e-9), "{s:?}");
-        // No steps field: an older bridge.
-        assert_eq!(
-            parse(format!(r#"{{"v":1,"devices":[{}]}}"#, dev(U0, 10)).as_bytes())
-                .map(|d| d.devices[0].1.steps),
-            Ok(None)
-        );
+        ]);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! exporter's own counters; the per-process, MIG, torch and collector
 //! families stay those of the last full sample, and they are most of the
 //! body. A scrape that lands after a memory sample used to encode all of
-//! it on the request path: that was the `/metrics` tail (issue 28).
+//! it on the request path: that was the `/metrics` tail the lean pass
+//! removed (BENCHMARKS.md, "H200: peers after the lean pass").
 //!
 //! The body is written as segments in scrape order, each through its own
 //! prometheus-client registry (the encoder keeps no state between

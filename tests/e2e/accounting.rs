@@ -1,4 +1,4 @@
-//! The ledger's counters end to end (issue 37): byte-seconds of a process
+//! The ledger's memory-time counters end to end: byte-seconds of a process
 //! holding exactly X bytes, across a SIGHUP; its pod's total after it
 //! exits; idle seconds of an allocated GPU (a Slurm job-mapping row) until
 //! a process of its job appears; every counter monotonic through GPU loss

@@ -1,4 +1,4 @@
-//! The series budget and the per-process series modes (issue 38), on the
+//! The series budget and the per-process series modes, on the
 //! real binary over the fake NVML and a fake /proc:
 //!
 //! - 8 GPUs × 1,024 processes with `series_budget: 2000`: the body holds

@@ -1,11 +1,11 @@
-//! Leaving out empty labels (issue 18) changes no PromQL answer. The
+//! Leaving out labels with an empty value changes no PromQL answer. The
 //! scenario of the `prometheus` test (its world, reused from there) is
 //! scraped by two real Prometheus servers at once, with the same rules:
 //!
 //! - `lean` scrapes the exporters as they serve now: no label with an
 //!   empty value;
 //! - `padded` scrapes them through a proxy that puts back, with an empty
-//!   value, every label the exporter wrote before issue 18
+//!   value, every label the exporter wrote before it left empty ones out
 //!   ([`with_empty_labels`]: byte for byte the old encoder's output), and
 //!   gives each target the `instance` of the exporter behind it.
 //!
@@ -28,9 +28,10 @@ use crate::harness::prom::{
 use crate::harness::*;
 use crate::prometheus::{RATE_INTERVAL, STALE_AHEAD_S, World, dashboard_queries, rules};
 
-/// The labels each family carried before issue 18, in the order the
-/// encoder writes them, for the families where one could be empty. A
-/// family (or sample name) not listed here never had an empty label.
+/// The labels each family carried before empty ones were left out, in the
+/// order the encoder writes them, for the families where one could be
+/// empty. A family (or sample name) not listed here never had an empty
+/// label.
 const PROCESS: &[&str] = &[
     "gpu",
     "uuid",

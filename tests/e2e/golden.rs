@@ -553,7 +553,7 @@ fn the_fixture_covers_every_family() {
     }
 }
 
-/// No label with an empty value in either format (issue 18): for
+/// No label with an empty value in either format: for
 /// Prometheus an empty label is no label, so the pair would be bytes that
 /// buy nothing. The fixed snapshot has every case that used to write one:
 /// processes outside Kubernetes, outside MIG, without a name (the

@@ -66,8 +66,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 // ------------------------------------------------------------------ DRA
-// Dynamic Resource Allocation rows (issue 27): a test of their own with
-// its own exporter and Prometheus, beside the World below.
+// Dynamic Resource Allocation rows (GPUs held by ResourceClaims): a test
+// of their own with its own exporter and Prometheus, beside the World
+// below.
 mod dra;
 
 // ------------------------------------------------------------------ VictoriaMetrics
@@ -1479,7 +1480,7 @@ fn grafana_variables_are_substituted_like_grafana() {
     );
 }
 
-// ------------------------------------------- unified memory (issue 26)
+// ------------------------------------------- unified memory (Grace-era)
 //
 // Apart from the world above: one exporter with a GB10-like GPU (memory
 // NOT_SUPPORTED, figures from the fake meminfo) beside an H200, scraped by

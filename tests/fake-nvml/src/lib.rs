@@ -58,7 +58,7 @@
 //!         compute_instance_id: 0     # required
 //!         memory: {total: 19000000000, reserved: 0, used: 1000}   # required
 //!         processes: [{pid: 500, used: 1000, type: compute}]
-//!     # Telemetry and health (issue 12). Every key is optional: a value left
+//!     # Telemetry and health. Every key is optional: a value left
 //!     # out makes its call NOT_SUPPORTED on this GPU (as on hardware without
 //!     # it); MIG device handles answer NOT_SUPPORTED to all of them.
 //!     utilization:                   # percent, 0..=100, each key optional
@@ -92,7 +92,7 @@
 //!                                    # nvmlDeviceGetRetiredPagesPendingStatus (an H200 has
 //!                                    # none of it: leave it out)
 //!     xid_events: [79, 48]           # critical Xids, each delivered once per event set
-//!     # Grace-era hardware (issue 26).
+//!     # Grace-era hardware: unified memory, vGPU guests, GPM.
 //!     unified_memory: false          # true: nvmlDeviceGetMemoryInfo and _v2 answer
 //!                                    # NOT_SUPPORTED, as on a DGX Spark (GB10); `memory`
 //!                                    # is then ignored

@@ -1615,7 +1615,7 @@ fn every_export_counts_under_its_name() {
     assert_eq!(counted.len(), names.len(), "{counted:?}");
 }
 
-// ------------------------------------------------- Grace-era (issue 26)
+// ------------------- Grace-era: unified memory, virtualization mode, GPM
 
 const GRACE: &str = "devices:
   - uuid: GPU-6b100000-0000-0000-0000-000000000000
