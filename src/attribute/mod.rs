@@ -20,6 +20,7 @@
 pub(crate) mod cgroup;
 pub(crate) mod cgroupfs;
 pub(crate) mod cgroupns;
+pub(crate) mod liveness;
 pub(crate) mod passwd;
 pub(crate) mod procfs;
 pub(crate) mod redact;
@@ -31,10 +32,11 @@ use std::sync::Arc;
 use crate::config::Attribution;
 use crate::containers::ContainerCache;
 use crate::kube::index::{PodIndex, PodLookup};
-use crate::model::{AttributionRejections, ProcIdentity, SlurmJob};
+use crate::model::{AttributionRejections, ProcIdentity, SlurmJob, Stale};
 use crate::ratelimit::LogLimiter;
 use cgroupfs::{CgroupFs, Ownership};
 use cgroupns::{Namespaces, OwnView};
+use liveness::Liveness;
 use passwd::UserNames;
 use procfs::ProcRoot;
 
@@ -45,10 +47,11 @@ pub trait ProcessLookup {
     /// Name, owner, container and pod of `pid`; all empty when the process
     /// is gone or not visible (no host PID namespace).
     fn identify(&mut self, pid: u32) -> Arc<ProcIdentity>;
-    /// The start time (clock ticks after boot, `/proc/<pid>/stat` field 22)
-    /// at which `identify(pid)` found `pid` in this sample: with the pid,
-    /// the key a per-process reading (the torch bridge's) is kept by.
-    fn started(&self, pid: u32) -> Option<u64>;
+    /// What this sample found of `pid` besides who it is: the start time
+    /// at which `identify(pid)` found it in /proc (with the pid, the key a
+    /// per-process reading such as the torch bridge's is kept by), and why
+    /// it is stale, if it is.
+    fn seen(&self, pid: u32) -> Seen;
     /// Called at the start of each full sample: a pid listed on several
     /// GPUs is checked against /proc once per sample, not once per GPU.
     fn begin_tick(&mut self) {}
@@ -62,12 +65,28 @@ pub trait ProcessLookup {
     }
 }
 
+/// What [`ProcessLookup::seen`] says of a pid in this sample.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// Its start time, when it is in /proc now.
+    pub start: Option<u64>,
+    /// Why it holds memory nobody uses, from the kernel and the API.
+    pub stale: Option<Stale>,
+}
+
+/// How long a process may stay in `D` before it is `uninterruptible`
+/// (`processes.uninterruptible_after`).
+pub(crate) const DEFAULT_UNINTERRUPTIBLE_AFTER: std::time::Duration =
+    std::time::Duration::from_secs(30);
+
 /// The owners of Slurm jobs as the job mapping knows them (the jobstats
 /// layout's `<jobid> <uid>`), for the owner check of a job whose cgroup
 /// path carries no uid (cgroup v2). Implemented by the job-mapping reader.
 pub trait JobOwners: Send + Sync {
     /// The uids the mapping gives job `job`; empty when it gives none.
     fn owners(&self, job: &str) -> Vec<u32>;
+    /// Whether the mapping lists job `job` now.
+    fn knows(&self, job: &str) -> bool;
 }
 
 /// Why attribution refused what a cgroup path said.
@@ -176,6 +195,8 @@ pub struct ProcCache {
     /// real uid), checked against the job mapping each sample until it
     /// names the owner.
     owner_pending: HashMap<u32, (u64, Option<u32>)>,
+    /// Whether each pid is alive and owned, from /proc and the sources.
+    liveness: Liveness,
 }
 
 impl ProcCache {
@@ -197,6 +218,7 @@ impl ProcCache {
             rejected: AttributionRejections::default(),
             rejection_log: LogLimiter::every(std::time::Duration::from_secs(60)),
             owner_pending: HashMap::new(),
+            liveness: Liveness::new(DEFAULT_UNINTERRUPTIBLE_AFTER),
         }
     }
 
@@ -242,6 +264,7 @@ impl ProcCache {
         if let Some(max) = cfg.cmdline {
             cache = cache.with_cmdline(max);
         }
+        cache = cache.with_uninterruptible_after(cfg.uninterruptible_after);
         if let Some(p) = pods {
             cache = cache.with_pods(p);
         }
@@ -264,6 +287,12 @@ impl ProcCache {
     /// (`containers.engine_socket`).
     pub fn with_container_engine(mut self, cache: Arc<ContainerCache>) -> Self {
         self.engine = Some(cache);
+        self
+    }
+
+    /// A process is `uninterruptible` after this long in `D`.
+    pub fn with_uninterruptible_after(mut self, after: std::time::Duration) -> Self {
+        self.liveness = Liveness::new(after);
         self
     }
 
@@ -566,18 +595,30 @@ impl ProcessLookup for ProcCache {
     fn identify(&mut self, pid: u32) -> Arc<ProcIdentity> {
         // Already checked in this sample (the pid is on another GPU too)
         // and resolved: no second read of /proc.
-        if self.checked.contains(&pid)
+        let again = self.checked.contains(&pid);
+        if again
             && let Some((_, ident)) = self.entries.get(&pid)
             && (self.pods.is_none() || !ident.pod.is_empty())
             && !self.wants_engine(ident)
         {
             return Arc::clone(ident);
         }
-        let Some(start) = self.root.start_time(pid) else {
+        let wall = std::time::SystemTime::now();
+        let Some(stat) = self.root.stat(pid) else {
             // Gone, or hidden because we do not share the host's PID
-            // namespace: the bytes are still exported by pid.
+            // namespace: the bytes are still exported by pid, under the
+            // identity it had when it was last seen alive, if it was.
             self.entries.remove(&pid);
             self.failures += 1;
+            let last = if again {
+                self.liveness.last_identity(pid)
+            } else {
+                self.checked.insert(pid);
+                self.liveness.missing(pid, wall)
+            };
+            if let Some(ident) = last {
+                return ident;
+            }
             if self.hidden_warning.check(()).is_some() {
                 tracing::warn!(
                     pid,
@@ -588,6 +629,42 @@ impl ProcessLookup for ProcCache {
             return Arc::clone(&self.unknown);
         };
         self.checked.insert(pid);
+        let ident = self.identify_alive(pid, stat.start);
+        if !again {
+            self.liveness
+                .alive(pid, &stat, &ident, std::time::Instant::now(), wall);
+            let owner = self.owner_state(&ident);
+            self.liveness.owner(pid, owner, wall);
+        }
+        ident
+    }
+
+    fn retain(&mut self, live: &dyn Fn(u32) -> bool) {
+        self.liveness.retain(live);
+        self.retain_entries(live);
+    }
+
+    fn seen(&self, pid: u32) -> Seen {
+        // Only what identify() found in this sample.
+        if !self.checked.contains(&pid) {
+            return Seen::default();
+        }
+        Seen {
+            start: self.entries.get(&pid).map(|(start, _)| *start),
+            stale: self.liveness.stale(pid, std::time::Instant::now()),
+        }
+    }
+
+    fn counters(&self) -> (u64, AttributionRejections) {
+        (self.failures, self.rejected)
+    }
+}
+
+impl ProcCache {
+    /// Who `pid`, found in /proc with start time `start`, is: from the
+    /// cache when it holds that very process and its pod (or container
+    /// name) is settled, else read and resolved.
+    fn identify_alive(&mut self, pid: u32, start: u64) -> Arc<ProcIdentity> {
         if let Some((s, ident)) = self.entries.get(&pid).map(|(s, i)| (*s, Arc::clone(i)))
             && s == start
         {
@@ -639,7 +716,24 @@ impl ProcessLookup for ProcCache {
         ident
     }
 
-    fn retain(&mut self, live: &dyn Fn(u32) -> bool) {
+    /// What the sources say of `ident`'s owners now: whether its pod is a
+    /// tombstone of the pod watcher, and whether the job mapping lists its
+    /// Slurm job (`None`: no job, or no mapping).
+    fn owner_state(&self, ident: &ProcIdentity) -> liveness::Owner {
+        liveness::Owner {
+            pod_deleted: !ident.pod_uid.is_empty()
+                && self
+                    .pods
+                    .as_ref()
+                    .is_some_and(|p| p.is_deleted(&ident.pod_uid)),
+            job_listed: match (&ident.slurm, &self.job_owners) {
+                (Some(job), Some(map)) => Some(map.knows(&job.job)),
+                _ => None,
+            },
+        }
+    }
+
+    fn retain_entries(&mut self, live: &dyn Fn(u32) -> bool) {
         self.entries.retain(|pid, _| live(*pid));
         self.owner_pending.retain(|pid, _| live(*pid));
         if let Some(engine) = &self.engine {
@@ -651,18 +745,6 @@ impl ProcessLookup for ProcCache {
                 .collect();
             engine.retain(&|id| ids.contains(id));
         }
-    }
-
-    fn started(&self, pid: u32) -> Option<u64> {
-        // Only a process identify() found in /proc in this sample.
-        if !self.checked.contains(&pid) {
-            return None;
-        }
-        self.entries.get(&pid).map(|(start, _)| *start)
-    }
-
-    fn counters(&self) -> (u64, AttributionRejections) {
-        (self.failures, self.rejected)
     }
 }
 
@@ -897,6 +979,9 @@ mod tests {
             fn owners(&self, job: &str) -> Vec<u32> {
                 if job == "77" { vec![1000] } else { Vec::new() }
             }
+            fn knows(&self, _job: &str) -> bool {
+                true
+            }
         }
         let root = tempfile::tempdir().unwrap();
         // Root's processes (write_proc): job 77 is uid 1000's, 78 unknown.
@@ -940,6 +1025,9 @@ mod tests {
                     .into_iter()
                     .copied()
                     .collect()
+            }
+            fn knows(&self, _job: &str) -> bool {
+                true
             }
         }
         let root = tempfile::tempdir().unwrap();

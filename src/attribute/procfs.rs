@@ -70,6 +70,12 @@ impl ProcRoot {
         parse_stat_start_time(&self.read_lossy(pid, "stat")?)
     }
 
+    /// State, parent pid and start time from one read of
+    /// `/proc/<pid>/stat`.
+    pub fn stat(&self, pid: u32) -> Option<Stat> {
+        parse_stat(&self.read_lossy(pid, "stat")?)
+    }
+
     /// `/proc/<pid>/cgroup` as is; see [`parse_cgroup`](super::cgroup::parse_cgroup).
     pub fn cgroup(&self, pid: u32) -> Option<String> {
         self.read_lossy(pid, "cgroup")
@@ -114,6 +120,28 @@ pub(crate) fn parse_stat_start_time(stat: &str) -> Option<u64> {
         .ok()
 }
 
+/// What the sampler reads of `/proc/<pid>/stat`: fields 3 (state), 4
+/// (parent pid) and 22 (start time). All three are the kernel's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// `R`, `S`, `D`, `Z`, `T`, …
+    pub state: u8,
+    pub ppid: u32,
+    pub start: u64,
+}
+
+/// Fields 3, 4 and 22 of `/proc/<pid>/stat`, counted after the last `)`
+/// as [`parse_stat_start_time`] does.
+pub(crate) fn parse_stat(stat: &str) -> Option<Stat> {
+    let (_, after_comm) = stat.rsplit_once(')')?;
+    let mut fields = after_comm.split_whitespace();
+    let state = *fields.next()?.as_bytes().first()?;
+    let ppid = fields.next()?.parse().ok()?;
+    // Field 5 on to field 22: 17 more after the parent pid.
+    let start = fields.nth(17)?.parse().ok()?;
+    Some(Stat { state, ppid, start })
+}
+
 /// Splits `/proc/<pid>/cmdline` (arguments each ending in NUL) into arguments.
 ///
 /// All trailing NULs are dropped before splitting: programs that rewrite their
@@ -139,6 +167,37 @@ mod tests {
     use crate::attribute::cgroup::{Runtime, parse_cgroup};
     use crate::attribute::redact::redact_cmdline;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn parse_stat_reads_state_parent_and_start() {
+        let cases = [
+            (
+                "42 (python3) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 777\n",
+                Some((b'S', 1, 777)),
+            ),
+            (
+                "7 (my (weird) proc) Z 4411 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 12\n",
+                Some((b'Z', 4411, 12)),
+            ),
+            (
+                "9 (x) D 2 9 9 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 6 7\n",
+                Some((b'D', 2, 5)),
+            ),
+            ("9 (x) D 2 9 9 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0\n", None),
+            (
+                "9 (x) S notapid 9 9 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5\n",
+                None,
+            ),
+            ("no parenthesis", None),
+        ];
+        for (line, want) in cases {
+            let got = parse_stat(line).map(|s| (s.state, s.ppid, s.start));
+            assert_eq!(got, want, "{line:?}");
+            if let Some((_, _, start)) = want {
+                assert_eq!(parse_stat_start_time(line), Some(start));
+            }
+        }
+    }
 
     #[test]
     fn parse_stat_start_time_table() {

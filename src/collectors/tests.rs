@@ -161,8 +161,11 @@ impl ProcessLookup for NoLookup {
     fn identify(&mut self, _pid: u32) -> Arc<ProcIdentity> {
         Arc::default()
     }
-    fn started(&self, _pid: u32) -> Option<u64> {
-        None
+    fn seen(&self, _pid: u32) -> crate::attribute::Seen {
+        crate::attribute::Seen {
+            start: None,
+            stale: None,
+        }
     }
     fn retain(&mut self, _live: &dyn Fn(u32) -> bool) {}
 }

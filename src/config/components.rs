@@ -92,6 +92,8 @@ pub struct Attribution {
     pub torch_bridge_socket: Option<PathBuf>,
     /// Look for older bridges' memfds in `/proc/<pid>/fd`.
     pub torch_bridge_fd_scan: bool,
+    /// A process in `D` this long is `uninterruptible` (stale).
+    pub uninterruptible_after: Duration,
 }
 
 impl Default for Attribution {
@@ -104,6 +106,7 @@ impl Default for Attribution {
             torch_bridge: true,
             torch_bridge_socket: Some(PathBuf::from(DEFAULT_TORCH_BRIDGE_SOCKET)),
             torch_bridge_fd_scan: true,
+            uninterruptible_after: crate::attribute::DEFAULT_UNINTERRUPTIBLE_AFTER,
         }
     }
 }

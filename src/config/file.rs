@@ -94,6 +94,7 @@ pub(super) struct FileProcesses {
     pub(super) torch_bridge: Option<bool>,
     pub(super) torch_bridge_socket: Option<String>,
     pub(super) torch_bridge_fd_scan: Option<bool>,
+    pub(super) uninterruptible_after: Option<Interval>,
 }
 
 #[derive(Debug, Default, Deserialize)]

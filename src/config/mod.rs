@@ -557,6 +557,9 @@ fn processes(
             None => a.torch_bridge_socket,
         },
         torch_bridge_fd_scan: f.torch_bridge_fd_scan.unwrap_or(a.torch_bridge_fd_scan),
+        uninterruptible_after: f
+            .uninterruptible_after
+            .map_or(a.uninterruptible_after, |i| i.0),
     };
     (selection, attribution)
 }
@@ -1082,6 +1085,7 @@ mod tests {
                     torch_bridge: false,
                     torch_bridge_socket: Some("/run/x/b.sock".into()),
                     torch_bridge_fd_scan: false,
+                    uninterruptible_after: Duration::from_secs(30),
                 }
             )
         );

@@ -28,6 +28,7 @@ pub(crate) mod json;
 mod mig;
 mod process;
 mod segments;
+mod stale;
 mod torch;
 
 use std::fmt;

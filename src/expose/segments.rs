@@ -30,7 +30,7 @@ use prometheus_client::registry::Registry;
 
 use super::budget::{self, Counts};
 use super::format::Format;
-use super::{accounting, allocation, exporter, forecast, gpu, mig, process, torch};
+use super::{accounting, allocation, exporter, forecast, gpu, mig, process, stale, torch};
 use crate::collectors::{Def, REGISTRY};
 use crate::model::{
     DeviceInfo, MigSample, OtherProcesses, ProcessSample, Readings, SeriesMode, SeriesPolicy,
@@ -93,7 +93,8 @@ pub(super) fn encode_group(
                 torch::families(enc, s)?;
             }
             process::rollup_and_identity(enc, s)?;
-            mig::families(enc, s)
+            mig::families(enc, s)?;
+            stale::families(enc, s)
         }
         Group::Allocation => allocation::families(enc, s),
         Group::Accounting => {

@@ -93,6 +93,10 @@ impl JobOwners for JobMap {
         uids.dedup();
         uids
     }
+
+    fn knows(&self, job: &str) -> bool {
+        self.state.load().allocations.iter().any(|a| a.job == job)
+    }
 }
 
 /// Why the job-mapping directory is not read at all.

@@ -114,6 +114,13 @@ impl PodIndex {
     }
 
     /// Pods currently indexed.
+    /// Whether the API deleted the pod of this UID (a tombstone is kept
+    /// for [`TOMBSTONE_SECONDS`], at most [`MAX_TOMBSTONES`]).
+    pub fn is_deleted(&self, pod_uid: &str) -> bool {
+        let data = self.data.load();
+        data.tombstones.contains_key(pod_uid) && !data.pods.contains_key(pod_uid)
+    }
+
     pub fn pods(&self) -> usize {
         self.data.load().pods.len()
     }
@@ -168,11 +175,19 @@ impl PodIndex {
     }
 }
 
-/// The published state: pods by UID and container ids pointing at them.
+/// Deleted pods' UIDs kept as tombstones, and for how long: a process
+/// whose pod was deleted while it still holds GPU memory is
+/// `owner_deleted` (`attribute::liveness`).
+pub(crate) const MAX_TOMBSTONES: usize = 4096;
+pub(crate) const TOMBSTONE_SECONDS: u64 = 24 * 3600;
+
+/// The published state: pods by UID and container ids pointing at them,
+/// and the UIDs of pods deleted since (with when).
 #[derive(Debug, Clone, Default)]
 pub(super) struct IndexData {
     pub(super) pods: HashMap<String, Arc<Pod>>,
     pub(super) containers: HashMap<String, ContainerSlot>,
+    pub(super) tombstones: HashMap<String, u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -194,6 +209,50 @@ impl IndexData {
             );
         }
         self.pods.insert(pod.uid.clone(), Arc::new(pod));
+    }
+
+    /// A pod the API deleted (or moved off this node): gone, and kept as
+    /// a tombstone.
+    pub(super) fn delete(&mut self, uid: &str) -> bool {
+        if !self.remove(uid) {
+            return false;
+        }
+        self.bury([uid.to_string()].into_iter());
+        true
+    }
+
+    /// After a relist into `self`: the pods `old` had and `self` has not
+    /// were deleted meanwhile; `old`'s tombstones carry over.
+    pub(super) fn relisted_from(&mut self, old: &IndexData) {
+        self.tombstones = old.tombstones.clone();
+        let gone: Vec<String> = old
+            .pods
+            .keys()
+            .filter(|uid| !self.pods.contains_key(*uid))
+            .cloned()
+            .collect();
+        self.bury(gone.into_iter());
+    }
+
+    fn bury(&mut self, uids: impl Iterator<Item = String>) {
+        let now = unix_now();
+        for uid in uids {
+            self.tombstones.insert(uid, now);
+        }
+        self.tombstones
+            .retain(|_, at| now.saturating_sub(*at) < TOMBSTONE_SECONDS);
+        if self.tombstones.len() > MAX_TOMBSTONES {
+            let mut by_age: Vec<(u64, String)> = self
+                .tombstones
+                .iter()
+                .map(|(u, at)| (*at, u.clone()))
+                .collect();
+            by_age.sort_unstable();
+            let extra = by_age.len() - MAX_TOMBSTONES;
+            for (_, uid) in by_age.into_iter().take(extra) {
+                self.tombstones.remove(&uid);
+            }
+        }
     }
 
     pub(super) fn remove(&mut self, uid: &str) -> bool {

@@ -124,7 +124,9 @@ impl Watcher {
                 }
             }
             Event::InitDone => {
-                self.local = self.fresh.take().unwrap_or_default();
+                let mut fresh = self.fresh.take().unwrap_or_default();
+                fresh.relisted_from(&self.local);
+                self.local = fresh;
                 self.index.publish(&self.local);
                 PodIndex::count(&self.index.lists_total);
                 self.index.touch();
@@ -158,7 +160,7 @@ impl Watcher {
                 if p.metadata
                     .uid
                     .as_deref()
-                    .is_some_and(|uid| self.local.remove(uid))
+                    .is_some_and(|uid| self.local.delete(uid))
                 {
                     self.index.publish(&self.local);
                 }

@@ -11,6 +11,7 @@ mod exporter;
 mod process;
 mod readings;
 mod snapshot;
+mod stale;
 mod torch;
 
 pub use accounting::*;
@@ -20,6 +21,7 @@ pub use exporter::*;
 pub use process::*;
 pub use readings::*;
 pub use snapshot::*;
+pub use stale::*;
 pub use torch::*;
 
 pub use crate::trend::Slope;

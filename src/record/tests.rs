@@ -28,8 +28,11 @@ impl ProcessLookup for Names {
         })
     }
     fn retain(&mut self, _live: &dyn Fn(u32) -> bool) {}
-    fn started(&self, _pid: u32) -> Option<u64> {
-        Some(0)
+    fn seen(&self, _pid: u32) -> crate::attribute::Seen {
+        crate::attribute::Seen {
+            start: Some(0),
+            stale: None,
+        }
     }
 }
 

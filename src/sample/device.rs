@@ -29,6 +29,7 @@ use crate::gpu::Virtualization;
 use crate::gpu::{ErrorKind, GpuSource, RawProcess};
 use crate::model::{
     DeviceInfo, MemoryInfo, MemoryKind, MigInfo, MigSample, OtherProcesses, ProcessSample,
+    Unattributed,
 };
 
 pub(super) struct DeviceState {
@@ -40,6 +41,9 @@ pub(super) struct DeviceState {
     pub(super) other: Option<OtherProcesses>,
     pub(super) process_peaks: HashMap<u32, WindowMax>,
     pub(super) mig: Arc<[MigSample]>,
+    /// Used memory no listed process accounts for, at the last full
+    /// sample (a reading of the GPU).
+    pub(super) unattributed: Option<Arc<Unattributed>>,
     /// When the MIG layout was last read; `None`: not yet.
     mig_read_at: Option<Instant>,
     /// Failed identity reads in a row (the first one is logged).
@@ -62,6 +66,7 @@ impl DeviceState {
             processes: Arc::from(Vec::new()),
             other: None,
             process_peaks: HashMap::new(),
+            unattributed: None,
             mig: Arc::from(Vec::new()),
             mig_read_at: None,
             identify_failures: 0,
@@ -287,6 +292,38 @@ impl DeviceState {
     }
 
     /// The MIG instance process `p` runs on, if the layout has it.
+    /// Used memory minus the bytes of the processes `listed` in this full
+    /// sample, for the GPU and each MIG instance (`None` where a listed
+    /// process has no figure, or the GPU did not answer).
+    pub(super) fn unattributed(&self, listed: &[RawProcess]) -> Unattributed {
+        let sum = |on: &dyn Fn(&RawProcess) -> bool| -> Option<u64> {
+            listed
+                .iter()
+                .filter(|p| on(p))
+                .map(|p| p.used_bytes)
+                .try_fold(0u64, |acc, b| Some(acc.saturating_add(b?)))
+        };
+        let bytes = self
+            .memory
+            .and_then(|m| Some(m.used.saturating_sub(sum(&|_| true)?)));
+        let mig = self
+            .mig
+            .iter()
+            .map(|m| {
+                let on = |p: &RawProcess| {
+                    self.instance_of(p)
+                        .is_some_and(|i| i.info.mig_uuid == m.info.mig_uuid)
+                };
+                let used = m.memory.map(|mm| mm.used);
+                (
+                    Arc::from(m.info.mig_uuid.as_str()),
+                    used.and_then(|u| Some(u.saturating_sub(sum(&on)?))),
+                )
+            })
+            .collect();
+        Unattributed { bytes, mig }
+    }
+
     pub(super) fn instance_of(&self, p: &RawProcess) -> Option<&MigSample> {
         let gi = p.gpu_instance_id?;
         self.mig.iter().find(|m| {

@@ -55,7 +55,8 @@ pub(super) fn update<P: ProcessLookup>(
         // The bridge's figures for this very process (pid and the start
         // time identify() just read), for its MIG instance's UUID, whose
         // UUID torch reports, else the GPU's.
-        let torch = match (bridge.as_deref_mut(), procs.started(p.pid)) {
+        let seen = procs.seen(p.pid);
+        let torch = match (bridge.as_deref_mut(), seen.start) {
             (Some(b), Some(start)) => match dev.instance_of(p) {
                 Some(m) => b.stats(
                     p.pid,
@@ -77,9 +78,13 @@ pub(super) fn update<P: ProcessLookup>(
                 .and_then(|_| dev.process_peaks.get(&p.pid))
                 .and_then(WindowMax::max),
             torch,
-            readings: collectors.process_readings(dev.index, p.pid),
+            readings: match seen.stale {
+                Some(stale) => collectors.process_readings(dev.index, p.pid).with(stale),
+                None => collectors.process_readings(dev.index, p.pid),
+            },
         });
     }
     dev.processes = Arc::from(list);
     dev.other = other;
+    dev.unattributed = Some(Arc::new(dev.unattributed(listed)));
 }

@@ -318,7 +318,13 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
                     other: d.other,
                     mig: Arc::clone(&d.mig),
                     readings: match d.memory {
-                        Some(_) => self.collectors.readings(d.index),
+                        Some(_) => {
+                            let mut r = self.collectors.readings(d.index);
+                            if let Some(u) = &d.unattributed {
+                                r.put(Arc::clone(u) as _);
+                            }
+                            r
+                        }
                         None => Default::default(),
                     },
                 })

@@ -31,8 +31,11 @@ impl ProcessLookup for Recorder {
     fn retain(&mut self, live: &dyn Fn(u32) -> bool) {
         self.live_after_tick = (0..100).filter(|p| live(*p)).collect();
     }
-    fn started(&self, _pid: u32) -> Option<u64> {
-        Some(0)
+    fn seen(&self, _pid: u32) -> crate::attribute::Seen {
+        crate::attribute::Seen {
+            start: Some(0),
+            stale: None,
+        }
     }
 }
 

@@ -1,0 +1,120 @@
+//! Memory held by the dead and by nobody: `gpu_memory_unattributed_bytes`
+//! (and its MIG twin), `gpu_memory_stale_bytes` per reason (0 when none)
+//! and `gpu_process_stale_info` for each stale process, with the identity
+//! it had when it was last seen alive. All from the last full sample (the
+//! `Unattributed` and `Stale` readings the sampler leaves), so they change
+//! with the process lists, never between them.
+
+use std::fmt;
+
+use prometheus_client::encoding::DescriptorEncoder;
+
+use crate::encoding::{Ids, Labels, gauge, gpu_labels};
+use crate::model::{Snapshot, Stale, StaleReason, Unattributed};
+
+/// The three families, in that order.
+pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    unattributed(enc, s)?;
+    stale_bytes(enc, s)?;
+    stale_info(enc, s)
+}
+
+fn unattributed(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    let mut m = gauge(
+        enc,
+        "gpu_memory_unattributed_bytes",
+        "Device memory used that no process NVML lists accounts for (used minus the listed processes' bytes, at least 0), at the last full sample; absent when a listed process has no figure.",
+    )?;
+    for d in &s.devices {
+        if let Some(b) = d.readings.get::<Unattributed>().and_then(|u| u.bytes) {
+            m.encode_family(&gpu_labels(d))?.encode_gauge(&b)?;
+        }
+    }
+    let mut m = gauge(
+        enc,
+        "gpu_mig_memory_unattributed_bytes",
+        "Memory used in one MIG instance that no process NVML lists on it accounts for, at the last full sample; absent when a listed process has no figure.",
+    )?;
+    for d in &s.devices {
+        let Some(u) = d.readings.get::<Unattributed>() else {
+            continue;
+        };
+        for (mig_uuid, bytes) in &u.mig {
+            let (Some(b), Some(g)) = (bytes, d.mig.iter().find(|g| *g.info.mig_uuid == **mig_uuid))
+            else {
+                continue;
+            };
+            let gi = g.info.gpu_instance_id.to_string();
+            let ci = g.info.compute_instance_id.to_string();
+            let labels = Labels([
+                ("gpu", d.info.gpu.as_str()),
+                ("uuid", d.info.uuid.as_str()),
+                ("gpu_instance_id", gi.as_str()),
+                ("compute_instance_id", ci.as_str()),
+            ]);
+            m.encode_family(&labels)?.encode_gauge(b)?;
+        }
+    }
+    Ok(())
+}
+
+fn stale_bytes(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    let mut m = gauge(
+        enc,
+        "gpu_memory_stale_bytes",
+        "Device memory held by processes NVML still lists that are dead (exited, zombie, uninterruptible) or have lost their parent (reparented) or owner (owner_deleted), by reason; 0 when none.",
+    )?;
+    for d in &s.devices {
+        // Only where the processes were read in the last full sample.
+        if d.readings.get::<Unattributed>().is_none() {
+            continue;
+        }
+        let mut by_reason = [0u64; StaleReason::ALL.len()];
+        for p in d.processes.iter() {
+            if let Some(st) = p.readings.get::<Stale>() {
+                by_reason[st.reason as usize] += p.used_bytes.unwrap_or(0);
+            }
+        }
+        for (reason, bytes) in StaleReason::ALL.iter().zip(by_reason) {
+            let labels = Labels([
+                ("gpu", d.info.gpu.as_str()),
+                ("uuid", d.info.uuid.as_str()),
+                ("reason", reason.label()),
+            ]);
+            m.encode_family(&labels)?.encode_gauge(&bytes)?;
+        }
+    }
+    Ok(())
+}
+
+fn stale_info(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    let mut m = gauge(
+        enc,
+        "gpu_process_stale_info",
+        "A process NVML still lists that is stale, by reason (exited, zombie, uninterruptible, reparented, owner_deleted), with the identity it had when last seen alive; value is always 1.",
+    )?;
+    let mut ids = Ids::default();
+    for d in &s.devices {
+        for p in d.processes.iter() {
+            let Some(st) = p.readings.get::<Stale>() else {
+                continue;
+            };
+            let pid = ids.pid(p);
+            let i = &p.ident;
+            let labels = Labels([
+                ("gpu", d.info.gpu.as_str()),
+                ("uuid", d.info.uuid.as_str()),
+                ("pid", pid),
+                ("process", &*i.comm),
+                ("user", &*i.user),
+                ("namespace", &*i.namespace),
+                ("pod", &*i.pod),
+                ("container", &*i.container),
+                ("slurm_job", i.slurm.as_ref().map_or("", |j| &*j.job)),
+                ("reason", st.reason.label()),
+            ]);
+            m.encode_family(&labels)?.encode_gauge(&1u32)?;
+        }
+    }
+    Ok(())
+}
