@@ -361,6 +361,142 @@ mod tests {
         out
     }
 
+    /// What `play` said at each time: (seconds, used bytes, forecast).
+    type Said = [(f64, u64, Option<Forecast>)];
+
+    /// With FORECAST_TRACE set, each time the forecast appears or goes.
+    fn trace(row: &table::Row, said: &Said) {
+        if std::env::var_os("FORECAST_TRACE").is_none() {
+            return;
+        }
+        let mut prev = None;
+        for s in said {
+            let on = s.2.is_some();
+            if prev != Some(on) {
+                eprintln!(
+                    "{}: {:.1} s: {}",
+                    row.name,
+                    s.0,
+                    if on {
+                        format!("{:?}", s.2)
+                    } else {
+                        "none".into()
+                    }
+                );
+                prev = Some(on);
+            }
+        }
+    }
+
+    /// A ramp from `start`: nothing while steady, each read within the
+    /// tolerance, the first forecast within `first_within` seconds.
+    fn check_ramp(
+        row: &table::Row,
+        said: &Said,
+        start: f64,
+        first_within: Option<f64>,
+        failures: &mut Vec<String>,
+    ) {
+        let at = |t: f64| said.iter().find(|s| s.0 >= t - 1e-9);
+        // Nothing while steady.
+        if let Some(s) = said.iter().find(|s| s.0 < start && s.2.is_some()) {
+            failures.push(format!(
+                "{}: a forecast at {:.1} s, before the growth: {:?}",
+                row.name, s.0, s.2
+            ));
+        }
+        let full = row.full_at().unwrap_or(f64::NAN);
+        for (q, t, _) in row.reads() {
+            let truth = full - t;
+            let got = at(t).and_then(|s| s.2).map(|f| f.full_in_seconds);
+            if std::env::var_os("FORECAST_TRACE").is_some() {
+                eprintln!("{} {q}: {:?}", row.name, at(t).and_then(|s| s.2));
+            }
+            let error = got.map(|g| (g - truth) / truth);
+            println!(
+                "| {} | {:.0} % | {truth:.1} | {} | {} |",
+                row.name,
+                q * 100.0,
+                got.map_or("none".into(), |g| format!("{g:.1}")),
+                error.map_or("-".into(), |e| format!("{:+.1} %", e * 100.0)),
+            );
+            if !error.is_some_and(|e| e.abs() <= table::TOLERANCE) {
+                failures.push(format!(
+                    "{}: at {:.0} %: {got:?} against {truth:.1}",
+                    row.name,
+                    q * 100.0
+                ));
+            }
+        }
+        if let Some(w) = first_within {
+            let first = said
+                .iter()
+                .find(|s| s.0 >= start && s.2.is_some())
+                .map(|s| s.0 - start);
+            println!(
+                "| {} | first forecast | - | {} s after the start | - |",
+                row.name,
+                first.map_or("none".into(), |f| format!("{f:.1}"))
+            );
+            if !first.is_some_and(|f| f <= w) {
+                failures.push(format!(
+                    "{}: first forecast {first:?} s after the start",
+                    row.name
+                ));
+            }
+        }
+    }
+
+    /// No forecast at any time.
+    fn check_never(row: &table::Row, said: &Said, failures: &mut Vec<String>) {
+        let any = said.iter().find(|s| s.2.is_some());
+        println!(
+            "| {} | any time | - | {} | - |",
+            row.name,
+            any.map_or("none (as it should)".into(), |s| format!(
+                "{:.1} at {:.1} s",
+                s.2.map_or(0.0, |f| f.full_in_seconds),
+                s.0
+            )),
+        );
+        if let Some(s) = any {
+            failures.push(format!(
+                "{}: a forecast at {:.1} s: {:?}",
+                row.name, s.0, s.2
+            ));
+        }
+    }
+
+    /// A forecast during the ramp from `start` to `stop`, none from
+    /// `stop + within` on.
+    fn check_stops(
+        row: &table::Row,
+        said: &Said,
+        (start, stop, within): (f64, f64, f64),
+        failures: &mut Vec<String>,
+    ) {
+        let during = said
+            .iter()
+            .filter(|s| s.0 >= start && s.0 < stop)
+            .any(|s| s.2.is_some());
+        let last = said
+            .iter()
+            .filter(|s| s.2.is_some())
+            .map(|s| s.0)
+            .fold(f64::NAN, f64::max);
+        println!(
+            "| {} | after the stop | - | last forecast {:.1} s after the stop | - |",
+            row.name,
+            last - stop
+        );
+        if !during || last >= stop + within {
+            failures.push(format!(
+                "{}: forecast during the ramp {during}, last at {last:.1}",
+                row.name
+            ));
+        }
+    }
+
     /// The table of histories (tests/e2e/forecast/table.rs): every ramp
     /// read at 25, 50 and 75 % of the way within 15 % of the truth; no
     /// forecast for steps, a sawtooth without a leak or noise; a ramp that
@@ -369,130 +505,23 @@ mod tests {
     #[test]
     fn table() {
         let mut failures = Vec::new();
-        {
-            println!("| row | read at | truth s | forecast s | error |");
-            println!("|---|---|---|---|---|");
-            for row in table::rows() {
-                let said = play(&row);
-                if std::env::var_os("FORECAST_TRACE").is_some() {
-                    let mut prev = None;
-                    for s in &said {
-                        let on = s.2.is_some();
-                        if prev != Some(on) {
-                            eprintln!(
-                                "{}: {:.1} s: {}",
-                                row.name,
-                                s.0,
-                                if on {
-                                    format!("{:?}", s.2)
-                                } else {
-                                    "none".into()
-                                }
-                            );
-                            prev = Some(on);
-                        }
-                    }
-                }
-                let at = |t: f64| said.iter().find(|s| s.0 >= t - 1e-9);
-                match row.expect {
-                    table::Expect::Ramp {
-                        start,
-                        first_within,
-                        ..
-                    } => {
-                        // Nothing while steady.
-                        if let Some(s) = said.iter().find(|s| s.0 < start && s.2.is_some()) {
-                            failures.push(format!(
-                                "{}: a forecast at {:.1} s, before the growth: {:?}",
-                                row.name, s.0, s.2
-                            ));
-                        }
-                        let full = row.full_at().unwrap_or(f64::NAN);
-                        for (q, t, _) in row.reads() {
-                            let truth = full - t;
-                            let got = at(t).and_then(|s| s.2).map(|f| f.full_in_seconds);
-                            if std::env::var_os("FORECAST_TRACE").is_some() {
-                                eprintln!("{} {q}: {:?}", row.name, at(t).and_then(|s| s.2));
-                            }
-                            let error = got.map(|g| (g - truth) / truth);
-                            println!(
-                                "| {} | {:.0} % | {truth:.1} | {} | {} |",
-                                row.name,
-                                q * 100.0,
-                                got.map_or("none".into(), |g| format!("{g:.1}")),
-                                error.map_or("-".into(), |e| format!("{:+.1} %", e * 100.0)),
-                            );
-                            if !error.is_some_and(|e| e.abs() <= table::TOLERANCE) {
-                                failures.push(format!(
-                                    "{}: at {:.0} %: {got:?} against {truth:.1}",
-                                    row.name,
-                                    q * 100.0
-                                ));
-                            }
-                        }
-                        if let Some(w) = first_within {
-                            let first = said
-                                .iter()
-                                .find(|s| s.0 >= start && s.2.is_some())
-                                .map(|s| s.0 - start);
-                            println!(
-                                "| {} | first forecast | - | {} s after the start | - |",
-                                row.name,
-                                first.map_or("none".into(), |f| format!("{f:.1}"))
-                            );
-                            if !first.is_some_and(|f| f <= w) {
-                                failures.push(format!(
-                                    "{}: first forecast {first:?} s after the start",
-                                    row.name
-                                ));
-                            }
-                        }
-                    }
-                    table::Expect::Never => {
-                        let any = said.iter().find(|s| s.2.is_some());
-                        println!(
-                            "| {} | any time | - | {} | - |",
-                            row.name,
-                            any.map_or("none (as it should)".into(), |s| format!(
-                                "{:.1} at {:.1} s",
-                                s.2.map_or(0.0, |f| f.full_in_seconds),
-                                s.0
-                            )),
-                        );
-                        if let Some(s) = any {
-                            failures.push(format!(
-                                "{}: a forecast at {:.1} s: {:?}",
-                                row.name, s.0, s.2
-                            ));
-                        }
-                    }
-                    table::Expect::Stops {
-                        start,
-                        stop,
-                        within,
-                    } => {
-                        let during = said
-                            .iter()
-                            .filter(|s| s.0 >= start && s.0 < stop)
-                            .any(|s| s.2.is_some());
-                        let last = said
-                            .iter()
-                            .filter(|s| s.2.is_some())
-                            .map(|s| s.0)
-                            .fold(f64::NAN, f64::max);
-                        println!(
-                            "| {} | after the stop | - | last forecast {:.1} s after the stop | - |",
-                            row.name,
-                            last - stop
-                        );
-                        if !during || last >= stop + within {
-                            failures.push(format!(
-                                "{}: forecast during the ramp {during}, last at {last:.1}",
-                                row.name
-                            ));
-                        }
-                    }
-                }
+        println!("| row | read at | truth s | forecast s | error |");
+        println!("|---|---|---|---|---|");
+        for row in table::rows() {
+            let said = play(&row);
+            trace(&row, &said);
+            match row.expect {
+                table::Expect::Ramp {
+                    start,
+                    first_within,
+                    ..
+                } => check_ramp(&row, &said, start, first_within, &mut failures),
+                table::Expect::Never => check_never(&row, &said, &mut failures),
+                table::Expect::Stops {
+                    start,
+                    stop,
+                    within,
+                } => check_stops(&row, &said, (start, stop, within), &mut failures),
             }
         }
         assert!(failures.is_empty(), "{failures:#?}");

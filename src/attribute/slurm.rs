@@ -215,10 +215,16 @@ mod tests {
         })
     }
 
+    fn check_cgroup_cases(cases: Vec<(&str, &str, Option<SlurmCgroup>)>) {
+        for (name, input, want) in cases {
+            assert_eq!(parse_slurm_cgroup(input), want, "{name}");
+        }
+    }
+
+    /// cgroup v1 (Slurm 22.05 on Debian 12, as srun leaves it).
     #[test]
-    fn parse_slurm_cgroup_table() {
-        let cases: Vec<(&str, &str, Option<SlurmCgroup>)> = vec![
-            // --- cgroup v1 (Slurm 22.05 on Debian 12, as srun leaves it) ---
+    fn parse_slurm_cgroup_v1() {
+        check_cgroup_cases(vec![
             (
                 "v1 one node, step 0, hybrid host",
                 "13:misc:/\n12:freezer:/slurm_node1/uid_0/job_1/step_0\n11:devices:/slurm_node1/uid_0/job_1/step_0/task_0\n\
@@ -255,7 +261,12 @@ mod tests {
                 "7:memory:/slurm/uid_1000/job_91\n3:freezer:/slurm/uid_1000/job_91/step_3\n",
                 job("91", Some("3"), Some("1000")),
             ),
-            // --- cgroup v2 ---
+        ]);
+    }
+
+    #[test]
+    fn parse_slurm_cgroup_v2() {
+        check_cgroup_cases(vec![
             (
                 "v2 task",
                 "0::/system.slice/slurmstepd.scope/job_1234/step_0/user/task_0\n",
@@ -291,7 +302,12 @@ mod tests {
                 "0::/system.slice/slurmstepd.scope/job_9/step_1/user/task_0 (deleted)\n",
                 job("9", Some("1"), None),
             ),
-            // --- not a job ---
+        ]);
+    }
+
+    #[test]
+    fn parse_slurm_cgroup_not_a_job() {
+        check_cgroup_cases(vec![
             (
                 "slurmd's own scope",
                 "0::/system.slice/slurmstepd.scope/system\n",
@@ -333,10 +349,7 @@ mod tests {
             ),
             ("empty", "", None),
             ("garbage", "no colons here\n::\n", None),
-        ];
-        for (name, input, want) in cases {
-            assert_eq!(parse_slurm_cgroup(input), want, "{name}");
-        }
+        ]);
     }
 
     /// Forged: Slurm's names out of place are no job, and are flagged.

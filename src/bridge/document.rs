@@ -548,37 +548,54 @@ mod tests {
         assert_eq!(parse(&bytes), Err(DropReason::Malformed));
     }
 
+    fn settings(
+        backend: AllocatorBackend,
+        expandable_segments: bool,
+        max_split_size: Option<u64>,
+    ) -> Option<AllocatorSettings> {
+        Some(AllocatorSettings {
+            backend,
+            expandable_segments,
+            max_split_size,
+        })
+    }
+
+    /// A one-device document: `alloc` is the allocator member with its
+    /// trailing comma (or nothing), `dev` the device entry.
+    fn one(alloc: &str, dev: String) -> String {
+        format!(r#"{{"v":1,{alloc}"devices":[{dev}]}}"#)
+    }
+
+    const A_NATIVE: &str =
+        r#""allocator":{"backend":"native","expandable_segments":false,"max_split_size":null}"#;
+
+    fn check_optional_cases(cases: Vec<(&str, String, Result<Document, DropReason>)>) {
+        for (name, input, want) in cases {
+            assert_eq!(parse(input.as_bytes()), want, "case {name:?}: {input}");
+        }
+    }
+
+    /// Pools, the limit and the OOM snapshot count, present or not.
     #[test]
-    fn optional_fields_table() {
-        let settings = |backend, expandable_segments, max_split_size| {
-            Some(AllocatorSettings {
-                backend,
-                expandable_segments,
-                max_split_size,
-            })
-        };
-        let native = settings(AllocatorBackend::Native, false, None);
+    fn optional_fields_are_read() {
         let full = TorchStats {
             pools: Some(pools(10)),
             limit: Some(75_377_410_048),
-            allocator: native,
+            allocator: settings(AllocatorBackend::Native, false, None),
             oom_snapshots: Some(2),
             ..stats(10)
         };
-        let a_native =
-            r#""allocator":{"backend":"native","expandable_segments":false,"max_split_size":null}"#;
-        let one = |alloc: &str, dev: String| format!(r#"{{"v":1,{alloc}"devices":[{dev}]}}"#);
         let with = |extra: &str| dev_with(U0, 10, extra);
         let ok = |s: TorchStats| {
             Ok(Document {
                 devices: vec![(U0.to_string(), s)],
             })
         };
-        let cases: Vec<(&str, String, Result<Document, DropReason>)> = vec![
+        check_optional_cases(vec![
             (
                 "everything",
                 one(
-                    &format!("{a_native},"),
+                    &format!("{A_NATIVE},"),
                     with(r#","limit":75377410048,"oom_snapshots":2"#),
                 ),
                 ok(full),
@@ -593,7 +610,10 @@ mod tests {
             ),
             (
                 "null limit and snapshots are absent",
-                one("", dev(U0, 10).replace('}', r#","limit":null,"oom_snapshots":null}"#)),
+                one(
+                    "",
+                    dev(U0, 10).replace('}', r#","limit":null,"oom_snapshots":null}"#),
+                ),
                 ok(stats(10)),
             ),
             (
@@ -604,6 +624,14 @@ mod tests {
                     ..stats(10)
                 }),
             ),
+        ]);
+    }
+
+    /// The allocator settings reach every device; any other spelling of
+    /// them drops the document.
+    #[test]
+    fn allocator_settings_table() {
+        check_optional_cases(vec![
             (
                 "settings reach every device",
                 format!(
@@ -639,6 +667,51 @@ mod tests {
                 }),
             ),
             (
+                "unknown backend",
+                one(
+                    &format!("{},", A_NATIVE.replace("native", "async")),
+                    dev(U0, 10),
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "backend spelled otherwise",
+                one(
+                    &format!("{},", A_NATIVE.replace("native", "Native")),
+                    dev(U0, 10),
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "max_split_size missing (null is unlimited, absent is broken)",
+                one(
+                    r#""allocator":{"backend":"native","expandable_segments":false},"#,
+                    dev(U0, 10),
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "expandable_segments as a string",
+                one(
+                    &format!("{},", A_NATIVE.replace("false", r#""False""#)),
+                    dev(U0, 10),
+                ),
+                Err(DropReason::Malformed),
+            ),
+            (
+                "the raw environment instead of settings",
+                one(r#""allocator":"expandable_segments:True","#, dev(U0, 10)),
+                Err(DropReason::Malformed),
+            ),
+        ]);
+    }
+
+    /// A malformed pool, limit or snapshot count drops the document.
+    #[test]
+    fn malformed_optional_fields_table() {
+        let with = |extra: &str| dev_with(U0, 10, extra);
+        check_optional_cases(vec![
+            (
                 "a pool missing",
                 one("", dev(U0, 10).replace('}', r#","pools":{"large":{"allocated":1,"reserved":1,"inactive_split":1,"segments":1}}}"#)),
                 Err(DropReason::Malformed),
@@ -668,47 +741,7 @@ mod tests {
                 one("", dev(U0, 10).replace('}', r#","oom_snapshots":1.5}"#)),
                 Err(DropReason::Malformed),
             ),
-            (
-                "unknown backend",
-                one(
-                    &format!("{},", a_native.replace("native", "async")),
-                    dev(U0, 10),
-                ),
-                Err(DropReason::Malformed),
-            ),
-            (
-                "backend spelled otherwise",
-                one(
-                    &format!("{},", a_native.replace("native", "Native")),
-                    dev(U0, 10),
-                ),
-                Err(DropReason::Malformed),
-            ),
-            (
-                "max_split_size missing (null is unlimited, absent is broken)",
-                one(
-                    r#""allocator":{"backend":"native","expandable_segments":false},"#,
-                    dev(U0, 10),
-                ),
-                Err(DropReason::Malformed),
-            ),
-            (
-                "expandable_segments as a string",
-                one(
-                    &format!("{},", a_native.replace("false", r#""False""#)),
-                    dev(U0, 10),
-                ),
-                Err(DropReason::Malformed),
-            ),
-            (
-                "the raw environment instead of settings",
-                one(r#""allocator":"expandable_segments:True","#, dev(U0, 10)),
-                Err(DropReason::Malformed),
-            ),
-        ];
-        for (name, input, want) in cases {
-            assert_eq!(parse(input.as_bytes()), want, "case {name:?}: {input}");
-        }
+        ]);
     }
 
     const MIB: u64 = 1 << 20;

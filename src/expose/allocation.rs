@@ -621,6 +621,35 @@ mod tests {
         );
     }
 
+    /// A DRA allocation of container `main` in `team-a`, from node-1's
+    /// pool; pod `c` has no pod UID.
+    fn dra(pod: &str, claim: &str, name: &str, device: AllocatedDevice) -> DraAllocation {
+        DraAllocation {
+            namespace: "team-a".into(),
+            pod: pod.into(),
+            container: "main".into(),
+            pod_uid: (pod != "c").then(|| format!("uid-{pod}")),
+            claim_namespace: "team-a".into(),
+            claim_name: claim.into(),
+            driver: "gpu.nvidia.com".into(),
+            pool: "node-1".into(),
+            device_name: name.into(),
+            device,
+        }
+    }
+
+    /// The owner labels of a row made from `dra(pod, claim, name, _)`.
+    fn owner(pod: &str, claim: &str, name: &str) -> String {
+        let uid = if pod == "c" {
+            String::new()
+        } else {
+            format!(r#"pod_uid="uid-{pod}","#)
+        };
+        format!(
+            r#"namespace="team-a",pod="{pod}",container="main",{uid}dra_claim_namespace="team-a",dra_claim_name="{claim}",dra_driver_name="gpu.nvidia.com",dra_pool_name="node-1",dra_device_name="{name}""#
+        )
+    }
+
     /// DRA rows: a whole GPU and a MIG device from the slices, a device
     /// shared by two claims (two rows), the fallback by index, an unknown
     /// device (the owner only), a MIG device no rescan has seen yet (its
@@ -633,18 +662,6 @@ mod tests {
             device("1", GPU1, &[(MIG_A, 3, 0), (MIG_B, 5, 0)]),
         ];
         use AllocatedDevice::*;
-        let dra = |pod: &str, claim: &str, name: &str, device| DraAllocation {
-            namespace: "team-a".into(),
-            pod: pod.into(),
-            container: "main".into(),
-            pod_uid: (pod != "c").then(|| format!("uid-{pod}")),
-            claim_namespace: "team-a".into(),
-            claim_name: claim.into(),
-            driver: "gpu.nvidia.com".into(),
-            pool: "node-1".into(),
-            device_name: name.into(),
-            device,
-        };
         s.pod_resources = Some(PodResourcesState {
             dra: vec![
                 dra("a", "one", "gpu-0", Gpu { uuid: GPU0.into() }),
@@ -675,16 +692,6 @@ mod tests {
             resource_slice_errors_total: Some(3),
             ..Default::default()
         });
-        let owner = |pod: &str, claim: &str, name: &str| {
-            let uid = if pod == "c" {
-                String::new()
-            } else {
-                format!(r#"pod_uid="uid-{pod}","#)
-            };
-            format!(
-                r#"namespace="team-a",pod="{pod}",container="main",{uid}dra_claim_namespace="team-a",dra_claim_name="{claim}",dra_driver_name="gpu.nvidia.com",dra_pool_name="node-1",dra_device_name="{name}""#
-            )
-        };
         let want = [
             format!(
                 r#"gpu_allocation_info{{gpu="0",uuid="{GPU0}",{}}} 1"#,

@@ -484,8 +484,10 @@ fn all_on() -> Collectors {
         .fold(Collectors::default(), |c, d| set(c, d.name, true))
 }
 
-#[test]
-fn collectors_read_what_the_gpu_supports_and_skip_the_rest() {
+/// Every collector on; GPU 0 supports them all (utilisation, power,
+/// remapped rows, two processes with samples for pid 7, three Xids),
+/// GPU 1 none.
+fn all_collectors_sampler() -> Sampler<FakeGpu, Recorder> {
     let mut d0 = FakeDevice::new(0, 80 * GIB, GIB);
     d0.scripts.set(Utilization {
         gpu: Some(93),
@@ -518,11 +520,16 @@ fn collectors_read_what_the_gpu_supports_and_skip_the_rest() {
     d0.scripts.set(vec![sample(7, 10, 50), sample(7, 20, 90)]);
     d0.scripts.set(Xid(vec![79, 48, 79]));
     let d1 = FakeDevice::new(1, 80 * GIB, GIB); // supports nothing
-    let mut s = Sampler::new(
+    Sampler::new(
         FakeGpu::new(vec![d0, d1]),
         Recorder::default(),
         switched(all_on()),
-    );
+    )
+}
+
+#[test]
+fn collectors_read_what_the_gpu_supports_and_skip_the_rest() {
+    let mut s = all_collectors_sampler();
     let snap = s.tick();
     let d = &snap.devices[0];
     assert_eq!(
@@ -563,6 +570,12 @@ fn collectors_read_what_the_gpu_supports_and_skip_the_rest() {
     assert!(snap.nvml_errors.is_empty(), "{:?}", snap.nvml_errors);
     // 12, and gpm's support query on each GPU (the in-process fake has none).
     assert_eq!(s.errors.unsupported_logged(), 14);
+}
+
+#[test]
+fn later_samples_ask_for_newer_figures_and_read_slow_ones_once() {
+    let mut s = all_collectors_sampler();
+    s.tick();
     // The next sample asks only for newer process samples: pid 7 idle.
     let snap = s.tick();
     assert_eq!(
