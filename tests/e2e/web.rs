@@ -777,9 +777,10 @@ fn a_wrong_password_then_the_right_one_answers_200() {
     wait_for(Duration::from_secs(5), "the listener", || {
         (get_with(ex.addr, "/healthz", None).status == 401).then_some(())
     });
-    for (round, (user, password, typo)) in [("alice", "s3cret", "s3cert"), ("bob", "b0bpw", "bobpw")]
-        .into_iter()
-        .enumerate()
+    for (round, (user, password, typo)) in
+        [("alice", "s3cret", "s3cert"), ("bob", "b0bpw", "bobpw")]
+            .into_iter()
+            .enumerate()
     {
         let t = std::time::Instant::now();
         let typo = get_with(ex.addr, "/metrics", Some(&basic(user, typo)));

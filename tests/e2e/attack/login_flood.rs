@@ -804,7 +804,11 @@ fn restart_during_a_flood(cg: Option<&CpuCgroup>, first: Duration) {
     drop(ex);
     let first_ok = seen.first_ok.unwrap_or(Duration::MAX);
     assert!(first_ok <= first, "first correct scrape after {first_ok:?}");
-    assert!(share >= RESTART_SUCCESS, "{:.0} % of scrapes", share * 100.0);
+    assert!(
+        share >= RESTART_SUCCESS,
+        "{:.0} % of scrapes",
+        share * 100.0
+    );
     let failed = counts.by_status.lock().unwrap().get(&401).copied();
     assert!(failed.unwrap_or(0) > 0, "the flood was checked");
 }
@@ -817,12 +821,20 @@ fn a_restart_during_a_flood_from_8_addresses_answers_a_clean_scraper_within_3s()
     restart_during_a_flood(None, RESTART_FIRST);
 }
 
-/// The same inside a 100m CPU cgroup (root): the first scrape within 3 s,
-/// or, where one check alone takes longer than 1.25 s there (the debug
-/// build: about 2.5 times the release build's CPU), within the running
-/// check and its own, plus 0.5 s.
+/// The same inside a 100m CPU cgroup (root), with the release binary
+/// (`GPUMEM_IMAGE_BINARY`, as scripts/ci/test sets it): the first scrape
+/// within 3 s. The debug build's check takes about 0.5 s of CPU, 5 s at
+/// 100m, so the running check and the scraper's own are past the 3 s and
+/// the 10 s a check may wait (measured: one check alone 5.3 s, the first
+/// scrape 9.0 s): without the release binary the test says so and stops.
 #[test]
-fn a_restart_during_a_flood_from_8_addresses_at_100m_cpu_answers_a_clean_scraper() {
+fn a_restart_during_a_flood_from_8_addresses_at_100m_cpu_answers_a_clean_scraper_within_3s() {
+    if std::env::var_os("GPUMEM_IMAGE_BINARY").is_none_or(|b| b.is_empty()) {
+        eprintln!(
+            "the restart flood at 100m needs the release binary (GPUMEM_IMAGE_BINARY): a debug check takes 5 s there"
+        );
+        return;
+    }
     let _heavy = heavy();
     let cg = CpuCgroup::new();
     let solo = {
@@ -836,7 +848,6 @@ fn a_restart_during_a_flood_from_8_addresses_at_100m_cpu_answers_a_clean_scraper
         assert_eq!(status, 200);
         took
     };
-    let first = RESTART_FIRST.max(solo * 2 + LOGIN_BOUND);
-    eprintln!("one check (cost {COST}) alone at 100m: {solo:?}; first-scrape bound {first:?}");
-    restart_during_a_flood(Some(&cg), first);
+    eprintln!("one check (cost {COST}) alone at 100m: {solo:?}");
+    restart_during_a_flood(Some(&cg), RESTART_FIRST);
 }
