@@ -371,7 +371,7 @@ fn redact_query(s: &str) -> String {
     let rest = &s[start + 1..];
     for pair in rest.split_inclusive(['&', ';', '#', '?']) {
         let (body, sep) = match pair.char_indices().last() {
-            Some((i, c)) if matches!(c, '&' | ';' | '#' | '?') => (&pair[..i], &pair[i..]),
+            Some((i, '&' | ';' | '#' | '?')) => (&pair[..i], &pair[i..]),
             _ => (pair, ""),
         };
         match body.split_once('=') {
