@@ -97,6 +97,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
             }),
             container: Arc::from(if pods { "trainer" } else { "" }),
             engine: None,
+            start_time: Some(1_000 + n as u64),
         })
     };
     let mut sample = DurationHistogram::new(SAMPLE_DURATION_BUCKETS);

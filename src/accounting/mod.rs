@@ -56,6 +56,10 @@ pub struct Ledger {
     rows_key: Option<RowsKey>,
     /// The workload ranking's minutes.
     ranking: Ranking,
+    /// GPUs whose processes' totals were kept while they were down or
+    /// gone: at their next answer, the totals of processes they no longer
+    /// list go.
+    kept: HashSet<Arc<str>>,
 }
 
 /// The inputs the allocation rows' idle flags were computed from
@@ -215,10 +219,17 @@ impl Ledger {
         let pending_busy = std::mem::take(&mut g.pending_busy_seconds);
         let procs = Arc::make_mut(&mut self.accounts.processes);
         let loads = Arc::make_mut(&mut self.accounts.workloads);
+        // A GPU that answers again after its totals were kept: drop those
+        // of processes it no longer lists (a pid reused meanwhile too).
+        if keep {
+            self.kept.insert(Arc::clone(uuid));
+        } else if self.kept.remove(uuid) {
+            procs.retain(|(u, pid, start), _| u != uuid || listed(new, *pid, *start));
+        }
         for p in old {
-            let key = (Arc::clone(uuid), p.pid);
+            let key = (Arc::clone(uuid), p.pid, p.ident.start_time);
             let bytes = p.used_bytes.unwrap_or(0) as f64 * pending;
-            let still = new.binary_search_by_key(&p.pid, |n| n.pid).is_ok();
+            let still = listed(new, p.pid, p.ident.start_time);
             if still || keep {
                 *procs.entry(key).or_insert(0.0) += bytes;
             } else {
@@ -360,6 +371,13 @@ impl Ledger {
     }
 }
 
+/// Whether `list` (sorted by pid) holds the process `pid` started at
+/// `start`.
+fn listed(list: &[ProcessSample], pid: u32, start: Option<u64>) -> bool {
+    list.binary_search_by_key(&pid, |n| n.pid)
+        .is_ok_and(|i| list[i].ident.start_time == start)
+}
+
 fn ptr_eq_opt<T: ?Sized>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
     match (a, b) {
         (None, None) => true,
@@ -455,7 +473,7 @@ pub(crate) fn process_byte_seconds(a: &Accounts, uuid: &str, p: &ProcessSample) 
     let pending = a.gpus.get(uuid).map_or(0.0, |g| g.pending_seconds);
     let folded = a
         .processes
-        .get(&(Arc::from(uuid), p.pid))
+        .get(&(Arc::from(uuid), p.pid, p.ident.start_time))
         .copied()
         .unwrap_or(0.0);
     folded + p.used_bytes.unwrap_or(0) as f64 * pending

@@ -418,3 +418,52 @@ fn a_pod_named_after_its_first_samples_stays_one_workload() {
     );
     close(*bytes, 5.0 * GIB as f64);
 }
+
+/// A pid reused by another process (another start time) starts from 0,
+/// while the workload's counter goes on; also after the GPU was down.
+#[test]
+fn a_reused_pid_starts_its_byte_seconds_from_zero() {
+    let started = |at: u64| {
+        Arc::new(ProcIdentity {
+            start_time: Some(at),
+            ..ProcIdentity::clone(&ident("alice", None))
+        })
+    };
+    let (first, second, third) = (started(100), started(200), started(300));
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    let list =
+        |who: &Arc<ProcIdentity>| -> Arc<[ProcessSample]> { Arc::from(vec![proc(10, GIB, who)]) };
+    let a = list(&first);
+    l.record(&snap(Some(GIB), None, &a), at(0));
+    let a2 = list(&first);
+    let got = l.record(&snap(Some(GIB), None, &a2), at(10_000));
+    close(process_byte_seconds(&got, GPU0, &a2[0]), 10.0 * GIB as f64);
+    // Pid 10 exits and is reused between two full samples.
+    let b = list(&second);
+    l.record(&snap(Some(GIB), None, &b), at(11_000));
+    let b2 = list(&second);
+    let got = l.record(&snap(Some(GIB), None, &b2), at(12_000));
+    close(process_byte_seconds(&got, GPU0, &b2[0]), GIB as f64);
+    assert_eq!(got.processes.len(), 1, "{:?}", got.processes);
+    let mut s = snap(Some(GIB), None, &b2);
+    s.accounting = got.clone();
+    let user = (
+        Workload::User {
+            user: Arc::from("alice"),
+        },
+        Arc::from(GPU0),
+    );
+    close(workload_totals(&s)[&user].0, 12.0 * GIB as f64);
+    // The GPU is down, and lists pid 10 again started anew: from 0, and
+    // the kept total of the one before is gone.
+    let none: Arc<[ProcessSample]> = Arc::from(Vec::new());
+    l.record(&snap(None, None, &none), at(13_000));
+    let c = list(&third);
+    l.record(&snap(Some(GIB), None, &c), at(15_000));
+    let c2 = list(&third);
+    let got = l.record(&snap(Some(GIB), None, &c2), at(16_000));
+    close(process_byte_seconds(&got, GPU0, &c2[0]), GIB as f64);
+    assert_eq!(got.processes.len(), 1, "{:?}", got.processes);
+}

@@ -429,6 +429,7 @@ impl ProcCache {
             pod: Arc::from(""),
             container: Arc::from(""),
             engine: None,
+            start_time: None,
         };
         Read {
             ident,
@@ -706,6 +707,7 @@ impl ProcCache {
                 self.owner_pending.remove(&pid);
             }
         }
+        ident.start_time = Some(start);
         if let (_, Some(r)) = self.resolve_pod(pid, &mut ident) {
             refused.push(r);
         }

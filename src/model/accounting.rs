@@ -16,15 +16,20 @@ use std::sync::Arc;
 
 use super::{Allocation, DraAllocation, JobAllocation, ProcIdentity};
 
+/// A process on a GPU: the GPU's UUID, the pid and the process's start
+/// time (`ProcIdentity::start_time`).
+pub type ProcessKey = (Arc<str>, u32, Option<u64>);
+
 /// The totals as of one published snapshot.
 #[derive(Debug, Clone, Default)]
 pub struct Accounts {
     /// Per GPU ever seen since start, by UUID (a GPU that is lost or
     /// re-enumerated keeps its totals).
     pub gpus: Arc<BTreeMap<Arc<str>, GpuAccount>>,
-    /// Byte-seconds of each process on each GPU (GPU UUID, pid) up to the
+    /// Byte-seconds of each process on each GPU (GPU UUID, pid, start
+    /// time: a reused pid is another process, counted from 0) up to the
     /// last fold of that GPU's process list; present while the process is.
-    pub processes: Arc<HashMap<(Arc<str>, u32), f64>>,
+    pub processes: Arc<HashMap<ProcessKey, f64>>,
     /// Per workload and GPU, up to the last fold; kept for
     /// [`WORKLOAD_GRACE_SECONDS`] after the workload's last process left.
     pub workloads: Arc<BTreeMap<(Workload, Arc<str>), WorkloadAccount>>,

@@ -31,6 +31,10 @@ pub struct ProcIdentity {
     /// (`containers.engine_socket`); `None` when off, not in a container,
     /// not known (yet), or when the pod watcher knows the process.
     pub engine: Option<Arc<ContainerInfo>>,
+    /// `/proc/<pid>/stat`'s start time (clock ticks since boot): with the
+    /// pid, which process this is (a reused pid has another); `None` when
+    /// /proc does not show the process.
+    pub start_time: Option<u64>,
 }
 
 /// A container as the Docker Engine API (Docker, Podman) describes it:

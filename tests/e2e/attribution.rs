@@ -288,6 +288,54 @@ fn cmdline_only_when_enabled_and_redacted() {
     );
 }
 
+/// Every command-line form that leaked verbatim into
+/// `gpu_process_info{cmdline}` and the API when only secret-looking option
+/// names were redacted, one process each: no secret in either.
+#[test]
+fn every_leaked_cmdline_form_is_redacted_in_metrics_and_api() {
+    let forms: [&[&str]; 12] = [
+        &["mysql", "-phunter2"],
+        &["mysql", "-p", "hunter2"],
+        &["openssl", "enc", "-pass", "pass:hunter2"],
+        &["app", "--pass", "hunter2"],
+        &["app", "--pwd=hunter2"],
+        &["app", "--db-pass=hunter2"],
+        &["app", "--private-key=hunter2"],
+        &["app", "--key", "hunter2"],
+        &["app", "--password", "-hunter2"],
+        &["curl", "-H", "Authorization: Bearer hunter2"],
+        &["curl", "https://h/x?token=hunter2&sig=hunter2"],
+        &["app", r#"{"password":"hunter2"}"#],
+    ];
+    let procs: Vec<FakeProc> = forms
+        .iter()
+        .enumerate()
+        .map(|(i, cmdline)| FakeProc {
+            pid: 4101 + i as u32,
+            comm: "app",
+            uid: 1000,
+            cgroup: cgroup_containerd('a'),
+            cmdline,
+        })
+        .collect();
+    let w = world(&procs);
+    let ex = w.start("  cmdline: true\n  cmdline_max_length: 200\n");
+    let m = wait_for(Duration::from_secs(10), "every process", || {
+        let m = ex.metrics();
+        (m.find("gpu_process_info", &[]).len() == forms.len()).then_some(m)
+    });
+    let api = ex.get("/api/v1/snapshot");
+    assert_eq!(api.status, 200);
+    for (i, form) in forms.iter().enumerate() {
+        let info = labels_of(&m, "gpu_process_info", &(4101 + i).to_string());
+        eprintln!("{form:?} -> {:?}", info["cmdline"]);
+        assert!(info["cmdline"].contains("<redacted>"), "{form:?}: {info:?}");
+    }
+    assert!(!m.text.contains("hunter2"), "{}", m.text);
+    assert!(!api.body.contains("hunter2"), "{}", api.body);
+    assert!(api.body.contains("<redacted>"), "{}", api.body);
+}
+
 #[test]
 fn mig_instances_and_their_processes() {
     let w = world(&[]);

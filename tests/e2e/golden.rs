@@ -62,6 +62,7 @@ fn ident(
         pod: Arc::from(pod),
         container: Arc::from(container),
         engine: None,
+        start_time: None,
     })
 }
 

@@ -756,6 +756,55 @@ fn sighup_reloads_users_and_a_bad_file_keeps_the_old_one() {
     );
 }
 
+/// A typo, then the right password, from the same address at bcrypt cost
+/// 10 (web-config.example.yml's): the right one answers 200 at once (it
+/// answered 429 with `Retry-After: 13` when one failed check spent the
+/// address's whole budget). Twice, 3 s apart, with two users, so a second
+/// typo a little later is a token too.
+#[test]
+fn a_wrong_password_then_the_right_one_answers_200() {
+    let sc = Scenario::new(SCENARIO);
+    let hash = bcrypt::hash_with_salt("s3cret", 10, [42; 16])
+        .expect("bcrypt")
+        .to_string();
+    let bob = bcrypt::hash_with_salt("b0bpw", 10, [43; 16])
+        .expect("bcrypt")
+        .to_string();
+    let ex = start_with_web_config(
+        &sc,
+        &format!("basic_auth_users:\n  alice: {hash}\n  bob: {bob}\n"),
+    );
+    wait_for(Duration::from_secs(5), "the listener", || {
+        (get_with(ex.addr, "/healthz", None).status == 401).then_some(())
+    });
+    for (round, (user, password, typo)) in
+        [("alice", "s3cret", "s3cert"), ("bob", "b0bpw", "bobpw")]
+            .into_iter()
+            .enumerate()
+    {
+        let t = std::time::Instant::now();
+        let typo = get_with(ex.addr, "/metrics", Some(&basic(user, typo)));
+        let typo_took = t.elapsed();
+        assert_eq!(typo.status, 401, "round {round}: {}", typo.body);
+        // A fresh connection each time (http_get), as a scraper retries.
+        let right = get_with(ex.addr, "/metrics", Some(&basic(user, password)));
+        assert_eq!(
+            (right.status, right.header("retry-after")),
+            (200, None),
+            "round {round}: {}",
+            right.body
+        );
+        assert!(right.body.contains("gpu_memory_used_bytes{"));
+        eprintln!(
+            "round {round}: typo 401 in {typo_took:?}, right password 200 after {:?}",
+            t.elapsed()
+        );
+        // Three seconds later (when the old code still said 429), another
+        // user's typo and right password: both checked.
+        std::thread::sleep(Duration::from_secs(3));
+    }
+}
+
 // ------------------------------------------------------------ bad files
 
 #[test]

@@ -5,15 +5,26 @@
 //! - **Lanes.** *Previously good*: a (user, password) that passed before the
 //!   last reload, against a hash that has changed since (the scraper's
 //!   credentials, most likely): first, outside the budgets. *Clean*: from a
-//!   client address with no failed check within [`budget::REMEMBER`].
-//!   *Dirty*: from an address that failed lately, first in first out with
-//!   at most [`PER_ADDRESS`] waiting per address, so one address's flood
-//!   is at most that many checks ahead of another's attempt.
+//!   client address with no failed check within [`budget::REMEMBER`],
+//!   the address that asked least first: an address that keeps asking
+//!   while its check waits (a flood's many connections) goes behind one
+//!   that asked once (a scraper), so after a restart, when every address
+//!   is clean, a scraper's first login waits for at most the check that
+//!   is running, not for every flooding address's first one. An address
+//!   whose check failed meanwhile moves its waiting check to the dirty
+//!   lane. *Dirty*: from an address that failed lately, first in first
+//!   out with at most [`PER_ADDRESS`] waiting per address, so one
+//!   address's flood is at most that many checks ahead of another's
+//!   attempt.
 //! - **Threads.** One thread at normal priority runs only the first two
-//!   lanes; the other, at `SCHED_IDLE`, runs all three (the first two
-//!   first). Inside a CPU limit (the DaemonSet's 100m) a check of the
-//!   flood's that is running takes almost no CPU from a scraper's that
-//!   starts meanwhile, and none from the sampler.
+//!   lanes, and of the clean one only the checks of addresses that asked
+//!   at most [`PER_ADDRESS`] times; the other, at `SCHED_IDLE`, runs all
+//!   three (the first two first). Inside a CPU limit (the DaemonSet's
+//!   100m) a check of the flood's that is running takes almost no CPU
+//!   from a scraper's that starts meanwhile, and none from the sampler;
+//!   and the checks of addresses that failed run one at a time, so they
+//!   can overshoot the total budget by one check at most (see
+//!   [`budget`]).
 //! - **Bounds.** At most [`QUEUED`] checks wait ([`PREVIOUSLY_GOOD`] in the
 //!   first lane); beyond it, or past an address's or the total CPU budget
 //!   ([`budget`]), an attempt is refused at once, and the caller answers
@@ -63,14 +74,17 @@ enum Lane {
 
 struct Job {
     client: IpAddr,
+    /// Order of arrival (the clean lane is not first in first out).
+    seq: u64,
     lane: Lane,
     run: Box<dyn FnOnce() -> bool + Send>,
     reply: oneshot::Sender<Outcome>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Worker {
-    /// Normal priority: previously-good and clean lanes only.
+    /// Normal priority: previously-good and clean lanes only, and of the
+    /// clean lane only addresses that asked at most [`PER_ADDRESS`] times.
     Scrapers,
     /// `SCHED_IDLE`: every lane.
     Everyone,
@@ -81,10 +95,22 @@ struct State {
     clean: VecDeque<Job>,
     dirty: VecDeque<Job>,
     /// Checks waiting or running per client address (clean and dirty
-    /// lanes).
-    per_address: HashMap<IpAddr, usize>,
+    /// lanes), and how often it asked meanwhile.
+    per_address: HashMap<IpAddr, Pending>,
     budgets: Budgets,
+    /// The next job's [`Job::seq`].
+    seq: u64,
     stopping: bool,
+}
+
+/// One address's checks waiting or running.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Pending {
+    /// Checks waiting or running.
+    waiting: usize,
+    /// Attempts that needed a check (admitted or refused) since the
+    /// address had none waiting or running.
+    asked: u32,
 }
 
 struct Shared {
@@ -108,6 +134,7 @@ impl Checks {
                 dirty: VecDeque::new(),
                 per_address: HashMap::new(),
                 budgets: Budgets::new(Instant::now()),
+                seq: 0,
                 stopping: false,
             }),
             work: Condvar::new(),
@@ -191,22 +218,28 @@ impl State {
             }
             Lane::PreviouslyGood
         } else {
+            if let Some(p) = self.per_address.get_mut(&client) {
+                p.asked = p.asked.saturating_add(1);
+            }
             self.budgets.admits(client, now)?;
-            let waiting = self.per_address.get(&client).copied().unwrap_or(0);
-            if waiting >= PER_ADDRESS {
+            let pending = self.per_address.entry(client).or_default();
+            if pending.waiting >= PER_ADDRESS {
                 return Err(Refusal::Address {
                     retry_after: Duration::from_secs(1),
                 });
             }
-            *self.per_address.entry(client).or_insert(0) += 1;
+            pending.waiting += 1;
+            pending.asked = pending.asked.max(1);
             if self.budgets.is_clean(client, now) {
                 Lane::Clean
             } else {
                 Lane::Dirty
             }
         };
+        self.seq += 1;
         let job = Job {
             client,
+            seq: self.seq,
             lane,
             run,
             reply,
@@ -219,19 +252,52 @@ impl State {
         Ok(())
     }
 
+    /// How often `client` asked while its checks wait.
+    fn asked(&self, client: IpAddr) -> u32 {
+        self.per_address.get(&client).map_or(0, |p| p.asked)
+    }
+
+    /// The clean check `worker` is to run next: of the addresses that
+    /// asked least, the one that came first; for [`Worker::Scrapers`],
+    /// only of addresses that asked at most [`PER_ADDRESS`] times.
+    fn take_clean(&mut self, worker: Worker) -> Option<Job> {
+        let (at, _) = self
+            .clean
+            .iter()
+            .enumerate()
+            .map(|(i, j)| (i, (self.asked(j.client), j.seq)))
+            .filter(|(_, (asked, _))| worker == Worker::Everyone || *asked as usize <= PER_ADDRESS)
+            .min_by_key(|(_, key)| *key)?;
+        self.clean.remove(at)
+    }
+
     /// The next check `worker` is to run: its lanes in order, skipping
-    /// checks whose caller left and refusing those whose address (or the
-    /// total) ran out of budget while they waited.
+    /// checks whose caller left, moving clean checks whose address failed
+    /// meanwhile to the dirty lane, and refusing those whose address (or
+    /// the total) ran out of budget while they waited.
     fn next(&mut self, worker: Worker) -> Option<Job> {
         loop {
-            let job = self
-                .previously_good
-                .pop_front()
-                .or_else(|| self.clean.pop_front())
-                .or_else(|| match worker {
-                    Worker::Everyone => self.dirty.pop_front(),
-                    Worker::Scrapers => None,
-                })?;
+            let job = match self.previously_good.pop_front() {
+                Some(job) => job,
+                None => match self.take_clean(worker) {
+                    Some(job) if !self.budgets.is_clean(job.client, Instant::now()) => {
+                        let at = self.dirty.partition_point(|d| d.seq < job.seq);
+                        self.dirty.insert(
+                            at,
+                            Job {
+                                lane: Lane::Dirty,
+                                ..job
+                            },
+                        );
+                        continue;
+                    }
+                    Some(job) => job,
+                    None => match worker {
+                        Worker::Everyone => self.dirty.pop_front()?,
+                        Worker::Scrapers => return None,
+                    },
+                },
+            };
             if job.lane != Lane::PreviouslyGood {
                 if job.reply.is_closed() {
                     self.done(job.lane, job.client);
@@ -254,9 +320,9 @@ impl State {
         if lane == Lane::PreviouslyGood {
             return;
         }
-        if let Some(n) = self.per_address.get_mut(&client) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+        if let Some(p) = self.per_address.get_mut(&client) {
+            p.waiting = p.waiting.saturating_sub(1);
+            if p.waiting == 0 {
                 self.per_address.remove(&client);
             }
         }
@@ -292,6 +358,7 @@ fn work(shared: &Shared, worker: Worker) {
             lane,
             run,
             reply,
+            ..
         } = job;
         let (wall, cpu) = (Instant::now(), thread_cpu());
         let passed = run();
@@ -379,6 +446,7 @@ pub(super) mod tests {
             dirty: VecDeque::new(),
             per_address: HashMap::new(),
             budgets: Budgets::new(Instant::now()),
+            seq: 0,
             stopping: false,
         }
     }
@@ -400,9 +468,48 @@ pub(super) mod tests {
         let dirty = st.next(Worker::Everyone);
         assert_eq!(dirty.as_ref().map(|j| j.lane), Some(Lane::Dirty));
         // Taken, but still running: it counts until done.
-        assert_eq!(st.per_address.get(&ip("10.0.0.9")), Some(&1));
+        assert_eq!(
+            st.per_address.get(&ip("10.0.0.9")).map(|p| p.waiting),
+            Some(1)
+        );
         st.done(Lane::Dirty, ip("10.0.0.9"));
         assert_eq!(st.per_address.get(&ip("10.0.0.9")), None);
+    }
+
+    /// After a restart every address is clean: eight flooding addresses
+    /// each have two checks waiting and keep asking; a scraper that asks
+    /// once, last, is the next check either thread runs.
+    #[test]
+    fn a_scraper_waits_behind_no_flooding_address() {
+        let mut st = state();
+        let mut held = Vec::new();
+        for n in 2..10 {
+            let flood = format!("127.0.0.{n}");
+            for _ in 0..10 {
+                if let Ok(rx) = job(&mut st, &flood, false) {
+                    held.push(rx);
+                }
+            }
+            assert_eq!(st.asked(ip(&flood)), 10);
+        }
+        assert_eq!(held.len(), 16);
+        held.push(job(&mut st, "127.0.0.1", false).unwrap());
+        for worker in [Worker::Scrapers, Worker::Everyone] {
+            let next = st.next(worker).map(|j| (j.client, j.lane));
+            assert_eq!(next, Some((ip("127.0.0.1"), Lane::Clean)), "{worker:?}");
+            st.done(Lane::Clean, ip("127.0.0.1"));
+            held.push(job(&mut st, "127.0.0.1", false).unwrap());
+        }
+        // The normal-priority thread leaves the flood's checks to the idle
+        // one; and once an address has failed, its waiting check is dirty.
+        let _ = st.next(Worker::Scrapers);
+        st.done(Lane::Clean, ip("127.0.0.1"));
+        assert!(st.next(Worker::Scrapers).is_none());
+        st.budgets
+            .charge(ip("127.0.0.2"), Duration::from_millis(1), Instant::now());
+        let first = st.next(Worker::Everyone).map(|j| (j.client, j.lane));
+        assert_eq!(first, Some((ip("127.0.0.3"), Lane::Clean)));
+        assert_eq!(st.dirty.len(), 2);
     }
 
     #[test]
@@ -429,9 +536,11 @@ pub(super) mod tests {
         let gone = job(&mut st, "10.0.0.1", false).unwrap();
         drop(gone);
         let stays = job(&mut st, "10.0.0.2", false).unwrap();
-        // 10.0.0.2 fails meanwhile (another of its checks): over budget.
-        st.budgets
-            .charge(ip("10.0.0.2"), Duration::from_millis(50), Instant::now());
+        // 10.0.0.2 fails meanwhile (others of its checks): over budget.
+        for _ in 0..2 {
+            st.budgets
+                .charge(ip("10.0.0.2"), Duration::from_millis(300), Instant::now());
+        }
         assert!(st.next(Worker::Everyone).is_none());
         let mut stays = stays;
         assert!(matches!(
@@ -452,13 +561,24 @@ pub(super) mod tests {
             false
         };
         assert_eq!(checks.check(c, false, spin).await, Outcome::Failed);
-        // 20 ms at 0.5 %: about 4 s before this address may try again.
-        match checks.check(c, false, || true).await {
+        // A typo costs a token: the next attempt is checked.
+        assert_eq!(checks.check(c, false, || true).await, Outcome::Passed);
+        // Past the burst (0.5 s of CPU), 20 ms at 0.5 %: about 4 s before
+        // this address may try again.
+        let mut failures = 1;
+        let refused = loop {
+            match checks.check(c, false, spin).await {
+                Outcome::Failed if failures < 200 => failures += 1,
+                other => break other,
+            }
+        };
+        match refused {
             Outcome::Refused(Refusal::Address { retry_after }) => {
                 assert!(retry_after >= Duration::from_secs(1), "{retry_after:?}");
             }
-            other => panic!("{other:?}"),
+            other => panic!("{other:?} after {failures} failures"),
         }
+        assert!(failures >= 20, "{failures}");
         // Previously-good credentials are not held up by it.
         assert_eq!(checks.check(c, true, || true).await, Outcome::Passed);
         assert_eq!(

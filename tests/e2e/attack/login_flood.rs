@@ -54,6 +54,9 @@ const SCRAPE_DEADLINE: Duration = Duration::from_secs(2);
 /// What one address's failed checks may cost per second
 /// (src/http/auth/budget.rs, PER_ADDRESS_RATE).
 const PER_ADDRESS_RATE: f64 = 0.005;
+/// The CPU of failed checks an address may owe and still be checked
+/// (src/http/auth/budget.rs, PER_ADDRESS_BURST), in seconds.
+const PER_ADDRESS_BURST: f64 = 0.5;
 
 fn basic(user: &str, password: &str) -> String {
     let creds = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
@@ -506,9 +509,11 @@ fn a_wrong_password_flood_at_100m_cpu_delays_no_correct_login() {
         seen.latencies.len()
     );
     // The flood's failed checks (its 401s) within its address's budget:
-    // the first, then one per check's CPU / rate, and one over.
+    // the first, its burst, then one per check's CPU / rate, and one over.
     let failed = by_status.get(&401).copied().unwrap_or(0);
-    let allowed = 2 + (flood_secs * PER_ADDRESS_RATE / check_cpu.as_secs_f64()).ceil() as u64;
+    let allowed = 2
+        + ((flood_secs * PER_ADDRESS_RATE + PER_ADDRESS_BURST) / check_cpu.as_secs_f64()).ceil()
+            as u64;
     eprintln!("flood's failed checks: {failed} (budget allows {allowed})");
     assert!(
         failed >= 1 && failed <= allowed,
@@ -589,4 +594,270 @@ fn login_body(addr: SocketAddr, auth: &str) -> String {
     s.set_read_timeout(Some(Duration::from_secs(5))).ok();
     s.write_all(request(auth, true).as_bytes()).expect("send");
     read_response(&mut s).map(|(_, b)| b).unwrap_or_default()
+}
+
+// ------------------------------------------------------------ restart
+
+/// Addresses of the restart flood (127.0.0.2 to 127.0.0.9), and the
+/// keep-alive connections each holds.
+const RESTART_FLOOD_ADDRESSES: u8 = 8;
+const RESTART_FLOOD_CONNECTIONS: usize = 10;
+/// How long the clean scraper is watched after the restart, and the share
+/// of its scrapes that must succeed.
+const RESTART_WATCH: Duration = Duration::from_secs(35);
+const RESTART_SUCCESS: f64 = 0.90;
+/// The first correct scrape after the restart is answered within this
+/// (where one check takes less than half of it).
+const RESTART_FIRST: Duration = Duration::from_secs(3);
+/// When the clean scraper starts after the restart: once every flooding
+/// address has failed and the total budget is over (a scraper that came
+/// first was checked before the flood had failed, even before).
+const RESTART_SCRAPER_AFTER: Duration = Duration::from_secs(5);
+
+/// The exporter at `listen` (to come back on the port the flood knows),
+/// inside `cg` when given, with `web` as its web config.
+fn start_at(cg: Option<&CpuCgroup>, sc: &Scenario, web: &Path, listen: &str) -> Exporter {
+    let mut cmd = match cg {
+        Some(cg) => {
+            let mut c = Command::new("sh");
+            c.args([
+                "-c",
+                &format!(
+                    "echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"",
+                    cg.0.display()
+                ),
+            ])
+            .arg(binary());
+            c
+        }
+        None => Command::new(binary()),
+    };
+    cmd.arg("--nvml.library")
+        .arg(fake_nvml())
+        .args(["--web.listen-address", listen])
+        .args(["--web.config.file", web.to_str().unwrap()])
+        .env("FAKE_NVML_CONFIG", &sc.path)
+        .env("HOME", sc.dir.path());
+    for key in [
+        "KUBECONFIG",
+        "KUBERNETES_SERVICE_HOST",
+        "KUBERNETES_SERVICE_PORT",
+        "NODE_NAME",
+    ] {
+        cmd.env_remove(key);
+    }
+    Exporter::spawn(cmd)
+}
+
+/// [`RESTART_FLOOD_CONNECTIONS`] keep-alive connections from each of
+/// [`RESTART_FLOOD_ADDRESSES`] addresses, a third of them unknown users,
+/// every request a new wrong password, reconnecting 20 ms after a close
+/// (and through the restart), until `stop`.
+fn flood_from_addresses(
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    counts: Arc<FloodCounts>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let mut tasks = Vec::new();
+            for a in 0..RESTART_FLOOD_ADDRESSES {
+                let from = format!("127.0.0.{}", a + 2);
+                for i in 0..RESTART_FLOOD_CONNECTIONS {
+                    let (stop, counts, from) =
+                        (Arc::clone(&stop), Arc::clone(&counts), from.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let mut n = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            let Ok(s) = socket(&from) else { break };
+                            if let Ok(stream) = s.connect(addr).await {
+                                let (r, mut w) = stream.into_split();
+                                let mut r = BufReader::new(r);
+                                while !stop.load(Ordering::Relaxed) {
+                                    n += 1;
+                                    let auth = if i % 3 == 0 {
+                                        basic(&format!("nobody{a}x{i}"), &format!("guess{n}"))
+                                    } else {
+                                        basic("alice", &format!("wrong{a}x{i}x{n}"))
+                                    };
+                                    if w.write_all(request(&auth, false).as_bytes()).await.is_err()
+                                    {
+                                        break;
+                                    }
+                                    let Some(status) = read_async(&mut r).await else {
+                                        break;
+                                    };
+                                    *counts.by_status.lock().unwrap().entry(status).or_insert(0) +=
+                                        1;
+                                }
+                            }
+                            counts.reconnects.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }));
+                }
+            }
+            for t in tasks {
+                let _ = t.await;
+            }
+        });
+    })
+}
+
+/// What the clean scraper saw after the restart: when each scrape was
+/// sent (from its first) and its status, or why it failed.
+struct AfterRestart {
+    first_ok: Option<Duration>,
+    results: Vec<(Duration, Result<Duration, String>)>,
+}
+
+/// From [`GOOD_FROM`], a scrape every 500 ms on one keep-alive connection
+/// (made again after a failure) for [`RESTART_WATCH`]: each answered 200
+/// within `deadline`, or failed.
+fn scrape_after_restart(addr: SocketAddr, auth: &str, deadline: Duration) -> AfterRestart {
+    let up = Instant::now();
+    let mut conn: Option<TcpStream> = None;
+    let mut seen = AfterRestart {
+        first_ok: None,
+        results: Vec::new(),
+    };
+    while up.elapsed() < RESTART_WATCH {
+        let t = Instant::now();
+        let result = (|| -> Result<Duration, String> {
+            if conn.is_none() {
+                let s = connect_from(GOOD_FROM, addr).map_err(|e| format!("connect: {e}"))?;
+                s.set_read_timeout(Some(deadline)).ok();
+                conn = Some(s);
+            }
+            let s = conn.as_mut().ok_or("no connection")?;
+            s.write_all(request(auth, false).as_bytes())
+                .map_err(|e| format!("send: {e}"))?;
+            let (status, body) = read_response(s)?;
+            let took = t.elapsed();
+            if status != 200 || !body.contains("gpu_memory_used_bytes{") {
+                return Err(format!("status {status}: {:.60}", body.trim()));
+            }
+            if took > deadline {
+                return Err(format!("took {took:?}"));
+            }
+            Ok(took)
+        })();
+        if result.is_ok() && seen.first_ok.is_none() {
+            seen.first_ok = Some(up.elapsed());
+        }
+        if result.is_err() {
+            conn = None;
+        }
+        seen.results.push((t - up, result));
+        std::thread::sleep(Duration::from_millis(500).saturating_sub(t.elapsed()));
+    }
+    seen
+}
+
+/// A restart (its login cache and budgets empty) during a flood of wrong
+/// passwords from 8 addresses: a clean address's correct scrape, 5 s
+/// after the exporter listens again, is answered within `first`, and at
+/// least 90 % of its scrapes over 35 s. Before, the flood's failures kept the
+/// total budget over and every such scrape was answered 503.
+fn restart_during_a_flood(cg: Option<&CpuCgroup>, first: Duration) {
+    let sc = Scenario::new(SCENARIO);
+    let web = sc.file(
+        "web.yml",
+        web_text(
+            &[("alice", &hash("s3cret", 1))],
+            "http_server_config:\n  max_connections_per_ip: 64\n",
+        )
+        .as_bytes(),
+    );
+    let alice = basic("alice", "s3cret");
+    let mut ex = start_at(cg, &sc, &web, "127.0.0.1:0");
+    let addr = ex.addr;
+    assert_eq!(login(addr, GOOD_FROM, &alice).0, 200);
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new(FloodCounts::default());
+    let flooding = flood_from_addresses(addr, Arc::clone(&stop), Arc::clone(&counts));
+    std::thread::sleep(Duration::from_secs(5));
+
+    let (status, _) = ex.signal("TERM");
+    assert!(status.success(), "{status}");
+    let ex = start_at(cg, &sc, &web, &addr.to_string());
+    std::thread::sleep(RESTART_SCRAPER_AFTER);
+    let seen = scrape_after_restart(addr, &alice, first.max(SCRAPE_DEADLINE));
+    stop.store(true, Ordering::Relaxed);
+    flooding.join().expect("flood");
+    let ok: Vec<Duration> = seen
+        .results
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok().copied())
+        .collect();
+    let share = ok.len() as f64 / seen.results.len().max(1) as f64;
+    eprintln!(
+        "restart during a flood from {RESTART_FLOOD_ADDRESSES} addresses x {RESTART_FLOOD_CONNECTIONS} connections{}: \
+         first correct scrape {:?} after its first attempt, {RESTART_SCRAPER_AFTER:?} after listening (bound {first:?}); {} of {} scrapes over {RESTART_WATCH:?} ({:.0} %), p50 {:?}, worst {:?}; flood answers {:?}, {} reconnects",
+        if cg.is_some() { " at 100m CPU" } else { "" },
+        seen.first_ok,
+        ok.len(),
+        seen.results.len(),
+        share * 100.0,
+        percentile(&ok, 0.5),
+        ok.iter().max().copied().unwrap_or_default(),
+        counts.by_status.lock().unwrap(),
+        counts.reconnects.load(Ordering::Relaxed),
+    );
+    for (at, r) in seen.results.iter().filter(|(_, r)| r.is_err()).take(8) {
+        eprintln!("  scrape at {at:?}: {r:?}");
+    }
+    drop(ex);
+    let first_ok = seen.first_ok.unwrap_or(Duration::MAX);
+    assert!(first_ok <= first, "first correct scrape after {first_ok:?}");
+    assert!(
+        share >= RESTART_SUCCESS,
+        "{:.0} % of scrapes",
+        share * 100.0
+    );
+    let failed = counts.by_status.lock().unwrap().get(&401).copied();
+    assert!(failed.unwrap_or(0) > 0, "the flood was checked");
+}
+
+/// Without a CPU limit: the debug build's check is as slow as the
+/// release build's under the DaemonSet's 100m.
+#[test]
+fn a_restart_during_a_flood_from_8_addresses_answers_a_clean_scraper_within_3s() {
+    let _heavy = heavy();
+    restart_during_a_flood(None, RESTART_FIRST);
+}
+
+/// The same inside a 100m CPU cgroup (root), with the release binary
+/// (`GPUMEM_IMAGE_BINARY`, as scripts/ci/test sets it): the first scrape
+/// within 3 s. The debug build's check takes about 0.5 s of CPU, 5 s at
+/// 100m, so the running check and the scraper's own are past the 3 s and
+/// the 10 s a check may wait (measured: one check alone 5.3 s, the first
+/// scrape 9.0 s): without the release binary the test says so and stops.
+#[test]
+fn a_restart_during_a_flood_from_8_addresses_at_100m_cpu_answers_a_clean_scraper_within_3s() {
+    if std::env::var_os("GPUMEM_IMAGE_BINARY").is_none_or(|b| b.is_empty()) {
+        eprintln!(
+            "the restart flood at 100m needs the release binary (GPUMEM_IMAGE_BINARY): a debug check takes 5 s there"
+        );
+        return;
+    }
+    let _heavy = heavy();
+    let cg = CpuCgroup::new();
+    let solo = {
+        let sc = Scenario::new(SCENARIO);
+        let web = sc.file(
+            "web.yml",
+            web_text(&[("alice", &hash("s3cret", 1))], "").as_bytes(),
+        );
+        let ex = start_at(Some(&cg), &sc, &web, "127.0.0.1:0");
+        let (status, took) = login(ex.addr, GOOD_FROM, &basic("alice", "s3cret"));
+        assert_eq!(status, 200);
+        took
+    };
+    eprintln!("one check (cost {COST}) alone at 100m: {solo:?}");
+    restart_during_a_flood(Some(&cg), RESTART_FIRST);
 }
