@@ -830,10 +830,24 @@ mod tests {
         std::fs::remove_file(dir.join("stat")).unwrap();
         assert_eq!(&*cache.identify(42).comm, "trainer");
         assert_eq!(cache.counters().0, 0);
-        // The next sample checks the start time again and finds it gone.
+        // The next sample checks the start time again and finds it gone:
+        // a failed lookup, under the identity it had when last seen.
         cache.begin_tick();
-        assert_eq!(&*cache.identify(42).comm, "");
+        assert_eq!(&*cache.identify(42).comm, "trainer");
         assert_eq!(cache.counters().0, 1);
+        assert_eq!(cache.seen(42).stale, None, "one missing sample");
+        cache.begin_tick();
+        cache.identify(42);
+        assert_eq!(
+            cache.seen(42).stale.map(|s| s.reason),
+            Some(crate::model::StaleReason::Exited)
+        );
+        // Never seen alive: unknown, never exited.
+        cache.begin_tick();
+        assert_eq!(&*cache.identify(43).comm, "");
+        cache.begin_tick();
+        cache.identify(43);
+        assert_eq!(cache.seen(43).stale, None);
     }
 
     fn write_proc(root: &std::path::Path, pid: u32, cgroup: &str) {

@@ -20,6 +20,9 @@ use crate::model::ProcessSample;
 /// Who each process is (attribution) and what it publishes about itself
 /// (the torch bridge, when on).
 pub(super) struct Lookups<'a, P> {
+    /// The processes were read in this sample (the `processes` step is
+    /// on): only then is there an unattributed figure.
+    pub(super) read: bool,
     pub(super) procs: &'a mut P,
     pub(super) bridge: Option<&'a mut (dyn Figures + 'static)>,
 }
@@ -46,7 +49,11 @@ pub(super) fn update<P: ProcessLookup>(
     }
     dev.process_peaks
         .retain(|pid, _| listed.binary_search_by_key(pid, |p| p.pid).is_ok());
-    let Lookups { procs, mut bridge } = lookups;
+    let Lookups {
+        read,
+        procs,
+        mut bridge,
+    } = lookups;
     let (keep, other) = select(listed, selection);
     let mut list = Vec::with_capacity(keep.len());
     for k in keep {
@@ -86,5 +93,5 @@ pub(super) fn update<P: ProcessLookup>(
     }
     dev.processes = Arc::from(list);
     dev.other = other;
-    dev.unattributed = Some(Arc::new(dev.unattributed(listed)));
+    dev.unattributed = read.then(|| Arc::new(dev.unattributed(listed)));
 }

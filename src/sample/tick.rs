@@ -282,6 +282,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             &self.listed,
             &self.config.selection,
             processes::Lookups {
+                read: self.config.collectors.processes(),
                 procs: &mut self.procs,
                 bridge: self.bridge.as_deref_mut(),
             },

@@ -25,8 +25,8 @@ use gpumem_exporter::testing::model::{
     BridgeSocketCounters, Busy, ContainerInfo, ContainerLookups, DeviceInfo, DeviceSample,
     DriverInfo, DurationHistogram, ExporterCounters, JobAllocation, JobMappingErrors,
     JobMappingState, KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses, ProcIdentity,
-    ProcessSample, Readings, SlurmJob, Snapshot, TorchCounters, TorchPool, TorchPools, TorchStats,
-    TorchSteps, TorchThreshold,
+    ProcessSample, Readings, SlurmJob, Snapshot, Stale, StaleReason, TorchCounters, TorchPool,
+    TorchPools, TorchStats, TorchSteps, TorchThreshold, Unattributed,
 };
 use gpumem_exporter::testing::readings::{
     Health, PowerThermal, ProcessUtilization, RemappedRows, RetiredPages, Utilization,
@@ -179,7 +179,11 @@ fn fixed_snapshot() -> Snapshot {
         compute_instance_id: None,
         used_peak_bytes: Some(GIB),
         torch: None,
-        readings: Readings::default(),
+        // Its parent died: an orphan still holding its memory.
+        readings: Readings::default().with(Stale {
+            reason: StaleReason::Reparented,
+            since: UNIX_EPOCH + Duration::from_secs(1_764_000_000),
+        }),
     };
     let unavailable = ProcessSample {
         pid: 5151,
@@ -206,6 +210,11 @@ fn fixed_snapshot() -> Snapshot {
         }),
         mig: Arc::from(Vec::new()),
         readings: Readings::default()
+            // A process without a figure: no unattributed bytes.
+            .with(Unattributed {
+                bytes: None,
+                mig: Vec::new(),
+            })
             .with(Utilization {
                 gpu: Some(93),
                 memory: Some(41),
@@ -301,6 +310,16 @@ fn fixed_snapshot() -> Snapshot {
             mig(2, 0, "MIG-1d2c3b4a-0000-4000-8000-000000000002", None),
         ]),
         readings: Readings::default()
+            .with(Unattributed {
+                bytes: Some(64 * MIB),
+                mig: vec![
+                    (
+                        Arc::from("MIG-1d2c3b4a-0000-4000-8000-000000000001"),
+                        Some(0),
+                    ),
+                    (Arc::from("MIG-1d2c3b4a-0000-4000-8000-000000000002"), None),
+                ],
+            })
             .with(PowerThermal {
                 temperature_c: Some(38),
                 ..PowerThermal::default()
