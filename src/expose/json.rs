@@ -25,7 +25,8 @@ use crate::accounting::{Ranked, rank};
 use crate::collectors::{Def, REGISTRY, ToJson};
 use crate::history::{History, unix_seconds};
 use crate::model::{
-    DeviceSample, Forecast, MemoryInfo, ProcessSample, Readings, Snapshot, Workload, WorkloadTotals,
+    DeviceSample, Forecast, MemoryInfo, ProcessSample, Readings, Snapshot, Stale, StaleReason,
+    Unattributed, Workload, WorkloadTotals,
 };
 
 /// `schema_version` of both documents; bumped on any incompatible change
@@ -220,6 +221,48 @@ struct Gpu<'a> {
     processes_omitted: Option<Rollup>,
     mig: Vec<Mig<'a>>,
     forecast: Option<GpuForecast>,
+    /// Used memory no listed process accounts for (last full sample).
+    memory_unattributed_bytes: Option<u64>,
+    /// Memory held by stale processes, by reason; `null` where the
+    /// processes were not read.
+    memory_stale_bytes: Option<StaleBytes>,
+}
+
+#[derive(Serialize, Default)]
+struct StaleBytes {
+    exited: u64,
+    zombie: u64,
+    uninterruptible: u64,
+    reparented: u64,
+    owner_deleted: u64,
+}
+
+impl StaleBytes {
+    fn of(d: &DeviceSample) -> Option<StaleBytes> {
+        d.readings.get::<Unattributed>()?;
+        let mut b = StaleBytes::default();
+        for p in d.processes.iter() {
+            let Some(st) = p.readings.get::<Stale>() else {
+                continue;
+            };
+            let slot = match st.reason {
+                StaleReason::Exited => &mut b.exited,
+                StaleReason::Zombie => &mut b.zombie,
+                StaleReason::Uninterruptible => &mut b.uninterruptible,
+                StaleReason::Reparented => &mut b.reparented,
+                StaleReason::OwnerDeleted => &mut b.owner_deleted,
+            };
+            *slot += p.used_bytes.unwrap_or(0);
+        }
+        Some(b)
+    }
+}
+
+/// Why a process is stale, and since when (Unix seconds).
+#[derive(Serialize)]
+struct StaleDoc {
+    reason: &'static str,
+    since: f64,
 }
 
 #[derive(Serialize)]
@@ -278,6 +321,8 @@ struct Mig<'a> {
     gpu_instance_id: u32,
     compute_instance_id: u32,
     memory: Option<Memory>,
+    /// Used memory no process listed on this instance accounts for.
+    unattributed_bytes: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -306,6 +351,8 @@ struct Process<'a> {
     #[serde(flatten)]
     collectors: Collected<'a>,
     torch: Option<Torch>,
+    /// Why it holds memory nobody uses (dead, orphaned, owner deleted).
+    stale: Option<StaleDoc>,
 }
 
 #[derive(Serialize)]
@@ -397,6 +444,10 @@ fn process<'a>(p: &'a ProcessSample, registry: &'static [Def]) -> Process<'a> {
             registry,
             process: true,
         },
+        stale: p.readings.get::<Stale>().map(|st| StaleDoc {
+            reason: st.reason.label(),
+            since: seconds(st.since),
+        }),
         torch: p.torch.map(|t| Torch {
             allocated_bytes: t.allocated,
             reserved_bytes: t.reserved,
@@ -544,8 +595,15 @@ fn gpu<'a>(
                 gpu_instance_id: m.info.gpu_instance_id,
                 compute_instance_id: m.info.compute_instance_id,
                 memory: m.memory.map(Memory::from),
+                unattributed_bytes: d
+                    .readings
+                    .get::<Unattributed>()
+                    .and_then(|u| u.mig.iter().find(|(id, _)| **id == *m.info.mig_uuid))
+                    .and_then(|(_, b)| *b),
             })
             .collect(),
+        memory_unattributed_bytes: d.readings.get::<Unattributed>().and_then(|u| u.bytes),
+        memory_stale_bytes: StaleBytes::of(d),
         forecast: forecast.map(|f| GpuForecast {
             full_in_seconds: f.full_in_seconds,
             growth_bytes_per_second: f.growth_bytes_per_second,
