@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::model::{
-    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceSample, ProcessSample, Snapshot,
-    WORKLOAD_GRACE_SECONDS, Workload, WorkloadAccount,
+    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceSample, ProcessSample, Snapshot, Stale,
+    Unattributed, WORKLOAD_GRACE_SECONDS, Workload, WorkloadAccount,
 };
 
 mod ranking;
@@ -43,6 +43,22 @@ struct Held {
     /// The utilisation samples' read last added (`BusySamples::read`).
     samples_read: Option<u64>,
     processes: Arc<[ProcessSample]>,
+    /// Bytes its stale processes hold, by reason; `None` where the
+    /// processes were not read (computed once per process list).
+    stale: Option<[u64; 5]>,
+}
+
+/// The bytes `d`'s stale processes hold, by reason (`None` where its
+/// processes were not read in the sample the list is from).
+fn stale_bytes(d: &DeviceSample) -> Option<[u64; 5]> {
+    d.readings.get::<Unattributed>()?;
+    let mut by_reason = [0u64; 5];
+    for p in d.processes.iter() {
+        if let Some(st) = p.readings.get::<Stale>() {
+            by_reason[st.reason as usize] += p.used_bytes.unwrap_or(0);
+        }
+    }
+    Some(by_reason)
 }
 
 /// The integrator. Only `Shared::publish` calls it (one writer).
@@ -112,6 +128,12 @@ impl Ledger {
                 *g.busy_seconds.get_or_insert(0.0) += b * dt;
                 g.pending_busy_seconds += b * dt;
             }
+            if let Some(stale) = h.stale {
+                let total = g.stale_byte_seconds.get_or_insert([0.0; 5]);
+                for (t, b) in total.iter_mut().zip(stale) {
+                    *t += b as f64 * dt;
+                }
+            }
             g.pending_seconds += dt;
         }
     }
@@ -161,6 +183,10 @@ impl Ledger {
                 .held
                 .get(uuid)
                 .is_some_and(|h| Arc::ptr_eq(&h.processes, &d.processes));
+            let stale = match self.held.get(uuid) {
+                Some(h) if same => h.stale,
+                _ => stale_bytes(d),
+            };
             if !same {
                 let old = self.held.remove(uuid).map(|h| h.processes);
                 // A GPU that does not answer lists no process: keep its
@@ -176,6 +202,7 @@ impl Ledger {
                     busy,
                     samples_read,
                     processes: Arc::clone(&d.processes),
+                    stale,
                 },
             );
         }

@@ -467,3 +467,33 @@ fn a_reused_pid_starts_its_byte_seconds_from_zero() {
     close(process_byte_seconds(&got, GPU0, &c2[0]), GIB as f64);
     assert_eq!(got.processes.len(), 1, "{:?}", got.processes);
 }
+
+/// Memory held by a stale process is integrated by reason at every
+/// sample: bytes × seconds, exactly on the monotonic clock; nothing while
+/// the processes were never read.
+#[test]
+fn stale_bytes_are_integrated_by_reason() {
+    use crate::model::{Stale, StaleReason, Unattributed};
+    let alice = ident("alice", None);
+    let mut dead = proc(10, 2 * GIB, &alice);
+    dead.readings = Readings::default().with(Stale {
+        reason: StaleReason::Exited,
+        since: UNIX_EPOCH,
+    });
+    let held: Arc<[ProcessSample]> = Arc::from(vec![dead, proc(11, GIB, &alice)]);
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let mut a = Accounts::default();
+    for i in 0..=100u64 {
+        let mut s = snap(Some(3 * GIB), None, &held);
+        s.devices[0].readings = Readings::default().with(Unattributed::default());
+        a = l.record(&s, t0 + Duration::from_millis(100 * i));
+    }
+    let got = gpu(&a).stale_byte_seconds.unwrap_or_default();
+    close(got[StaleReason::Exited as usize], 2.0 * GIB as f64 * 10.0);
+    assert_eq!(got[StaleReason::Zombie as usize], 0.0);
+    // Processes never read: no stale totals at all.
+    let mut l = Ledger::new();
+    let a = l.record(&snap(Some(3 * GIB), None, &held), t0);
+    assert_eq!(gpu(&a).stale_byte_seconds, None);
+}

@@ -67,6 +67,26 @@ pub(super) fn families(
             }
         }
     }
+    if a.gpus.values().any(|g| g.stale_byte_seconds.is_some()) {
+        let mut m = counter(
+            enc,
+            "gpu_memory_stale_byte_seconds",
+            "Device memory held by stale processes (see gpu_memory_stale_bytes) integrated over time at every sample, by reason, in byte-seconds: memory the dead and the orphaned wasted; resets only when the exporter restarts.",
+        )?;
+        for (uuid, g) in a.gpus.iter() {
+            let Some(by_reason) = g.stale_byte_seconds else {
+                continue;
+            };
+            for (reason, v) in crate::model::StaleReason::ALL.iter().zip(by_reason) {
+                let labels = Labels([
+                    ("gpu", g.gpu.as_str()),
+                    ("uuid", uuid),
+                    ("reason", reason.label()),
+                ]);
+                value(m.encode_family(&labels)?, v)?;
+            }
+        }
+    }
     // Per pid only: a sum of per-process counters over processes that come
     // and go is no counter; the workload's own counter follows.
     if s.series.mode == crate::model::SeriesMode::Pid

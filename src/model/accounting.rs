@@ -121,6 +121,10 @@ pub struct GpuAccount {
     pub pending_seconds: f64,
     /// Busy seconds over the same span.
     pub pending_busy_seconds: f64,
+    /// ∫ bytes held by stale processes dt, by reason (indexed by
+    /// `StaleReason as usize`); `None` while its processes were never
+    /// read.
+    pub stale_byte_seconds: Option<[f64; 5]>,
 }
 
 /// One workload's totals on one GPU.
