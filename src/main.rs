@@ -82,6 +82,9 @@ struct Cli {
     /// The container engine's Unix socket (Docker, or `podman system service`), for container names, images and compose labels; empty: off [default: off]
     #[arg(long = "containers.engine-socket", global = true, value_name = "PATH")]
     engine_socket: Option<String>,
+    /// A process holding GPU memory that ran no kernel this long is idle (gpu_process_idle_seconds) [default: 30m]
+    #[arg(long = "processes.idle-after", global = true, value_name = "DURATION")]
+    idle_after: Option<String>,
     /// error, warn, info, debug or trace [default: info]
     #[arg(long = "log.level", global = true, value_name = "LEVEL")]
     log_level: Option<String>,
@@ -215,6 +218,7 @@ impl Cli {
             job_mapping_dir: self.job_mapping_dir.clone(),
             job_mapping_format: self.job_mapping_format.clone(),
             engine_socket: self.engine_socket.clone(),
+            idle_after: self.idle_after.clone(),
             collectors: Vec::new(),
         }
     }

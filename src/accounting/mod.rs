@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::model::{
-    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceSample, ProcessSample, Snapshot, Stale,
-    Unattributed, WORKLOAD_GRACE_SECONDS, Workload, WorkloadAccount,
+    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceSample, Idle, ProcessSample, Snapshot,
+    Stale, Unattributed, WORKLOAD_GRACE_SECONDS, Workload, WorkloadAccount,
 };
 
 mod ranking;
@@ -266,6 +266,9 @@ impl Ledger {
                 && let Some(a) = loads.get_mut(&(w, Arc::clone(uuid)))
             {
                 a.used_byte_seconds += bytes;
+                if p.readings.get::<Idle>().is_some() {
+                    a.idle_byte_seconds += bytes;
+                }
                 if a.live {
                     // Once per workload per fold, however many processes.
                     a.busy_seconds += pending_busy;
@@ -540,6 +543,34 @@ fn workload_totals_of(
             e.0 += *bytes as f64 * g.pending_seconds;
             if charged.insert(w) {
                 e.1 += g.pending_busy_seconds;
+            }
+        }
+    }
+    out
+}
+
+/// Each workload's idle byte-seconds on each GPU as of `s` (folded, plus
+/// its idle processes' bytes over the GPU's pending seconds); only the
+/// workloads that held memory idle at all.
+pub(crate) fn workload_idle_totals(s: &Snapshot) -> BTreeMap<(Workload, Arc<str>), f64> {
+    let a = &s.accounting;
+    let mut out: BTreeMap<(Workload, Arc<str>), f64> = a
+        .workloads
+        .iter()
+        .filter(|(_, w)| w.idle_byte_seconds > 0.0)
+        .map(|(k, w)| (k.clone(), w.idle_byte_seconds))
+        .collect();
+    for d in s.devices.iter().filter(|d| d.info.is_known()) {
+        let Some((uuid, g)) = a.gpus.get_key_value(d.info.uuid.as_str()) else {
+            continue;
+        };
+        for p in d.processes.iter() {
+            if p.readings.get::<Idle>().is_none() {
+                continue;
+            }
+            if let Some(w) = Workload::of(&p.ident) {
+                *out.entry((w, Arc::clone(uuid))).or_insert(0.0) +=
+                    p.used_bytes.unwrap_or(0) as f64 * g.pending_seconds;
             }
         }
     }

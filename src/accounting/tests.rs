@@ -497,3 +497,33 @@ fn stale_bytes_are_integrated_by_reason() {
     let a = l.record(&snap(Some(3 * GIB), None, &held), t0);
     assert_eq!(gpu(&a).stale_byte_seconds, None);
 }
+
+/// A workload's idle processes' bytes are integrated into its idle
+/// byte-seconds (bytes × seconds); busy ones add nothing there.
+#[test]
+fn idle_bytes_are_integrated_per_workload() {
+    use crate::model::Idle;
+    let alice = ident("alice", None);
+    let bob = ident("bob", None);
+    let mut idle = proc(10, 2 * GIB, &alice);
+    idle.readings = Readings::default().with(Idle { since: UNIX_EPOCH });
+    let t0 = Instant::now();
+    let mut l = Ledger::new();
+    let mut last = Snapshot::empty(UNIX_EPOCH);
+    for i in 0..=10u64 {
+        // A new list each full sample (one a second), as the sampler makes.
+        let held: Arc<[ProcessSample]> = Arc::from(vec![idle.clone(), proc(11, GIB, &bob)]);
+        let mut s = snap(Some(3 * GIB), None, &held);
+        s.accounting = l.record(&s, t0 + Duration::from_secs(i));
+        last = s;
+    }
+    let totals = crate::accounting::workload_idle_totals(&last);
+    let of = |who: &str| {
+        totals
+            .iter()
+            .find(|((w, _), _)| w.labels().iter().any(|(_, v)| *v == who))
+            .map(|(_, v)| *v)
+    };
+    close(of("alice").unwrap_or(0.0), 2.0 * GIB as f64 * 10.0);
+    assert_eq!(of("bob"), None, "never idle: no series");
+}

@@ -285,7 +285,7 @@ fn operation_labels_are_unique() {
         .map(|o| o.label())
         .collect();
     let n = labels.len();
-    assert_eq!(n, 50, "the sampler's 22 and the collectors' 28");
+    assert_eq!(n, 51, "the sampler's 22 and the collectors' 29");
     labels.sort_unstable();
     labels.dedup();
     assert_eq!(labels.len(), n, "an operation label is declared twice");
@@ -301,6 +301,7 @@ fn choices_and_defaults() {
             "memory",
             "processes",
             "utilization",
+            "process_activity",
             "power_thermal",
             "health"
         ]

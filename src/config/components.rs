@@ -58,7 +58,13 @@ pub struct Selection {
     /// `processes.series` and `series_budget`: how the per-process
     /// families are written and how many series a body may hold.
     pub series: crate::model::SeriesPolicy,
+    /// A process holding memory that ran no kernel this long is idle
+    /// (`processes.idle_after`).
+    pub idle_after: Duration,
 }
+
+/// `processes.idle_after`'s default.
+pub(crate) const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(30 * 60);
 
 impl Default for Selection {
     fn default() -> Self {
@@ -67,6 +73,7 @@ impl Default for Selection {
             min_bytes: 0,
             top_n: 0,
             series: crate::model::SeriesPolicy::default(),
+            idle_after: DEFAULT_IDLE_AFTER,
         }
     }
 }

@@ -9,8 +9,8 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use crate::collectors;
 
 use super::values::{
-    AllowedHost, ApiUrl, CmdlineLength, Interval, JobMappingFormat, KubeMode, ListenAddress,
-    LogFormat, LogLevel, SeriesModeValue, TelemetryPath,
+    AllowedHost, ApiUrl, CmdlineLength, HumanDuration, Interval, JobMappingFormat, KubeMode,
+    ListenAddress, LogFormat, LogLevel, SeriesModeValue, TelemetryPath,
 };
 
 #[derive(Debug, Default, Deserialize)]
@@ -95,6 +95,7 @@ pub(super) struct FileProcesses {
     pub(super) torch_bridge_socket: Option<String>,
     pub(super) torch_bridge_fd_scan: Option<bool>,
     pub(super) uninterruptible_after: Option<Interval>,
+    pub(super) idle_after: Option<HumanDuration>,
 }
 
 #[derive(Debug, Default, Deserialize)]

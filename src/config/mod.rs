@@ -194,6 +194,8 @@ pub struct Overrides {
     pub job_mapping_format: Option<String>,
     /// `--containers.engine-socket`.
     pub engine_socket: Option<String>,
+    /// `--processes.idle-after`.
+    pub idle_after: Option<String>,
     /// `--collector.<name>` (true) / `--no-collector.<name>` (false).
     pub collectors: Vec<(&'static str, bool)>,
 }
@@ -352,7 +354,11 @@ fn build(
     let format = flag::<LogFormat>("log.format", &o.log_format)?
         .or(file.log.format)
         .unwrap_or(d.log.format);
+    let idle_after = flag::<HumanDuration>("processes.idle-after", &o.idle_after)?.map(|i| i.0);
     let (mut selection, mut attribution) = processes(file.processes, &file.path.procfs, &o.procfs);
+    if let Some(after) = idle_after {
+        selection.idle_after = after;
+    }
     if let Some(b) = file.series_budget {
         selection.series.budget = b;
     }
@@ -533,6 +539,7 @@ fn processes(
             mode: f.series.map_or(s.series.mode, |m| m.0),
             budget: s.series.budget,
         },
+        idle_after: f.idle_after.map_or(s.idle_after, |i| i.0),
     };
     let attribution = Attribution {
         procfs: procfs_flag

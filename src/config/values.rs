@@ -216,6 +216,7 @@ macro_rules! deserialize_via_from_str {
     )*};
 }
 deserialize_via_from_str!(
+    HumanDuration,
     Interval,
     ListenAddress,
     TelemetryPath,

@@ -131,5 +131,19 @@ pub(super) fn families(
             value(m.encode_family(&labels)?, if busy { *secs } else { *bytes })?;
         }
     }
+    let idle = crate::accounting::workload_idle_totals(whole);
+    if !idle.is_empty() {
+        let mut m = counter(
+            enc,
+            "gpu_workload_memory_idle_byte_seconds",
+            "Device memory one workload's processes held on one GPU while idle (no kernel for at least processes.idle_after), in byte-seconds; present once the workload held memory idle.",
+        )?;
+        for ((w, uuid), bytes) in &idle {
+            let mut labels: Vec<(&str, &str)> = vec![("gpu", gpu_of(uuid)), ("uuid", uuid)];
+            labels.extend(w.labels());
+            labels.retain(|(_, v)| !v.is_empty());
+            value(m.encode_family(&labels)?, *bytes)?;
+        }
+    }
     Ok(())
 }

@@ -10,13 +10,69 @@ use std::fmt;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::encoding::{Ids, Labels, gauge, gpu_labels};
-use crate::model::{Snapshot, Stale, StaleReason, Unattributed};
+use crate::model::{Idle, Snapshot, Stale, StaleReason, Unattributed};
 
-/// The three families, in that order.
+/// The families, in this order.
 pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
     unattributed(enc, s)?;
     stale_bytes(enc, s)?;
-    stale_info(enc, s)
+    stale_info(enc, s)?;
+    idle(enc, s)
+}
+
+/// `gpu_memory_idle_held_bytes` per GPU whose processes were read, and
+/// `gpu_process_idle_seconds` for each process idle at least
+/// `processes.idle_after` (the body grows by the idle ones alone).
+fn idle(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    let mut m = gauge(
+        enc,
+        "gpu_memory_idle_held_bytes",
+        "Device memory held by processes that ran no kernel for at least processes.idle_after (30m), at the last full sample; 0 when none.",
+    )?;
+    for d in &s.devices {
+        if d.readings.get::<Unattributed>().is_none() {
+            continue;
+        }
+        let held: u64 = d
+            .processes
+            .iter()
+            .filter(|p| p.readings.get::<Idle>().is_some())
+            .filter_map(|p| p.used_bytes)
+            .sum();
+        m.encode_family(&gpu_labels(d))?.encode_gauge(&held)?;
+    }
+    let mut m = gauge(
+        enc,
+        "gpu_process_idle_seconds",
+        "How long a process holding device memory has run no kernel (NVML's per-process utilisation samples, else the GPU's own utilisation), for processes idle at least processes.idle_after.",
+    )?;
+    let mut ids = Ids::default();
+    for d in &s.devices {
+        for p in d.processes.iter() {
+            let Some(idle) = p.readings.get::<Idle>() else {
+                continue;
+            };
+            let secs = s
+                .taken_at
+                .duration_since(idle.since)
+                .map_or(0, |d| d.as_secs());
+            let pid = ids.pid(p);
+            let i = &p.ident;
+            let labels = Labels([
+                ("gpu", d.info.gpu.as_str()),
+                ("uuid", d.info.uuid.as_str()),
+                ("pid", pid),
+                ("process", &*i.comm),
+                ("user", &*i.user),
+                ("namespace", &*i.namespace),
+                ("pod", &*i.pod),
+                ("container", &*i.container),
+                ("slurm_job", i.slurm.as_ref().map_or("", |j| &*j.job)),
+            ]);
+            m.encode_family(&labels)?.encode_gauge(&secs)?;
+        }
+    }
+    Ok(())
 }
 
 fn unattributed(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {

@@ -131,6 +131,9 @@ pub struct GpuAccount {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkloadAccount {
     pub used_byte_seconds: f64,
+    /// Byte-seconds its processes held while idle (at least
+    /// `processes.idle_after` without a kernel).
+    pub idle_byte_seconds: f64,
     /// Busy seconds of the GPU while the workload held a process on it.
     pub busy_seconds: f64,
     /// Seconds since start (monotonic) it was last seen on the GPU.

@@ -70,3 +70,21 @@ pub struct Unattributed {
     /// The same per MIG instance, by its UUID.
     pub mig: Vec<(Arc<str>, Option<u64>)>,
 }
+
+/// When a process last ran a kernel, as NVML's per-process utilisation
+/// samples say (a reading of the process, left by the collector that
+/// reads them, today `process_activity`); `None`: none seen since the
+/// exporter began watching it. Absent where the driver has no such
+/// samples (the sampler then falls back to the GPU's own utilisation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Activity {
+    pub last_active: Option<SystemTime>,
+}
+
+/// A process that holds memory and has run no kernel since `since`, for
+/// at least `processes.idle_after` (a reading of the process, left by the
+/// sampler).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Idle {
+    pub since: SystemTime,
+}

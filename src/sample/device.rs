@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::errors::Errors;
 use super::host_memory;
@@ -44,6 +44,12 @@ pub(super) struct DeviceState {
     /// Used memory no listed process accounts for, at the last full
     /// sample (a reading of the GPU).
     pub(super) unattributed: Option<Arc<Unattributed>>,
+    /// When each listed pid was first seen on this GPU (idle time counts
+    /// from there at the most).
+    pub(super) first_seen: HashMap<u32, SystemTime>,
+    /// When the GPU's own utilisation was last above 0 (the idle fallback
+    /// where the driver has no per-process samples).
+    pub(super) busy_at: Option<SystemTime>,
     /// When the MIG layout was last read; `None`: not yet.
     mig_read_at: Option<Instant>,
     /// Failed identity reads in a row (the first one is logged).
@@ -67,6 +73,8 @@ impl DeviceState {
             other: None,
             process_peaks: HashMap::new(),
             unattributed: None,
+            first_seen: HashMap::new(),
+            busy_at: None,
             mig: Arc::from(Vec::new()),
             mig_read_at: None,
             identify_failures: 0,

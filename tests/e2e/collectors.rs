@@ -373,7 +373,12 @@ fn each_collector_switched_off_removes_its_families_and_its_calls() {
     for (collector, families, functions) in COLLECTORS {
         let sc = Scenario::new(&scenario("79"));
         let calls_file = sc.dir.path().join("calls.txt");
-        let mut flags = vec!["--collector.process_utilization".to_string()];
+        // process_activity makes process_utilization's query on its own
+        // interval: off here, so each collector's calls are its own.
+        let mut flags = vec![
+            "--collector.process_utilization".to_string(),
+            "--no-collector.process_activity".to_string(),
+        ];
         flags.push(format!("--no-collector.{collector}"));
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let ex = start(&sc, &calls_file, &flags);

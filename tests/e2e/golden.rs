@@ -23,7 +23,7 @@ use gpumem_exporter::testing::gpu::{ErrorKind, Operation};
 use gpumem_exporter::testing::model::{
     AllocatedDevice, AllocatorBackend, AllocatorSettings, AttributionRejections,
     BridgeSocketCounters, Busy, ContainerInfo, ContainerLookups, DeviceInfo, DeviceSample,
-    DriverInfo, DurationHistogram, ExporterCounters, JobAllocation, JobMappingErrors,
+    DriverInfo, DurationHistogram, ExporterCounters, Idle, JobAllocation, JobMappingErrors,
     JobMappingState, KubeState, MemoryInfo, MigInfo, MigSample, OtherProcesses, ProcIdentity,
     ProcessSample, Readings, SlurmJob, Snapshot, Stale, StaleReason, TorchCounters, TorchPool,
     TorchPools, TorchStats, TorchSteps, TorchThreshold, Unattributed,
@@ -288,7 +288,10 @@ fn fixed_snapshot() -> Snapshot {
         compute_instance_id: Some(0),
         used_peak_bytes: Some(2 * GIB + MIB),
         torch: None,
-        readings: Readings::default(),
+        // A server that ran no kernel for two hours.
+        readings: Readings::default().with(Idle {
+            since: UNIX_EPOCH + Duration::from_millis(1_796_112_000_250 - 7_200_000),
+        }),
     };
     let gpu1 = DeviceSample {
         info: h200(

@@ -15,24 +15,36 @@ pub(crate) const OPERATIONS: &[Operation] = &[PROCESS_UTILIZATION];
 /// Process utilisation samples newer than `since_us` (NVML's sample
 /// timestamps, µs), appended to `out`; none newer is `Ok` and empty.
 pub(super) fn samples(h: Handle<'_>, since_us: u64, out: &mut Vec<Sample>) -> Result<(), GpuError> {
+    samples_as(PROCESS_UTILIZATION, h, since_us, out)
+}
+
+/// [`samples`], its failures and calls counted under `op` (the
+/// `process_activity` collector makes the same query on its own
+/// interval).
+pub(crate) fn samples_as(
+    op: Operation,
+    h: Handle<'_>,
+    since_us: u64,
+    out: &mut Vec<Sample>,
+) -> Result<(), GpuError> {
     match h {
         Handle::Nvml(h) => {
-            let dev = h.device(PROCESS_UTILIZATION)?;
+            let dev = h.device(op)?;
             match process_utilization(dev, since_us, out) {
                 Ok(()) => Ok(()),
                 // No sample newer than `since_us`: no process did any work.
                 Err(NvmlError::NotFound) => Ok(()),
-                Err(e) => Err(GpuError::nvml(PROCESS_UTILIZATION, &e)),
+                Err(e) => Err(GpuError::nvml(op, &e)),
             }
         }
         #[cfg(test)]
         Handle::Fake(mut h) => {
-            h.count("process_utilization");
+            h.count(op.label());
             let samples = h
-                .device(PROCESS_UTILIZATION)?
+                .device(op)?
                 .scripts
                 .get::<Vec<Sample>>()
-                .ok_or(crate::gpu::fake::unsupported(PROCESS_UTILIZATION))?;
+                .ok_or(crate::gpu::fake::unsupported(op))?;
             out.extend(samples.iter().filter(|p| p.timestamp_us > since_us));
             Ok(())
         }

@@ -568,8 +568,9 @@ fn collectors_read_what_the_gpu_supports_and_skip_the_rest() {
     );
     assert!(d.processes.is_empty());
     assert!(snap.nvml_errors.is_empty(), "{:?}", snap.nvml_errors);
-    // 12, and gpm's support query on each GPU (the in-process fake has none).
-    assert_eq!(s.errors.unsupported_logged(), 14);
+    // 12, gpm's support query on each GPU (the in-process fake has none),
+    // and process_activity's query on GPU 1.
+    assert_eq!(s.errors.unsupported_logged(), 15);
 }
 
 #[test]
