@@ -634,6 +634,26 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
         "GpuTorchMemoryLeak" => Expect::SelectorsOnly(
             "needs 15 minutes of steps (offset 15m); the trainer steps, without a leak",
         ),
+        // bob's zombie (4107, 2 GB) on GPU 0.
+        "GpuMemoryHeldByDeadProcesses" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "0".into()),
+            ("uuid", GPU0.into()),
+        ]]),
+        // Job 4242's step (4105, 5 GB) on GPU 0, reparented.
+        "GpuMemoryHeldByOrphans" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "0".into()),
+            ("uuid", GPU0.into()),
+        ]]),
+        // GPU 1 once its level rose (20 GB used, 8.5 GB in its processes);
+        // GPU 0 has none (a listed process has no figure), GPU 2 is lost.
+        // And the hung exporter's GPU: 8 GB used, no process listed, in
+        // the one sample it serves.
+        "GpuMemoryUnattributed" => Expect::Now(vec![
+            vec![i(&t.main), ("gpu", "1".into()), ("uuid", GPU1.into())],
+            vec![i(&t.stale), ("gpu", "0".into()), ("uuid", GPU_STALE.into())],
+        ]),
         other => panic!(
             "rules.yml has a new alert {other}: add what the scenario shows for it to \
              `expectation` in tests/e2e/prometheus.rs"
