@@ -26,7 +26,7 @@ use crate::harness::{BIN, repo_file};
 #[cfg(feature = "external-tools")]
 mod external;
 
-const ALERTS: [&str; 19] = [
+const ALERTS: [&str; 22] = [
     "GpuMemoryHigh",
     "GpuMemoryExhaustionPredicted",
     "GpuMemoryWillFillSoon",
@@ -46,6 +46,9 @@ const ALERTS: [&str; 19] = [
     "GpuUncorrectableEccErrors",
     "GpuXidCritical",
     "GpuAllocatedButIdle",
+    "GpuMemoryHeldByDeadProcesses",
+    "GpuMemoryHeldByOrphans",
+    "GpuMemoryUnattributed",
 ];
 
 // ------------------------------------------------------------------ helpers

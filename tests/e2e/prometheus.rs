@@ -34,6 +34,13 @@
 //!   which runs nothing (idle allocated hours for a namespace), and bob's
 //!   `render` (4106, his login session: no pod, job or container) runs on
 //!   GPU 1, so a workload is charged to a user.
+//!   Held for nobody (the "Waste" row): bob's `sweep` (4107) on GPU 0 is a
+//!   zombie NVML still lists (GpuMemoryHeldByDeadProcesses); job 4242's
+//!   step loses its parent (its slurmstepd) once Prometheus scrapes, so it
+//!   runs on reparented (GpuMemoryHeldByOrphans); GPU 1's level, once
+//!   risen, is 11.5 GB more than its processes hold
+//!   (GpuMemoryUnattributed; so is the `stale` exporter's GPU, 8 GB used
+//!   with no process).
 //! - `stale`: an exporter whose GPU calls hang (fake NVML `delay_ms`) after
 //!   its first sample, so the sample it serves ages
 //!   (GpuMemExporterSamplesStale).
@@ -100,7 +107,7 @@ const TORCH_RESERVED: u64 = 48_000_000_000;
 const RETRY_EVERY: Duration = Duration::from_millis(500);
 /// The pids the fake /proc and the fake NVML use: the trainer's real pid
 /// must not be one of them.
-const FAKE_PIDS: [u32; 8] = [4102, 4103, 4104, 4105, 4106, 6000, 6100, 7002];
+const FAKE_PIDS: [u32; 9] = [4102, 4103, 4104, 4105, 4106, 4107, 6000, 6100, 7002];
 
 /// `$__rate_interval` as Grafana would set it for a 1s scrape interval
 /// (rounded up, so two samples are always in the window).
@@ -161,6 +168,8 @@ pub(super) fn fake_proc(root: &Path, trainer_pid: u32) {
         "11:memory:/slurm/uid_1000/job_4242/step_0/task_0\n4:freezer:/slurm/uid_1000/job_4242/step_0\n1:name=systemd:/system.slice/slurmd.service\n",
         &[],
     );
+    // The step's parent is its slurmstepd until World::start_rewriting.
+    write_stat(root, 4105, "python3", 'S', STEPD_PID);
     // bob's render job in his login session: in no pod, job or container,
     // so its memory-time is charged to the user (the accounting rules'
     // per-user figures).
@@ -172,6 +181,38 @@ pub(super) fn fake_proc(root: &Path, trainer_pid: u32) {
         "0::/user.slice/user-1001.slice/session-3.scope\n",
         &[],
     );
+    // bob's `sweep` exited and its parent never reaped it: a zombie that
+    // NVML still lists with its memory.
+    write_proc(
+        root,
+        4107,
+        "sweep",
+        1001,
+        "0::/user.slice/user-1001.slice/session-3.scope\n",
+        &[],
+    );
+    write_stat(root, 4107, "sweep", 'Z', 4106);
+}
+
+/// Job 4242's slurmstepd, the parent of its step (4105) until the step
+/// is reparented.
+const STEPD_PID: u32 = 4100;
+
+/// Rewrite `/proc/<pid>/stat` under the fake root, atomically, with a
+/// state and a parent pid, and the start time [`write_proc`] gave it (so
+/// it is the same process).
+fn write_stat(root: &Path, pid: u32, comm: &str, state: char, ppid: u32) {
+    let dir = root.join(pid.to_string());
+    let tmp = dir.join("stat.tmp");
+    std::fs::write(
+        &tmp,
+        format!(
+            "{pid} ({comm}) {state} {ppid} 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {}\n",
+            1000 + pid
+        ),
+    )
+    .unwrap();
+    std::fs::rename(&tmp, dir.join("stat")).unwrap();
 }
 
 /// The job-mapping directory a Slurm prolog would write (dcgm layout):
@@ -218,6 +259,7 @@ pub(super) fn main_scenario(
       - {{pid: {trainer_pid}, used: {TRAINER_USED}}}
       - {{pid: 4102, used: 29000000000}}
       - {{pid: 4105, used: 5000000000}}
+      - {{pid: 4107, used: 2000000000}}
       - {{pid: 4104, used: 300000000}}
       - {{pid: 6000, used: 50000000}}
       - {{pid: 6100, used: null}}
@@ -592,6 +634,26 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
         "GpuTorchMemoryLeak" => Expect::SelectorsOnly(
             "needs 15 minutes of steps (offset 15m); the trainer steps, without a leak",
         ),
+        // bob's zombie (4107, 2 GB) on GPU 0.
+        "GpuMemoryHeldByDeadProcesses" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "0".into()),
+            ("uuid", GPU0.into()),
+        ]]),
+        // Job 4242's step (4105, 5 GB) on GPU 0, reparented.
+        "GpuMemoryHeldByOrphans" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "0".into()),
+            ("uuid", GPU0.into()),
+        ]]),
+        // GPU 1 once its level rose (20 GB used, 8.5 GB in its processes);
+        // GPU 0 has none (a listed process has no figure), GPU 2 is lost.
+        // And the hung exporter's GPU: 8 GB used, no process listed, in
+        // the one sample it serves.
+        "GpuMemoryUnattributed" => Expect::Now(vec![
+            vec![i(&t.main), ("gpu", "1".into()), ("uuid", GPU1.into())],
+            vec![i(&t.stale), ("gpu", "0".into()), ("uuid", GPU_STALE.into())],
+        ]),
         other => panic!(
             "rules.yml has a new alert {other}: add what the scenario shows for it to \
              `expectation` in tests/e2e/prometheus.rs"
@@ -1189,7 +1251,7 @@ pub(super) struct World {
     /// Rewrites `scenario` every 2 s once started ([`World::start_rewriting`]).
     rewriter: std::sync::Mutex<Option<(Arc<AtomicBool>, JoinHandle<()>)>>,
     _stale_scenario: Scenario,
-    _node: FakeNode,
+    node: FakeNode,
     _kubelet: FakeKubelet,
 }
 
@@ -1219,7 +1281,7 @@ impl World {
         let scenario = Scenario::new(&main_scenario(trainer.py.pid, 1, GPU1_LEVEL, ramp_start));
         let config = node.config_with(
             &scenario,
-            "  min_bytes: 1000000000\n  top_n: 3\n",
+            "  min_bytes: 1000000000\n  top_n: 4\n",
             &format!(
                 "  pod_resources_socket: {}\n  pod_resources_interval: 1s\n",
                 kubelet.socket.display()
@@ -1260,7 +1322,7 @@ impl World {
             ramp_start,
             rewriter: std::sync::Mutex::new(None),
             _stale_scenario: stale_scn,
-            _node: node,
+            node,
             _kubelet: kubelet,
         }
     }
@@ -1272,8 +1334,10 @@ impl World {
     /// Prometheus watches (GpuXidCritical's increase() branch); GPU 1 spikes for 300 ms
     /// at the second rewrite (4 s in: rule evaluation has begun) and its
     /// level rises at the fourth, after several evaluations have recorded
-    /// the spike over the old level (GpuMemorySpikeWouldNotFit).
+    /// the spike over the old level (GpuMemorySpikeWouldNotFit). First,
+    /// job 4242's slurmstepd dies: its step (4105) goes to init.
     pub(super) fn start_rewriting(&self) {
+        write_stat(self.node.proc_root.path(), 4105, "python3", 'S', 1);
         let stop = Arc::new(AtomicBool::new(false));
         let (flag, path, pid, ramp_start) = (
             Arc::clone(&stop),

@@ -961,6 +961,10 @@ fn grafana_dashboard_is_valid_and_complete() {
         "gpumem_exporter_torch_reports_dropped_total",
         "gpu_allocation_info",
         "gpumem_exporter_slurm_job_mapping_errors_total",
+        "gpu_memory_stale_bytes",
+        "gpu_process_stale_info",
+        "gpu_memory_unattributed_bytes",
+        "gpu_mig_memory_unattributed_bytes",
     ] {
         assert!(
             exprs
