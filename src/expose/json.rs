@@ -25,8 +25,8 @@ use crate::accounting::{Ranked, rank};
 use crate::collectors::{Def, REGISTRY, ToJson};
 use crate::history::{History, unix_seconds};
 use crate::model::{
-    DeviceSample, Forecast, MemoryInfo, ProcessSample, Readings, Snapshot, Stale, StaleReason,
-    Unattributed, Workload, WorkloadTotals,
+    DeviceSample, Forecast, Idle, MemoryInfo, ProcessSample, Readings, Snapshot, Stale,
+    StaleReason, Unattributed, Workload, WorkloadTotals,
 };
 
 /// `schema_version` of both documents; bumped on any incompatible change
@@ -226,6 +226,9 @@ struct Gpu<'a> {
     /// Memory held by stale processes, by reason; `null` where the
     /// processes were not read.
     memory_stale_bytes: Option<StaleBytes>,
+    /// Memory held by idle processes; `null` where the processes were not
+    /// read.
+    memory_idle_held_bytes: Option<u64>,
 }
 
 #[derive(Serialize, Default)]
@@ -353,6 +356,9 @@ struct Process<'a> {
     torch: Option<Torch>,
     /// Why it holds memory nobody uses (dead, orphaned, owner deleted).
     stale: Option<StaleDoc>,
+    /// Since when it has run no kernel, where that is at least
+    /// `processes.idle_after` (Unix seconds).
+    idle_since: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -444,6 +450,7 @@ fn process<'a>(p: &'a ProcessSample, registry: &'static [Def]) -> Process<'a> {
             registry,
             process: true,
         },
+        idle_since: p.readings.get::<Idle>().map(|i| seconds(i.since)),
         stale: p.readings.get::<Stale>().map(|st| StaleDoc {
             reason: st.reason.label(),
             since: seconds(st.since),
@@ -604,6 +611,13 @@ fn gpu<'a>(
             .collect(),
         memory_unattributed_bytes: d.readings.get::<Unattributed>().and_then(|u| u.bytes),
         memory_stale_bytes: StaleBytes::of(d),
+        memory_idle_held_bytes: d.readings.get::<Unattributed>().map(|_| {
+            d.processes
+                .iter()
+                .filter(|p| p.readings.get::<Idle>().is_some())
+                .filter_map(|p| p.used_bytes)
+                .sum()
+        }),
         forecast: forecast.map(|f| GpuForecast {
             full_in_seconds: f.full_in_seconds,
             growth_bytes_per_second: f.growth_bytes_per_second,
