@@ -10,7 +10,28 @@ use std::fmt;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::encoding::{Ids, Labels, gauge, gpu_labels};
-use crate::model::{Idle, Snapshot, Stale, StaleReason, Unattributed};
+use crate::model::{DeviceSample, Idle, ProcessSample, Snapshot, Stale, StaleReason, Unattributed};
+
+/// Who holds the memory (as last seen alive): the labels of the stale and
+/// idle per-process families.
+fn holder<'a>(
+    d: &'a DeviceSample,
+    p: &'a ProcessSample,
+    pid: &'a str,
+) -> [(&'static str, &'a str); 9] {
+    let i = &p.ident;
+    [
+        ("gpu", d.info.gpu.as_str()),
+        ("uuid", d.info.uuid.as_str()),
+        ("pid", pid),
+        ("process", &*i.comm),
+        ("user", &*i.user),
+        ("namespace", &*i.namespace),
+        ("pod", &*i.pod),
+        ("container", &*i.container),
+        ("slurm_job", i.slurm.as_ref().map_or("", |j| &*j.job)),
+    ]
+}
 
 /// The families, in this order.
 pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
@@ -56,20 +77,8 @@ fn idle(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
                 .taken_at
                 .duration_since(idle.since)
                 .map_or(0, |d| d.as_secs());
-            let pid = ids.pid(p);
-            let i = &p.ident;
-            let labels = Labels([
-                ("gpu", d.info.gpu.as_str()),
-                ("uuid", d.info.uuid.as_str()),
-                ("pid", pid),
-                ("process", &*i.comm),
-                ("user", &*i.user),
-                ("namespace", &*i.namespace),
-                ("pod", &*i.pod),
-                ("container", &*i.container),
-                ("slurm_job", i.slurm.as_ref().map_or("", |j| &*j.job)),
-            ]);
-            m.encode_family(&labels)?.encode_gauge(&secs)?;
+            m.encode_family(&Labels(holder(d, p, ids.pid(p))))?
+                .encode_gauge(&secs)?;
         }
     }
     Ok(())
@@ -155,20 +164,8 @@ fn stale_info(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Erro
             let Some(st) = p.readings.get::<Stale>() else {
                 continue;
             };
-            let pid = ids.pid(p);
-            let i = &p.ident;
-            let labels = Labels([
-                ("gpu", d.info.gpu.as_str()),
-                ("uuid", d.info.uuid.as_str()),
-                ("pid", pid),
-                ("process", &*i.comm),
-                ("user", &*i.user),
-                ("namespace", &*i.namespace),
-                ("pod", &*i.pod),
-                ("container", &*i.container),
-                ("slurm_job", i.slurm.as_ref().map_or("", |j| &*j.job)),
-                ("reason", st.reason.label()),
-            ]);
+            let [a, b, c, e, f, g, h, i, j] = holder(d, p, ids.pid(p));
+            let labels = Labels([a, b, c, e, f, g, h, i, j, ("reason", st.reason.label())]);
             m.encode_family(&labels)?.encode_gauge(&1u32)?;
         }
     }
