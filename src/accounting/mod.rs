@@ -37,7 +37,7 @@ pub(crate) use ranking::{Ranked, Ranking, rank};
 #[derive(Debug)]
 struct Held {
     used: Option<u64>,
-    /// `utilization.gpu`, held between samples: only where NVML has no
+    /// The GPU's busy percentage (a `Busy` reading), held between samples:
     /// utilisation samples for the GPU.
     busy: Option<f64>,
     /// The utilisation samples' read last added (`BusySamples::read`).
