@@ -38,7 +38,7 @@ pub(crate) use ranking::{Ranked, Ranking, rank};
 struct Held {
     used: Option<u64>,
     /// The GPU's busy percentage (a `Busy` reading), held between samples:
-    /// utilisation samples for the GPU.
+    /// only where NVML has no utilisation samples for the GPU.
     busy: Option<f64>,
     /// The utilisation samples' read last added (`BusySamples::read`).
     samples_read: Option<u64>,

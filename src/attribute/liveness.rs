@@ -38,7 +38,8 @@ struct Track {
     start: u64,
     first_ppid: u32,
     ident: Arc<ProcIdentity>,
-    state: u8,
+    /// Since when it has been a zombie.
+    zombie_since: Option<SystemTime>,
     /// Since when it has been in `D` (this run of `D`).
     in_d_since: Option<(Instant, SystemTime)>,
     /// When its parent pid was first seen changed.
@@ -98,7 +99,7 @@ impl Liveness {
                         start: stat.start,
                         first_ppid: stat.ppid,
                         ident: Arc::clone(ident),
-                        state: stat.state,
+                        zombie_since: None,
                         in_d_since: None,
                         reparented_at: None,
                         missing: 0,
@@ -118,7 +119,10 @@ impl Liveness {
         }
         t.missing = 0;
         t.gone_at = None;
-        t.state = stat.state;
+        t.zombie_since = match stat.state {
+            b'Z' => Some(t.zombie_since.unwrap_or(wall)),
+            _ => None,
+        };
         t.in_d_since = match (stat.state, t.in_d_since) {
             (b'D', Some(since)) => Some(since),
             (b'D', None) => Some((now, wall)),
@@ -170,8 +174,8 @@ impl Liveness {
         if t.missing > 0 {
             return None;
         }
-        if t.state == b'Z' {
-            return stale(StaleReason::Zombie, SystemTime::now());
+        if let Some(at) = t.zombie_since {
+            return stale(StaleReason::Zombie, at);
         }
         if let Some((at, wall)) = t.in_d_since
             && now.saturating_duration_since(at) >= self.uninterruptible_after
@@ -263,6 +267,10 @@ mod tests {
         let p = named("p");
         l.alive(1, &stat(b'Z', 5, 1), &p, t0, w0);
         assert_eq!(reason(&l, 1, t0), Some(StaleReason::Zombie));
+        // Since the first sample that saw it a zombie, not since now.
+        let later = w0 + Duration::from_secs(5);
+        l.alive(1, &stat(b'Z', 5, 1), &p, t0 + Duration::from_secs(5), later);
+        assert_eq!(l.stale(1, t0).map(|s| s.since), Some(w0));
         l.alive(2, &stat(b'D', 5, 1), &p, t0, w0);
         assert_eq!(reason(&l, 2, t0 + Duration::from_secs(29)), None);
         l.alive(2, &stat(b'D', 5, 1), &p, t0 + Duration::from_secs(10), w0);

@@ -26,7 +26,7 @@ use crate::collectors::{Def, REGISTRY, ToJson};
 use crate::history::{History, unix_seconds};
 use crate::model::{
     DeviceSample, Forecast, Idle, MemoryInfo, ProcessSample, Readings, Snapshot, Stale,
-    StaleReason, Unattributed, Workload, WorkloadTotals,
+    Unattributed, Workload, WorkloadTotals,
 };
 
 /// `schema_version` of both documents; bumped on any incompatible change
@@ -242,22 +242,15 @@ struct StaleBytes {
 
 impl StaleBytes {
     fn of(d: &DeviceSample) -> Option<StaleBytes> {
-        d.readings.get::<Unattributed>()?;
-        let mut b = StaleBytes::default();
-        for p in d.processes.iter() {
-            let Some(st) = p.readings.get::<Stale>() else {
-                continue;
-            };
-            let slot = match st.reason {
-                StaleReason::Exited => &mut b.exited,
-                StaleReason::Zombie => &mut b.zombie,
-                StaleReason::Uninterruptible => &mut b.uninterruptible,
-                StaleReason::Reparented => &mut b.reparented,
-                StaleReason::OwnerDeleted => &mut b.owner_deleted,
-            };
-            *slot += p.used_bytes.unwrap_or(0);
-        }
-        Some(b)
+        let [exited, zombie, uninterruptible, reparented, owner_deleted] =
+            super::stale::stale_bytes(d)?;
+        Some(StaleBytes {
+            exited,
+            zombie,
+            uninterruptible,
+            reparented,
+            owner_deleted,
+        })
     }
 }
 

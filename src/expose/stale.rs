@@ -12,6 +12,21 @@ use prometheus_client::encoding::DescriptorEncoder;
 use crate::encoding::{Ids, Labels, gauge, gpu_labels};
 use crate::model::{DeviceSample, Idle, ProcessSample, Snapshot, Stale, StaleReason, Unattributed};
 
+/// The bytes of `d`'s stale processes by reason, in the order of
+/// [`StaleReason::ALL`]; `None` where the processes were not read in the
+/// last full sample. The one sum behind the family, the JSON and the
+/// recorder's columns.
+pub(crate) fn stale_bytes(d: &DeviceSample) -> Option<[u64; StaleReason::ALL.len()]> {
+    d.readings.get::<Unattributed>()?;
+    let mut by_reason = [0u64; StaleReason::ALL.len()];
+    for p in d.processes.iter() {
+        if let Some(st) = p.readings.get::<Stale>() {
+            by_reason[st.reason as usize] += p.used_bytes.unwrap_or(0);
+        }
+    }
+    Some(by_reason)
+}
+
 /// Who holds the memory (as last seen alive): the labels of the stale and
 /// idle per-process families.
 fn holder<'a>(
@@ -36,7 +51,7 @@ fn holder<'a>(
 /// The families, in this order.
 pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
     unattributed(enc, s)?;
-    stale_bytes(enc, s)?;
+    stale_bytes_family(enc, s)?;
     stale_info(enc, s)?;
     idle(enc, s)
 }
@@ -123,7 +138,7 @@ fn unattributed(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Er
     Ok(())
 }
 
-fn stale_bytes(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+fn stale_bytes_family(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
     let mut m = gauge(
         enc,
         "gpu_memory_stale_bytes",
@@ -131,15 +146,9 @@ fn stale_bytes(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Err
     )?;
     for d in &s.devices {
         // Only where the processes were read in the last full sample.
-        if d.readings.get::<Unattributed>().is_none() {
+        let Some(by_reason) = stale_bytes(d) else {
             continue;
-        }
-        let mut by_reason = [0u64; StaleReason::ALL.len()];
-        for p in d.processes.iter() {
-            if let Some(st) = p.readings.get::<Stale>() {
-                by_reason[st.reason as usize] += p.used_bytes.unwrap_or(0);
-            }
-        }
+        };
         for (reason, bytes) in StaleReason::ALL.iter().zip(by_reason) {
             let labels = Labels([
                 ("gpu", d.info.gpu.as_str()),

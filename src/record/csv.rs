@@ -3,7 +3,7 @@
 //! per full sample. Columns (docs/record.md has the table):
 //!
 //! ```text
-//! time,unix_seconds,kind,gpu,uuid,used_bytes,reserved_bytes,free_bytes,total_bytes,pid,process,user,namespace,pod,torch_allocated_bytes,torch_reserved_bytes,container,resource,torch_steps,torch_step_allocated_bytes,torch_step_growth_bytes,used_byte_seconds,busy_seconds
+//! time,unix_seconds,kind,gpu,uuid,used_bytes,reserved_bytes,free_bytes,total_bytes,pid,process,user,namespace,pod,torch_allocated_bytes,torch_reserved_bytes,container,resource,torch_steps,torch_step_allocated_bytes,torch_step_growth_bytes,used_byte_seconds,busy_seconds,unattributed_bytes,stale_exited_bytes,stale_zombie_bytes,stale_uninterruptible_bytes,stale_reparented_bytes,stale_owner_deleted_bytes
 //! ```
 //!
 //! `kind` is `gpu`, `process`, `mig` or `allocation`. Allocation rows (the
@@ -22,6 +22,9 @@
 //! ledger's counters (`gpu_memory_used_byte_seconds_total`,
 //! `gpu_busy_seconds_total` on `gpu` rows, at every sample;
 //! `gpu_process_memory_used_byte_seconds_total` on `process` rows).
+//! `unattributed_bytes` and the five `stale_*_bytes` are the GPU's
+//! `gpu_memory_unattributed_bytes` and `gpu_memory_stale_bytes{reason}`
+//! as of the last full sample, on `gpu` rows where the processes were read.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -29,7 +32,7 @@ use std::sync::Arc;
 use super::format::{EncodeError, Encoder, SampleKind, Stamp};
 use crate::accounting;
 use crate::expose;
-use crate::model::{Allocation, MemoryInfo, Snapshot};
+use crate::model::{Allocation, MemoryInfo, Snapshot, StaleReason, Unattributed};
 
 /// The columns, in order: the header row is [`COLUMNS`] and a row is set
 /// column by column, the others left empty.
@@ -58,10 +61,25 @@ enum Col {
     TorchStepGrowth,
     UsedByteSeconds,
     BusySeconds,
+    Unattributed,
+    StaleExited,
+    StaleZombie,
+    StaleUninterruptible,
+    StaleReparented,
+    StaleOwnerDeleted,
 }
 
+/// The stale columns, in the order of [`StaleReason::ALL`].
+const STALE: [Col; StaleReason::ALL.len()] = [
+    Col::StaleExited,
+    Col::StaleZombie,
+    Col::StaleUninterruptible,
+    Col::StaleReparented,
+    Col::StaleOwnerDeleted,
+];
+
 /// The header row, column by column (the order of [`Col`]).
-pub(crate) const COLUMNS: [&str; 23] = [
+pub(crate) const COLUMNS: [&str; 29] = [
     "time",
     "unix_seconds",
     "kind",
@@ -85,6 +103,12 @@ pub(crate) const COLUMNS: [&str; 23] = [
     "torch_step_growth_bytes",
     "used_byte_seconds",
     "busy_seconds",
+    "unattributed_bytes",
+    "stale_exited_bytes",
+    "stale_zombie_bytes",
+    "stale_uninterruptible_bytes",
+    "stale_reparented_bytes",
+    "stale_owner_deleted_bytes",
 ];
 
 pub(crate) struct Csv {
@@ -219,10 +243,19 @@ impl Encoder for Csv {
         let at = (at.rfc3339.as_str(), at.unix_seconds.as_str());
         for d in &s.devices {
             let account = s.accounting.gpus.get(d.info.uuid.as_str());
-            memory_row(at, "gpu", &d.info.gpu, &d.info.uuid, d.memory)
+            let mut row = memory_row(at, "gpu", &d.info.gpu, &d.info.uuid, d.memory)
                 .num(Col::UsedByteSeconds, account.map(|a| a.used_byte_seconds))
                 .num(Col::BusySeconds, account.and_then(|a| a.busy_seconds))
-                .write(&mut w)?;
+                .num(
+                    Col::Unattributed,
+                    d.readings.get::<Unattributed>().and_then(|u| u.bytes),
+                );
+            if let Some(stale) = expose::stale_bytes(d) {
+                for (c, bytes) in STALE.into_iter().zip(stale) {
+                    row = row.set(c, bytes.to_string());
+                }
+            }
+            row.write(&mut w)?;
             rows += 1;
         }
         if kind == SampleKind::Full {

@@ -17,7 +17,7 @@ use crate::sample::Sampler;
 const GIB: u64 = 1 << 30;
 
 /// Names pid n "p,n" (a comma, to check quoting); torch figures for
-/// pid 7.
+/// pid 7; pid 9 a zombie.
 struct Names;
 impl ProcessLookup for Names {
     fn identify(&mut self, pid: u32) -> Arc<ProcIdentity> {
@@ -28,10 +28,13 @@ impl ProcessLookup for Names {
         })
     }
     fn retain(&mut self, _live: &dyn Fn(u32) -> bool) {}
-    fn seen(&self, _pid: u32) -> crate::attribute::Seen {
+    fn seen(&self, pid: u32) -> crate::attribute::Seen {
         crate::attribute::Seen {
             start: Some(0),
-            stale: None,
+            stale: (pid == 9).then_some(crate::model::Stale {
+                reason: crate::model::StaleReason::Zombie,
+                since: UNIX_EPOCH,
+            }),
         }
     }
 }
@@ -115,14 +118,17 @@ fn csv_writes_process_rows_at_full_samples_only_and_quotes_names() {
     let u = "GPU-fake-0000";
     let free = 80 * GIB - 10 * GIB;
     let reserved = 0;
+    // 10 GiB used, 7 GiB listed: 3 GiB unattributed; pid 9's 1 GiB held
+    // by a zombie (exited, zombie, uninterruptible, reparented,
+    // owner_deleted), at every gpu row since that full sample.
+    let held = format!("{},0,{},0,0,0", 3 * GIB, GIB);
     let full = format!(
-        // The last two columns are the ledger's (used_byte_seconds,
-        // busy_seconds): this snapshot went through no ledger, so the GPU
-        // row has none and each process row the 0 of a process not yet
-        // counted.
-        "1970-01-01T00:16:40.000Z,1000.000,gpu,0,{u},{},{reserved},{free},{},,,,,,,,,,,,,,\n\
-         1970-01-01T00:16:40.000Z,1000.000,process,0,{u},{},,,,7,\"p,7\",alice,,,{},{},,,40,{},2097152,0,\n\
-         1970-01-01T00:16:40.000Z,1000.000,process,0,{u},{},,,,9,\"p,9\",alice,,,,,,,,,,0,\n",
+        // used_byte_seconds and busy_seconds are the ledger's: this
+        // snapshot went through no ledger, so the GPU row has none and
+        // each process row the 0 of a process not yet counted.
+        "1970-01-01T00:16:40.000Z,1000.000,gpu,0,{u},{},{reserved},{free},{},,,,,,,,,,,,,,,{held}\n\
+         1970-01-01T00:16:40.000Z,1000.000,process,0,{u},{},,,,7,\"p,7\",alice,,,{},{},,,40,{},2097152,0,,,,,,,\n\
+         1970-01-01T00:16:40.000Z,1000.000,process,0,{u},{},,,,9,\"p,9\",alice,,,,,,,,,,0,,,,,,,\n",
         10 * GIB,
         80 * GIB,
         6 * GIB,
@@ -135,7 +141,7 @@ fn csv_writes_process_rows_at_full_samples_only_and_quotes_names() {
     assert_eq!(
         text[1],
         format!(
-            "1970-01-01T00:16:40.100Z,1000.100,gpu,0,{u},{},{reserved},{free},{},,,,,,,,,,,,,,\n",
+            "1970-01-01T00:16:40.100Z,1000.100,gpu,0,{u},{},{reserved},{free},{},,,,,,,,,,,,,,,{held}\n",
             10 * GIB,
             80 * GIB
         )
@@ -230,4 +236,18 @@ fn trace_drops_a_process_that_left_to_0_but_not_one_on_a_gpu_down() {
     assert_eq!(down.len(), 1, "said once");
     assert_eq!(down[0]["ph"], "i");
     assert_eq!(of("memory", trace::GPU_PID_BASE).len(), 2);
+    // Used minus the listed, and pid 9's GiB held by a zombie; then pid 9
+    // gone: 4 GiB unattributed, nothing stale; nothing while down.
+    let held = of("unattributed and stale", trace::GPU_PID_BASE);
+    let args: Vec<&serde_json::Value> = held.iter().map(|e| &e["args"]).collect();
+    let zero = |unattributed: u64, zombie: u64| {
+        serde_json::json!({
+            "unattributed_bytes": unattributed,
+            "stale_exited_bytes": 0, "stale_zombie_bytes": zombie,
+            "stale_uninterruptible_bytes": 0, "stale_reparented_bytes": 0,
+            "stale_owner_deleted_bytes": 0,
+        })
+    };
+    assert_eq!(args, [&zero(3 * GIB, GIB), &zero(4 * GIB, 0)]);
+    assert_eq!(held[0]["ph"], "C");
 }

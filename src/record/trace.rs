@@ -10,8 +10,11 @@
 //!   sorted first; its counter `memory` has `used_bytes`, `reserved_bytes`
 //!   and `free_bytes` (stacked, they make the total), one event per memory
 //!   and full sample; `other processes` (`bytes`) when `processes.top_n` /
-//!   `min_bytes` sum some up; an instant event `GPU not answering` when it
-//!   stops answering;
+//!   `min_bytes` sum some up; `unattributed and stale` (`unattributed_bytes`
+//!   and `stale_<reason>_bytes` for each reason, as
+//!   `gpu_memory_unattributed_bytes` and `gpu_memory_stale_bytes`) at each
+//!   full sample where the processes were read; an instant event
+//!   `GPU not answering` when it stops answering;
 //! - one trace process per host pid on a GPU, named
 //!   `<process> (<user>) <namespace>/<pod>`; counters `gpu <index> used`
 //!   and, with the torch bridge, `gpu <index> torch allocated` and
@@ -31,7 +34,7 @@ use serde::Serialize;
 
 use super::format::{EncodeError, Encoder, SampleKind, Stamp};
 use crate::expose;
-use crate::model::{DeviceSample, ProcIdentity, Snapshot};
+use crate::model::{DeviceSample, ProcIdentity, Snapshot, Unattributed};
 
 /// Trace pid of GPU 0: `PID_MAX_LIMIT` on 64-bit Linux, one more than the
 /// largest pid the kernel hands out.
@@ -58,6 +61,19 @@ struct Memory {
     #[serde(skip_serializing_if = "Option::is_none")]
     reserved_bytes: Option<u64>,
     free_bytes: u64,
+}
+
+/// Memory held by no live process: by none listed, and by the stale.
+#[derive(Serialize)]
+struct Held {
+    /// Absent when a listed process has no figure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unattributed_bytes: Option<u64>,
+    stale_exited_bytes: u64,
+    stale_zombie_bytes: u64,
+    stale_uninterruptible_bytes: u64,
+    stale_reparented_bytes: u64,
+    stale_owner_deleted_bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -277,6 +293,19 @@ impl Trace {
             }
         }
         let gpu_pid = GPU_PID_BASE + k as u64;
+        if let Some([exited, zombie, uninterruptible, reparented, owner_deleted]) =
+            expose::stale_bytes(d)
+        {
+            let held = Held {
+                unattributed_bytes: d.readings.get::<Unattributed>().and_then(|u| u.bytes),
+                stale_exited_bytes: exited,
+                stale_zombie_bytes: zombie,
+                stale_uninterruptible_bytes: uninterruptible,
+                stale_reparented_bytes: reparented,
+                stale_owner_deleted_bytes: owner_deleted,
+            };
+            self.counter(out, "unattributed and stale", ts, gpu_pid, held)?;
+        }
         match d.other {
             Some(o) => {
                 self.counter(

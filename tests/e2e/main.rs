@@ -20,6 +20,10 @@
 //!   time, a driver upgraded or unloaded under the running exporter.
 //! - `attribution`: pods, users, command lines, MIG and MPS on a fake node;
 //!   the Kubernetes client from a kubeconfig, in-cluster, broken.
+//! - `stale`: memory held by the dead: a pid exited (after two full
+//!   samples, not one; never one that had no /proc entry), zombie, in D,
+//!   reparented, its pod or Slurm job gone, in the metrics, the API and
+//!   the page; `gpu_memory_unattributed_bytes` against the scenario.
 //! - `cardinality`: the series budget (8 GPUs × 1,024 processes within
 //!   2,000 series) and `processes.series` (pid, workload, off) by SIGHUP.
 //! - `allocation`: gpu_allocation_info from a fake kubelet's pod-resources
@@ -103,6 +107,7 @@ mod ops_artifacts;
 mod page;
 mod peaks;
 mod record;
+mod stale;
 mod web;
 
 // Areas that need a program from outside the Rust toolchain, or run long:

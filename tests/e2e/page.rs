@@ -166,8 +166,14 @@ fn snapshot_json_is_exact() {
             "slurm_job": null, "slurm_step": null, "slurm_uid": null,
             "cmdline": null, "gpu_instance_id": null, "compute_instance_id": null,
             "memory_used_bytes": 10240 * MIB, "memory_used_peak_bytes": 10240 * MIB,
-            "utilization": null, "torch": null,
+            "utilization": null, "torch": null, "stale": null,
         })
+    );
+    // Xorg has no figure: nothing can be said of the rest; nothing stale.
+    assert_eq!(g0["memory_unattributed_bytes"], Value::Null);
+    assert_eq!(
+        g0["memory_stale_bytes"],
+        serde_json::json!({"exited": 0, "zombie": 0, "uninterruptible": 0, "reparented": 0, "owner_deleted": 0})
     );
     assert_eq!(p[1]["pid"], 4103);
     assert_eq!(p[1]["user"], "4242");
@@ -178,6 +184,7 @@ fn snapshot_json_is_exact() {
     assert_eq!(p.as_array().unwrap().len(), 3);
     let g1 = &v["gpus"][1];
     assert_eq!(g1["memory"]["used_bytes"], 4096 * MIB);
+    assert_eq!(g1["memory_unattributed_bytes"], 24 * MIB, "driver overhead");
     assert_eq!(g1["utilization"], Value::Null, "not supported on it");
     let pids: Vec<&Value> = g1["processes"]
         .as_array()

@@ -25,7 +25,7 @@ const RESERVED: u64 = 644_939_776;
 /// The trace pid of GPU 0 (docs/record.md).
 const GPU0_TRACK: u64 = 4_194_304;
 
-const COLUMNS: [&str; 23] = [
+const COLUMNS: [&str; 29] = [
     "time",
     "unix_seconds",
     "kind",
@@ -49,6 +49,21 @@ const COLUMNS: [&str; 23] = [
     "torch_step_growth_bytes",
     "used_byte_seconds",
     "busy_seconds",
+    "unattributed_bytes",
+    "stale_exited_bytes",
+    "stale_zombie_bytes",
+    "stale_uninterruptible_bytes",
+    "stale_reparented_bytes",
+    "stale_owner_deleted_bytes",
+];
+
+/// The stale columns, one per reason.
+const STALE_COLUMNS: [&str; 5] = [
+    "stale_exited_bytes",
+    "stale_zombie_bytes",
+    "stale_uninterruptible_bytes",
+    "stale_reparented_bytes",
+    "stale_owner_deleted_bytes",
 ];
 
 /// One GPU using `used`, with these (pid, bytes) on it.
@@ -253,10 +268,16 @@ fn csv_rows_are_the_scenarios_bytes() {
         assert_eq!(r.u64("reserved_bytes"), RESERVED);
         assert_eq!(r.u64("free_bytes"), TOTAL - RESERVED - used);
         assert_eq!(r.u64("total_bytes"), TOTAL);
-        for c in &COLUMNS[9..COLUMNS.len() - 2] {
+        let ledger = COLUMNS.iter().position(|c| *c == "used_byte_seconds");
+        for c in &COLUMNS[9..ledger.unwrap()] {
             assert_eq!(r.get(c), "", "{c} is empty on a gpu row");
         }
         assert_eq!(r.get("busy_seconds"), "", "no utilisation in this scenario");
+        // Used minus the two sleepers' bytes; neither is stale.
+        assert_eq!(r.u64("unattributed_bytes"), used - a_used - b_used);
+        for c in STALE_COLUMNS {
+            assert_eq!(r.u64(c), 0, "{c}");
+        }
     }
     // The memory-time counter: the GPU's bytes over the rows' own times.
     let byte_seconds = |r: &Row| -> f64 { r.get("used_byte_seconds").parse().unwrap() };
@@ -299,7 +320,11 @@ fn csv_rows_are_the_scenarios_bytes() {
             "pod",
             "torch_allocated_bytes",
             "torch_reserved_bytes",
-        ] {
+            "unattributed_bytes",
+        ]
+        .into_iter()
+        .chain(STALE_COLUMNS)
+        {
             assert_eq!(r.get(c), "", "{c} is empty on this process row");
         }
     }
@@ -508,6 +533,26 @@ fn trace_has_the_documented_tracks() {
         assert_eq!(e["args"]["reserved_bytes"], RESERVED);
         assert_eq!(e["args"]["free_bytes"], TOTAL - RESERVED - used);
     }
+    // At each full sample: used minus the listed, before and after b left;
+    // nothing stale (the sleepers are alive, their parent too).
+    let held = events(&ev, "C", "unattributed and stale", GPU0_TRACK);
+    assert!(held.len() >= 3, "{} unattributed events", held.len());
+    let unattributed: Vec<u64> = held
+        .iter()
+        .map(|e| e["args"]["unattributed_bytes"].as_u64().unwrap())
+        .collect();
+    let (both, one) = (used - a_used - b_used, used - a_used);
+    assert_eq!(unattributed[0], both, "{unattributed:?}");
+    assert_eq!(*unattributed.last().unwrap(), one, "{unattributed:?}");
+    assert!(
+        unattributed.iter().all(|u| [both, one].contains(u)),
+        "{unattributed:?}"
+    );
+    for e in &held {
+        for c in STALE_COLUMNS {
+            assert_eq!(e["args"][c], 0, "{c}: {e}");
+        }
+    }
     for (pid, want) in [(a, a_used), (b, b_used)] {
         let pid = u64::from(pid);
         let named = events(&ev, "M", "process_name", pid);
@@ -555,7 +600,7 @@ fn trace_is_complete_after_sigint_and_sigterm() {
             .expect("spawn record");
         wait_for(Duration::from_secs(20), "a few samples written", || {
             let t = std::fs::read_to_string(&out_path).ok()?;
-            (t.matches("\"ph\":\"C\"").count() >= 3).then_some(())
+            (t.matches("\"name\":\"memory\",\"ph\":\"C\"").count() >= 3).then_some(())
         });
         send_signal(&child, sig);
         let t = Instant::now();

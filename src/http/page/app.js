@@ -252,7 +252,8 @@
       card.append(el('p', 'problem', 'No memory figures: the last sample of this GPU failed.'));
       return card;
     }
-    card.append(bar(m, g.memory_used_peak_bytes));
+    const seg = segments(g);
+    card.append(bar(m, g.memory_used_peak_bytes, seg));
     const legend = el('p', 'legend',
       el('span', 'key used', 'used ' + mib(m.used_bytes)), ' ',
       m.reserved_bytes === null ? null : el('span', 'key reserved', 'reserved ' + mib(m.reserved_bytes)), ' ',
@@ -262,6 +263,12 @@
       legend.append(' ', el('span', 'key peak', 'peak ' + mib(g.memory_used_peak_bytes)));
     }
     card.append(legend);
+    if (seg) {
+      card.append(el('p', 'legend segments',
+        el('span', 'key used', 'attributed ' + mib(seg.attributed)), ' ',
+        el('span', 'key unattributed', 'unattributed ' + (seg.unattributed === null ? 'n/a' : mib(seg.unattributed))), ' ',
+        el('span', 'key stale', 'stale ' + mib(seg.stale))));
+    }
     const u = g.utilization;
     if (u) {
       const parts = [];
@@ -297,10 +304,63 @@
         (mig.memory ? mib(mig.memory.used_bytes) + ' of ' + mib(mig.memory.total_bytes) : 'no figures')));
     }
     card.append(processTable(g, m.total_bytes));
+    const dead = deadTable(g, state.snap.taken_at);
+    if (dead) card.append(dead);
     return card;
   }
 
-  function bar(m, peak) {
+  // Used memory split in three, where the processes were read: held by
+  // live processes (attributed), by stale ones (dead, orphaned, owner
+  // deleted), and by no listed process (unattributed: null when a listed
+  // process has no figure). null where the processes were not read.
+  function segments(g) {
+    const st = g.memory_stale_bytes;
+    if (!st || !g.memory) return null;
+    const stale = Object.values(st).reduce((n, b) => n + b, 0);
+    const unattributed = g.memory_unattributed_bytes;
+    const attributed = Math.max(0, g.memory.used_bytes - stale - (unattributed || 0));
+    return { attributed, stale, unattributed };
+  }
+
+  // Who a stale process belonged to when last seen alive.
+  function lastOwner(p) {
+    if (p.pod) return 'pod ' + p.namespace + '/' + p.pod + (p.container ? ' (' + p.container + ')' : '');
+    if (p.slurm_job) return 'Slurm job ' + p.slurm_job + (p.slurm_step ? '.' + p.slurm_step : '');
+    if (p.container_name) return 'container ' + p.container_name;
+    if (p.container_id) return 'container ' + p.container_id.slice(0, 12);
+    if (p.user) return 'user ' + p.user;
+    return '?';
+  }
+
+  // "Held by the dead": each stale process of the GPU, largest first.
+  function deadTable(g, takenAt) {
+    const stale = g.processes.filter((p) => p.stale);
+    if (!stale.length) return null;
+    stale.sort((a, b) => (b.memory_used_bytes || 0) - (a.memory_used_bytes || 0) || a.pid - b.pid);
+    const head = el('tr');
+    for (const [label, cls] of [['pid', 'num'], ['reason', null], ['since', null], ['bytes', 'num'], ['last owner', null]]) {
+      head.append(el('th', cls, label));
+    }
+    const body = el('tbody');
+    for (const p of stale) {
+      const tr = el('tr');
+      tr.dataset.stalePid = String(p.pid);
+      tr.dataset.reason = p.stale.reason;
+      tr.dataset.since = String(p.stale.since);
+      tr.append(
+        el('td', 'pid num', String(p.pid)),
+        el('td', 'reason', p.stale.reason.replace('_', ' ')),
+        el('td', 'since', ago(Math.max(0, takenAt - p.stale.since)) + ' ago'),
+        el('td', 'mem num', p.memory_used_bytes === null ? 'n/a' : mib(p.memory_used_bytes)),
+        el('td', 'owner', (p.process || '?') + ', ' + lastOwner(p)));
+      body.append(tr);
+    }
+    const box = el('div', 'dead');
+    box.append(el('h3', null, 'Held by the dead'), el('table', 'procs', el('thead', null, head), body));
+    return box;
+  }
+
+  function bar(m, peak, seg) {
     const w = 1000;
     const x = (b) => (m.total_bytes > 0 ? clamp((b / m.total_bytes) * w, 0, w) : 0);
     const s = svg('svg', { class: 'bar', viewBox: '0 0 1000 24', preserveAspectRatio: 'none', role: 'img' });
@@ -308,7 +368,18 @@
     const reserved = m.reserved_bytes === null ? 0 : m.reserved_bytes;
     s.firstChild.textContent = 'used ' + mib(m.used_bytes) + (m.reserved_bytes === null ? '' : ', reserved ' + mib(reserved)) + ', free ' + mib(m.free_bytes);
     s.append(svg('rect', { class: 'free', x: 0, y: 0, width: w, height: 24 }));
-    s.append(svg('rect', { class: 'used', x: 0, y: 0, width: x(m.used_bytes), height: 24 }));
+    if (seg) {
+      // Attributed, stale, unattributed, side by side; together the used.
+      let at = 0;
+      for (const [cls, b] of [['used', seg.attributed], ['stale', seg.stale], ['unattributed', seg.unattributed || 0]]) {
+        s.append(svg('rect', { class: cls, x: x(at), y: 0, width: x(at + b) - x(at), height: 24 }));
+        at += b;
+      }
+      s.firstChild.textContent += ' (attributed ' + mib(seg.attributed) + ', stale ' + mib(seg.stale) +
+        (seg.unattributed === null ? '' : ', unattributed ' + mib(seg.unattributed)) + ')';
+    } else {
+      s.append(svg('rect', { class: 'used', x: 0, y: 0, width: x(m.used_bytes), height: 24 }));
+    }
     s.append(svg('rect', { class: 'reserved', x: x(m.used_bytes), y: 0, width: x(reserved), height: 24 }));
     if (peak !== null && peak !== undefined) {
       const px = clamp(x(peak), 2, w - 2);
@@ -397,6 +468,7 @@
     for (const p of procs) {
       const tr = el('tr');
       tr.dataset.pid = String(p.pid);
+      if (p.stale) tr.className = 'stale';
       const used = p.memory_used_bytes;
       const where = p.pod ? p.namespace + '/' + p.pod + (p.container ? ' (' + p.container + ')' : '') : '—';
       tr.append(
