@@ -322,6 +322,15 @@
     return { attributed, stale, unattributed };
   }
 
+  // The idle marker of a process that ran no kernel for at least
+  // processes.idle_after (the API's idle_since): " idle 2h 10m".
+  function idleMark(p) {
+    if (p.idle_since === null || p.idle_since === undefined || !state.snap) return [];
+    const mark = el('span', 'idle', 'idle ' + ago(Math.max(0, state.snap.taken_at - p.idle_since)));
+    mark.dataset.idleSince = String(p.idle_since);
+    return [' ', mark];
+  }
+
   // Who a stale process belonged to when last seen alive.
   function lastOwner(p) {
     if (p.pod) return 'pod ' + p.namespace + '/' + p.pod + (p.container ? ' (' + p.container + ')' : '');
@@ -473,7 +482,7 @@
       const where = p.pod ? p.namespace + '/' + p.pod + (p.container ? ' (' + p.container + ')' : '') : '—';
       tr.append(
         el('td', 'pid num', String(p.pid)),
-        el('td', 'process', p.process || '?'),
+        el('td', 'process', p.process || '?', ...idleMark(p)),
         el('td', 'user', p.user || '?'),
         el('td', 'pod', where),
         el('td', 'mem num', used === null ? 'n/a' : mib(used)),
