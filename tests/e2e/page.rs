@@ -166,7 +166,7 @@ fn snapshot_json_is_exact() {
             "slurm_job": null, "slurm_step": null, "slurm_uid": null,
             "cmdline": null, "gpu_instance_id": null, "compute_instance_id": null,
             "memory_used_bytes": 10240 * MIB, "memory_used_peak_bytes": 10240 * MIB,
-            "utilization": null, "torch": null, "stale": null,
+            "utilization": null, "torch": null, "stale": null, "idle_since": null,
         })
     );
     // Xorg has no figure: nothing can be said of the rest; nothing stale.
@@ -175,6 +175,8 @@ fn snapshot_json_is_exact() {
         g0["memory_stale_bytes"],
         serde_json::json!({"exited": 0, "zombie": 0, "uninterruptible": 0, "reparented": 0, "owner_deleted": 0})
     );
+    // Nothing idle for processes.idle_after (30m) yet.
+    assert_eq!(g0["memory_idle_held_bytes"], 0);
     assert_eq!(p[1]["pid"], 4103);
     assert_eq!(p[1]["user"], "4242");
     assert_eq!(p[1]["memory_used_bytes"], 2048 * MIB);
