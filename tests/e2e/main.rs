@@ -9,6 +9,8 @@
 //! - `accounting`: the ledger: memory-time and busy-time counters per
 //!   GPU, process and workload, allocated and idle time, the rankings in
 //!   the API and on the page.
+//! - `idle`: idle holders: a process whose utilisation samples stop, the
+//!   GPU's utilisation where the driver has none; idle byte-seconds.
 //! - `forecast`: the table of histories (steady, ramps, steps, sawtooth)
 //!   under faketime at 30x real speed: when the GPU is forecast full.
 //! - `tenant`: hostile tenants on a shared node: forged cgroups, fds,
@@ -102,6 +104,7 @@ mod discovery;
 mod faults;
 mod fuzz;
 mod golden;
+mod idle;
 mod kube_watch;
 mod ops_artifacts;
 mod page;

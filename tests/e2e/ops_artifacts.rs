@@ -26,7 +26,7 @@ use crate::harness::{BIN, repo_file};
 #[cfg(feature = "external-tools")]
 mod external;
 
-const ALERTS: [&str; 22] = [
+const ALERTS: [&str; 23] = [
     "GpuMemoryHigh",
     "GpuMemoryExhaustionPredicted",
     "GpuMemoryWillFillSoon",
@@ -49,6 +49,7 @@ const ALERTS: [&str; 22] = [
     "GpuMemoryHeldByDeadProcesses",
     "GpuMemoryHeldByOrphans",
     "GpuMemoryUnattributed",
+    "GpuMemoryHeldIdle",
 ];
 
 // ------------------------------------------------------------------ helpers

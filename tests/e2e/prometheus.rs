@@ -40,7 +40,12 @@
 //!   runs on reparented (GpuMemoryHeldByOrphans); GPU 1's level, once
 //!   risen, is 11.5 GB more than its processes hold
 //!   (GpuMemoryUnattributed; so is the `stale` exporter's GPU, 8 GB used
-//!   with no process).
+//!   with no process). With `processes.idle_after: 20s`, the processes of
+//!   GPU 0 that have no utilisation samples (job 4242's step, the zombie)
+//!   are idle 20 s after the start (gpu_process_idle_seconds, the idle
+//!   byte-seconds of their workloads); the trainer and the inference pod
+//!   have samples at every rewrite (every 2 s; read every 10 s), so they
+//!   never are.
 //! - `stale`: an exporter whose GPU calls hang (fake NVML `delay_ms`) after
 //!   its first sample, so the sample it serves ages
 //!   (GpuMemExporterSamplesStale).
@@ -654,6 +659,9 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
             vec![i(&t.main), ("gpu", "1".into()), ("uuid", GPU1.into())],
             vec![i(&t.stale), ("gpu", "0".into()), ("uuid", GPU_STALE.into())],
         ]),
+        // Job 4242's step and bob's zombie are idle after 20 s, but hold
+        // 7 GB together and for seconds, not hours.
+        "GpuMemoryHeldIdle" => Expect::SelectorsOnly("needs 2 hours of idle memory"),
         other => panic!(
             "rules.yml has a new alert {other}: add what the scenario shows for it to \
              `expectation` in tests/e2e/prometheus.rs"
@@ -1281,7 +1289,7 @@ impl World {
         let scenario = Scenario::new(&main_scenario(trainer.py.pid, 1, GPU1_LEVEL, ramp_start));
         let config = node.config_with(
             &scenario,
-            "  min_bytes: 1000000000\n  top_n: 4\n",
+            "  min_bytes: 1000000000\n  top_n: 4\n  idle_after: 20s\n",
             &format!(
                 "  pod_resources_socket: {}\n  pod_resources_interval: 1s\n",
                 kubelet.socket.display()

@@ -965,6 +965,9 @@ fn grafana_dashboard_is_valid_and_complete() {
         "gpu_process_stale_info",
         "gpu_memory_unattributed_bytes",
         "gpu_mig_memory_unattributed_bytes",
+        "gpu_memory_idle_held_bytes",
+        "gpu_process_idle_seconds",
+        "gpu_workload_memory_idle_byte_seconds_total",
     ] {
         assert!(
             exprs
