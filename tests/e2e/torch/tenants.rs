@@ -626,16 +626,29 @@ fn socket_gauge(m: &Metrics, name: &str) -> f64 {
 /// The code of an attacker that sends an ordinary document with `fd_expr`
 /// (a Python expression opening a file or socket, after `setup`) attached
 /// (`SCM_RIGHTS`), closes its own copy where the send went through, writes
-/// what the kernel said into `result` and holds on.
+/// what the kernel said into `result` and holds on. It floods another
+/// connection of its own for half a second first, so that an exporter
+/// that pauses a budget past its rate reads the fd only after the
+/// attacker's copy is closed: the exporter's close is then the last.
 fn fd_sender(socket: &Path, result: &Path, setup: &str, fd_expr: &str) -> String {
     let doc = json!({"v": 1, "devices": [Figures(71_000_000_001).entry(&gpu(U0))]}).to_string();
     format!(
         "import array, errno, os, socket, struct, sys\n\
          {setup}\n\
          fd = {fd_expr}\n\
+         msg = b'gpumem-bridge 1\\n' + {doc:?}.encode()\n\
+         flood = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+         flood.connect({socket:?})\n\
+         flood.setblocking(False)\n\
+         import time\n\
+         end = time.time() + 0.5\n\
+         while time.time() < end:\n\
+         \x20   try:\n\
+         \x20       flood.send(msg)\n\
+         \x20   except BlockingIOError:\n\
+         \x20       time.sleep(0.001)\n\
          b = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
          b.connect({socket:?})\n\
-         msg = b'gpumem-bridge 1\\n' + {doc:?}.encode()\n\
          try:\n\
          \x20   b.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [fd]))])\n\
          \x20   said = 'sent'\n\
