@@ -116,9 +116,17 @@ pub fn torch(data: &[u8]) {
 /// One packet on the torch bridge socket (any process may send one): a
 /// message is accepted only within its size bound, with the header of the
 /// one framing version, and its document is what the document parser
-/// makes of the rest; a refusal names a closed reason.
+/// makes of the rest; a refusal names a closed reason. The same bytes as
+/// the message's control data (what `recvmsg` fills in beside it): the
+/// walk never reads past them, and a fd or a sender comes only from
+/// whole fields inside them.
 pub fn torch_message(data: &[u8]) {
     use torch::frame;
+    let control = torch::control::parse(data);
+    assert!(control.fds.len() * 4 <= data.len());
+    if control.sender.is_some() {
+        assert!(data.len() >= std::mem::size_of::<libc::cmsghdr>() + 8);
+    }
     match frame::parse_message(data) {
         Ok(doc) => {
             assert!(data.len() <= frame::MAX_MESSAGE_BYTES);

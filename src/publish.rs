@@ -202,8 +202,19 @@ impl Shared {
     }
 
     /// Ready once NVML is initialised and a snapshot is published in which
-    /// at least one GPU answers (or the host has none).
+    /// at least one GPU answers (or the host has none), while the torch
+    /// bridge's listener (when it listens) is not stalled.
     pub fn ready(&self) -> Result<(), &'static str> {
+        if self
+            .sources
+            .get()
+            .and_then(|s| s.bridge.as_ref())
+            .is_some_and(|b| b.stalled().is_some())
+        {
+            return Err(
+                "the torch bridge socket's listener has made no progress for over 2 s (gpumem_exporter_torch_bridge_stalled_seconds)",
+            );
+        }
         match &*self.published.load() {
             None => Err("NVML is not initialised yet"),
             Some(s) if !s.devices.is_empty() && s.devices.iter().all(|d| !d.up()) => {

@@ -82,6 +82,17 @@ pub(crate) struct Document {
 }
 
 impl Document {
+    /// What it takes on the heap (its devices and their UUIDs): what the
+    /// socket's memory bounds count.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.devices.capacity() * std::mem::size_of::<(String, TorchStats)>()
+            + self
+                .devices
+                .iter()
+                .map(|(u, _)| u.capacity())
+                .sum::<usize>()
+    }
+
     /// The figures of the first entry naming one of `uuids` (a MIG
     /// instance's UUID and its GPU's, or just the GPU's).
     pub(crate) fn stats_for(&self, uuids: &[&str]) -> Option<TorchStats> {

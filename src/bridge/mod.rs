@@ -30,12 +30,15 @@
 //! document as text: pools and the allocator backend are closed sets,
 //! settings are typed.
 
+pub(crate) mod closer;
+pub(crate) mod control;
 pub(crate) mod document;
 pub(crate) mod fdscan;
 pub(crate) mod frame;
+pub(crate) mod holder;
 pub(crate) mod socket;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,8 +83,8 @@ impl Bridge {
             identity: 0,
             socket: None,
         };
-        if let Some(s) = &self.socket {
-            let s = &s.counters;
+        if let Some(store) = &self.socket {
+            let s = &store.counters;
             c.reports += get(&s.accepted);
             c.malformed += get(&s.malformed);
             c.oversized += get(&s.oversized);
@@ -89,10 +92,24 @@ impl Bridge {
             c.socket = Some(BridgeSocketCounters {
                 connections: get(&s.open),
                 limited_connections: get(&s.limited_connections),
+                limited_connects: get(&s.limited_connects),
                 limited_rate: get(&s.limited_rate),
+                limited_memory: get(&s.limited_memory),
+                limited_fds: get(&s.limited_fds),
+                idle_closed: get(&s.idle_closed),
+                held_bytes: store.held_bytes(),
+                close_waiting: store.close_waiting(),
+                stalls: get(&s.stalls),
+                stalled_ms: store.stalled().map_or(0, |d| d.as_millis() as u64),
             });
         }
         c
+    }
+
+    /// How long the socket's listener has been stuck in one round, when
+    /// longer than [`socket::STALL_AFTER`] (`/readyz` says so).
+    pub(crate) fn stalled(&self) -> Option<std::time::Duration> {
+        self.socket.as_ref()?.stalled()
     }
 }
 
@@ -108,6 +125,7 @@ pub(crate) fn spawn(cfg: &Attribution) -> Option<TorchReader> {
     let root = ProcRoot::new(&cfg.procfs);
     Some(TorchReader::start(
         root,
+        &cfg.cgroupfs,
         cfg.torch_bridge_socket.as_deref(),
         cfg.torch_bridge_fd_scan,
     ))
@@ -164,7 +182,7 @@ impl TorchReader {
     /// cannot be bound is logged (a missing directory at info level: the
     /// usual state where none is set up) and left off; the fallback still
     /// works.
-    fn start(root: ProcRoot, socket: Option<&Path>, fd_scan: bool) -> Self {
+    fn start(root: ProcRoot, cgroupfs: &str, socket: Option<&Path>, fd_scan: bool) -> Self {
         let mut reader = TorchReader::new(root.clone());
         if !fd_scan {
             reader.fds = None;
@@ -172,10 +190,9 @@ impl TorchReader {
         let Some(path) = socket else {
             return reader;
         };
-        let store = Arc::new(socket::Store::default());
-        let listening = socket::bind(path).and_then(|l| {
-            socket::spawn(l, root, &store, socket::LIMITS).map_err(socket::BindError::Io)
-        });
+        let store = Arc::new(socket::Store::new(socket::LIMITS));
+        let listening = socket::bind(path)
+            .and_then(|l| socket::spawn(l, root, cgroupfs, &store).map_err(socket::BindError::Io));
         match listening {
             Ok(_) => {
                 reader.bridge = Arc::new(Bridge {
@@ -227,8 +244,13 @@ impl TorchReader {
     }
 
     /// End of a full tick: forget this tick's documents, and the processes
-    /// no longer on any GPU; the fallback probes the fds of those due.
+    /// no longer on any GPU; the fallback probes the fds of those due. The
+    /// socket keeps the documents of the processes looked up this tick
+    /// (those on a GPU) and only a small allowance of others'.
     pub(crate) fn end_tick(&mut self, live: &dyn Fn(u32) -> bool) {
+        if let Some(s) = &self.bridge.socket {
+            s.set_live(self.this_tick.keys().copied().collect::<HashSet<_>>());
+        }
         self.this_tick.clear();
         if let Some(f) = &mut self.fds {
             f.end_tick(live);
@@ -438,7 +460,7 @@ mod tests {
     fn the_socket_store_comes_first() {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("bridge.sock");
-        let mut r = TorchReader::start(ProcRoot::default(), Some(&path), true);
+        let mut r = TorchReader::start(ProcRoot::default(), "/sys/fs/cgroup", Some(&path), true);
         assert!(r.counters().socket.is_some(), "listening");
         let fd = rustix::net::socket_with(
             rustix::net::AddressFamily::UNIX,
@@ -478,12 +500,13 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let r = TorchReader::start(
             ProcRoot::default(),
+            "/sys/fs/cgroup",
             Some(&d.path().join("nope/bridge.sock")),
             true,
         );
         assert!(r.counters().socket.is_none());
         assert!(r.fds.is_some());
-        let r = TorchReader::start(ProcRoot::default(), None, false);
+        let r = TorchReader::start(ProcRoot::default(), "/sys/fs/cgroup", None, false);
         assert!(r.fds.is_none() && r.bridge.socket.is_none());
     }
 }

@@ -19,27 +19,45 @@
 //! socket) is dropped as `identity`. Documents are keyed by (pid, start
 //! time) and leave with their connection: a process that exits closes it.
 //!
-//! **Bounds**, all counted ([`Counters`], `gpumem_exporter_torch_bridge_*`):
-//! [`LIMITS`] per uid and in all — open connections (one over is closed at
-//! once), messages and bytes per second (a uid past its budget is not read
-//! until the budget refills: its messages wait in the socket, where the
-//! bridge's non-blocking `send` drops what does not fit, so a flood costs
-//! the exporter at most the budget), at most [`MAX_MESSAGE_BYTES`] a
-//! message (a longer packet is cut by the kernel and dropped). Fds passed
-//! with a message are never installed (the control buffer only has room
-//! for the credentials).
+//! **Nothing a sender attaches is closed here.** The socket refuses passed
+//! fds (`SO_PASSRIGHTS` off, Linux ≥ 6.16, on the listener, which the
+//! connection's socket inherits at `connect`, before `accept`): a sender's
+//! `SCM_RIGHTS` fails with `EPERM`. Where the kernel cannot refuse them,
+//! messages are received with room for every fd the kernel may pass
+//! ([`super::control`]), so none is released in this thread, and the fds
+//! and every connection (whose queue may hold more) are closed on another
+//! thread ([`super::closer`]): a TCP socket lingering or a FUSE file whose
+//! daemon never answers `FLUSH` waits there, not here. A connection that
+//! passes fds is closed and its holder refused for [`FDS_REFUSED_FOR`].
+//! Should this thread still stop (a kernel hang), the stall is visible:
+//! [`Store::stalled`] (a gauge, and `/readyz`), counted when it ends.
+//!
+//! **Bounds**, all counted ([`Counters`], `gpumem_exporter_torch_bridge_*`),
+//! per budget holder ([`super::holder`]: the peer's pod, container or
+//! Slurm job where its root-owned cgroup path names one, else its uid) and
+//! in all ([`LIMITS`]): open connections (one over is closed at once),
+//! connections a second (the same), messages and bytes per second (a
+//! holder past its budget is not read until the budget refills: its
+//! messages wait in the socket, where the bridge's non-blocking `send`
+//! drops what does not fit, so a flood costs the exporter at most the
+//! budget), at most [`MAX_MESSAGE_BYTES`] a message (a longer packet is
+//! cut by the kernel and dropped), the memory of the documents kept (per
+//! holder and in all; a process not on a GPU keeps at most a small
+//! allowance per holder, so a process just started gets its figures in
+//! its first sample on a GPU), and connections silent for [`Limits::idle`]
+//! are closed (the bridge sends at least once a minute, and reconnects).
 //!
 //! Why by hand: tokio has no `SOCK_SEQPACKET` socket, and one thread
 //! polling at most [`Limits::connections`] fds is small and bounded.
 //! rustix makes the socket, binds, accepts and polls; `SO_PEERCRED` and
-//! `SCM_CREDENTIALS` are read with libc because rustix's `UCred` holds the
-//! pid as a non-zero integer, and a peer outside the exporter's pid
-//! namespace has pid 0.
+//! `recvmsg` go through libc because rustix's `UCred` holds the pid as a
+//! non-zero integer, and a peer outside the exporter's pid namespace has
+//! pid 0.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::mem::{MaybeUninit, size_of};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,49 +69,82 @@ use rustix::event::{PollFd, PollFlags};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use rustix::process::{Pid, PidfdFlags};
 
+use super::closer::Closer;
+use super::control::{self, CONTROL_BYTES};
 use super::document::{Document, DropReason};
 use super::frame::{self, FRAME_VERSION, FrameError, MAX_MESSAGE_BYTES};
+use super::holder::{Holder, Holders};
 use crate::attribute::procfs::ProcRoot;
 use crate::ratelimit::LogLimiter;
 
-/// What one uid, and everyone together, may use.
+/// What one budget holder, and everyone together, may use.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Limits {
-    pub per_uid_connections: usize,
+    pub per_holder_connections: usize,
     pub connections: usize,
+    /// New connections a second (the burst is
+    /// [`Limits::per_holder_connections`]).
+    pub per_holder_connects: f64,
     /// Messages a second (the burst is one second's worth).
-    pub per_uid_messages: f64,
+    pub per_holder_messages: f64,
     pub messages: f64,
     /// Bytes a second (the burst is one second's worth).
-    pub per_uid_bytes: f64,
+    pub per_holder_bytes: f64,
     pub bytes: f64,
+    /// Memory of the documents kept (their parsed size), per holder and
+    /// in all.
+    pub per_holder_held: usize,
+    pub held: usize,
+    /// Documents of processes not (yet) on a GPU kept per holder, and
+    /// their memory in all.
+    pub pending_per_holder: usize,
+    pub pending_held: usize,
+    /// A connection that sent nothing for this long is closed.
+    pub idle: Duration,
 }
 
-/// The bridge publishes once a second (at most 20 times a second); a uid's
-/// 64 processes with full step rings on 8 GPUs (about 40 KiB a document)
-/// fit. A flood within these costs the exporter about 1 % of a core (2 MiB
-/// of JSON a second) per uid.
+/// The bridge publishes once a second (at most 20 times a second, at
+/// least once a minute); a holder's 64 processes with full step rings on
+/// 8 GPUs (about 40 KiB a document, a few KiB parsed) fit. A flood within
+/// these costs the exporter about 1 % of a core (2 MiB of JSON a second)
+/// per holder; the documents kept are at most 24 MiB in all (a node's
+/// DaemonSet limit is 160 MiB).
 pub(crate) const LIMITS: Limits = Limits {
-    per_uid_connections: 64,
+    per_holder_connections: 64,
     connections: 512,
-    per_uid_messages: 500.0,
+    per_holder_connects: 16.0,
+    per_holder_messages: 500.0,
     messages: 4000.0,
-    per_uid_bytes: 2.0 * 1024.0 * 1024.0,
+    per_holder_bytes: 2.0 * 1024.0 * 1024.0,
     bytes: 16.0 * 1024.0 * 1024.0,
+    per_holder_held: 4 << 20,
+    held: 24 << 20,
+    pending_per_holder: 8,
+    pending_held: 4 << 20,
+    idle: Duration::from_secs(180),
 };
 
 /// How long the thread sleeps at most: it ends within this when the
 /// sampler drops the store.
 const IDLE: Duration = Duration::from_millis(500);
+/// A round of the loop (its longest sleep is [`IDLE`]) that has not ended
+/// after this long is a stall.
+pub(crate) const STALL_AFTER: Duration = Duration::from_secs(2);
 /// Connections accepted per wake-up, so a connect flood cannot keep the
 /// loop from reading.
 const ACCEPTS_PER_ROUND: usize = 64;
 /// Messages read from one connection per wake-up.
 const READS_PER_ROUND: usize = 8;
+/// A holder whose connection passed fds is refused for this long.
+pub(crate) const FDS_REFUSED_FOR: Duration = Duration::from_secs(60);
+/// What a kept document costs beside its parsed size (its entry).
+const ENTRY_BYTES: usize = 256;
 
 /// `SO_PEERPIDFD` (asm-generic: x86_64 and aarch64); libc does not
 /// export it yet.
 const SO_PEERPIDFD: libc::c_int = 77;
+/// `SO_PASSRIGHTS` (asm-generic, Linux ≥ 6.16): 0 refuses `SCM_RIGHTS`.
+const SO_PASSRIGHTS: libc::c_int = 83;
 
 /// Counters the listener keeps and the sampler copies into snapshots.
 #[derive(Debug, Default)]
@@ -106,59 +157,291 @@ pub(crate) struct Counters {
     pub identity: AtomicU64,
     /// Connections closed at once (a cap was reached).
     pub limited_connections: AtomicU64,
-    /// Times a uid (or everyone) was paused for passing the budget.
+    /// Connections closed at once: their holder connected too often.
+    pub limited_connects: AtomicU64,
+    /// Times a holder (or everyone) was paused for passing the budget.
     pub limited_rate: AtomicU64,
+    /// Documents not kept (or dropped later) for the memory bounds.
+    pub limited_memory: AtomicU64,
+    /// Connections closed because they passed fds (or were refused while
+    /// their holder was).
+    pub limited_fds: AtomicU64,
+    /// Connections closed after [`Limits::idle`] without a message.
+    pub idle_closed: AtomicU64,
     /// Connections open now.
     pub open: AtomicU64,
+    /// Rounds of the loop that took longer than [`STALL_AFTER`].
+    pub stalls: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
+type Key = (u32, u64);
+
 #[derive(Debug)]
 struct Entry {
     conn: u64,
+    holder: Holder,
     doc: Arc<Document>,
+    bytes: usize,
+    /// Order of arrival: the oldest pending document goes first.
+    seq: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Usage {
+    bytes: usize,
+    pending: usize,
+}
+
+/// The documents kept, and what they cost.
+#[derive(Debug, Default)]
+struct Docs {
+    map: HashMap<Key, Entry>,
+    /// The processes the last full sample found on a GPU.
+    live: HashSet<Key>,
+    usage: HashMap<Holder, Usage>,
+    held: usize,
+    pending_held: usize,
+    seq: u64,
+}
+
+impl Docs {
+    fn is_live(&self, key: &Key) -> bool {
+        self.live.contains(key)
+    }
+
+    fn remove(&mut self, key: &Key) -> Option<Entry> {
+        let e = self.map.remove(key)?;
+        let pending = !self.is_live(key);
+        self.held -= e.bytes;
+        if pending {
+            self.pending_held -= e.bytes;
+        }
+        if let Some(u) = self.usage.get_mut(&e.holder) {
+            u.bytes -= e.bytes;
+            u.pending -= usize::from(pending);
+            if u.bytes == 0 && u.pending == 0 {
+                self.usage.remove(&e.holder);
+            }
+        }
+        Some(e)
+    }
+
+    fn insert(&mut self, key: Key, e: Entry) {
+        let pending = !self.is_live(&key);
+        self.held += e.bytes;
+        if pending {
+            self.pending_held += e.bytes;
+        }
+        let u = self.usage.entry(e.holder.clone()).or_default();
+        u.bytes += e.bytes;
+        u.pending += usize::from(pending);
+        self.map.insert(key, e);
+    }
+
+    fn usage(&self, h: &Holder) -> Usage {
+        self.usage.get(h).copied().unwrap_or_default()
+    }
+
+    /// Drop the oldest pending document (of `holder`, or of anyone);
+    /// false when there is none.
+    fn evict_pending(&mut self, holder: Option<&Holder>) -> bool {
+        let oldest = self
+            .map
+            .iter()
+            .filter(|(k, e)| !self.live.contains(k) && holder.is_none_or(|h| *h == e.holder))
+            .min_by_key(|(_, e)| e.seq)
+            .map(|(k, _)| *k);
+        oldest.is_some_and(|k| self.remove(&k).is_some())
+    }
+
+    /// Recount after the live set changed.
+    fn recount(&mut self) {
+        self.usage.clear();
+        self.held = 0;
+        self.pending_held = 0;
+        for (k, e) in &self.map {
+            let pending = !self.live.contains(k);
+            self.held += e.bytes;
+            if pending {
+                self.pending_held += e.bytes;
+            }
+            let u = self.usage.entry(e.holder.clone()).or_default();
+            u.bytes += e.bytes;
+            u.pending += usize::from(pending);
+        }
+    }
 }
 
 /// What the listener thread shares with the sampler: the latest document
-/// per (pid, start time), and the counters. The thread holds it weakly and
-/// ends when the sampler drops it.
-#[derive(Debug, Default)]
+/// per (pid, start time), the counters and the listener's progress. The
+/// thread holds it weakly and ends when the sampler drops it.
+#[derive(Debug)]
 pub(crate) struct Store {
-    docs: Mutex<HashMap<(u32, u64), Entry>>,
+    docs: Mutex<Docs>,
+    limits: Limits,
     pub(crate) counters: Counters,
+    epoch: Instant,
+    /// Milliseconds after `epoch` when the listener last ended a round.
+    progress_ms: AtomicU64,
+    /// Fds waiting on the closing thread.
+    close_waiting: AtomicU64,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store::new(LIMITS)
+    }
 }
 
 impl Store {
+    pub(crate) fn new(limits: Limits) -> Self {
+        Store {
+            docs: Mutex::default(),
+            limits,
+            counters: Counters::default(),
+            epoch: Instant::now(),
+            progress_ms: AtomicU64::new(0),
+            close_waiting: AtomicU64::new(0),
+        }
+    }
+
     /// The latest document process (`pid`, `start`) sent, if its
     /// connection is open.
     pub(crate) fn get(&self, pid: u32, start: u64) -> Option<Arc<Document>> {
         let docs = self.docs.lock().ok()?;
-        docs.get(&(pid, start)).map(|e| Arc::clone(&e.doc))
+        docs.map.get(&(pid, start)).map(|e| Arc::clone(&e.doc))
     }
 
-    fn put(&self, key: (u32, u64), conn: u64, doc: Document) {
-        if let Ok(mut docs) = self.docs.lock() {
-            docs.insert(
+    /// The processes a full sample found on a GPU: their documents are
+    /// kept within the holder's and the total memory bound; the others'
+    /// only within the small pending allowance.
+    pub(crate) fn set_live(&self, live: HashSet<Key>) {
+        let Ok(mut d) = self.docs.lock() else {
+            return;
+        };
+        d.live = live;
+        d.recount();
+        let l = self.limits;
+        let mut dropped = 0;
+        let over: Vec<Holder> = d
+            .usage
+            .iter()
+            .filter(|(_, u)| u.pending > l.pending_per_holder)
+            .map(|(h, _)| h.clone())
+            .collect();
+        for h in over {
+            while d.usage(&h).pending > l.pending_per_holder && d.evict_pending(Some(&h)) {
+                dropped += 1;
+            }
+        }
+        while d.pending_held > l.pending_held && d.evict_pending(None) {
+            dropped += 1;
+        }
+        self.counters
+            .limited_memory
+            .fetch_add(dropped, Ordering::Relaxed);
+    }
+
+    /// Keep `doc` as `key`'s latest, sent on connection `conn` of
+    /// `holder`, within the memory bounds; false when it was not kept.
+    fn put(&self, key: Key, conn: u64, holder: &Holder, doc: Document) -> bool {
+        let bytes = doc.heap_bytes() + ENTRY_BYTES;
+        let l = self.limits;
+        let Ok(mut d) = self.docs.lock() else {
+            return false;
+        };
+        d.remove(&key);
+        let live = d.is_live(&key);
+        let mut evicted = 0;
+        let mut fits = true;
+        if !live {
+            while d.usage(holder).pending >= l.pending_per_holder && d.evict_pending(Some(holder)) {
+                evicted += 1;
+            }
+            while d.pending_held + bytes > l.pending_held && d.evict_pending(Some(holder)) {
+                evicted += 1;
+            }
+            fits = d.usage(holder).pending < l.pending_per_holder
+                && d.pending_held + bytes <= l.pending_held;
+        }
+        while fits && d.usage(holder).bytes + bytes > l.per_holder_held {
+            if !d.evict_pending(Some(holder)) {
+                fits = false;
+            } else {
+                evicted += 1;
+            }
+        }
+        while fits && d.held + bytes > l.held {
+            // A process on a GPU goes before anyone's pending ones.
+            if !live || !d.evict_pending(None) {
+                fits = false;
+            } else {
+                evicted += 1;
+            }
+        }
+        if fits {
+            let seq = d.seq;
+            d.seq += 1;
+            d.insert(
                 key,
                 Entry {
                     conn,
+                    holder: holder.clone(),
                     doc: Arc::new(doc),
+                    bytes,
+                    seq,
                 },
             );
         }
+        self.counters
+            .limited_memory
+            .fetch_add(evicted + u64::from(!fits), Ordering::Relaxed);
+        fits
     }
 
     /// Forget `key`'s document if connection `conn` sent it (a newer
     /// connection of the same process keeps its own).
-    fn closed(&self, key: (u32, u64), conn: u64) {
+    fn closed(&self, key: Key, conn: u64) {
         if let Ok(mut docs) = self.docs.lock()
-            && docs.get(&key).is_some_and(|e| e.conn == conn)
+            && docs.map.get(&key).is_some_and(|e| e.conn == conn)
         {
             docs.remove(&key);
         }
+    }
+
+    /// Memory of the documents kept now.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.docs.lock().map_or(0, |d| d.held as u64)
+    }
+
+    /// Fds handed to the closing thread and not closed yet.
+    pub(crate) fn close_waiting(&self) -> u64 {
+        self.close_waiting.load(Ordering::Relaxed)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// The listener ended a round now.
+    fn progress(&self) {
+        let now = self.now_ms();
+        let last = self.progress_ms.swap(now, Ordering::Relaxed);
+        if now.saturating_sub(last) > STALL_AFTER.as_millis() as u64 && last != 0 {
+            bump(&self.counters.stalls);
+        }
+    }
+
+    /// How long the listener has been stuck in one round, when longer
+    /// than [`STALL_AFTER`] (its longest sleep is half a second).
+    pub(crate) fn stalled(&self) -> Option<Duration> {
+        let last = self.progress_ms.load(Ordering::Relaxed);
+        let age = Duration::from_millis(self.now_ms().saturating_sub(last));
+        (age > STALL_AFTER).then_some(age)
     }
 }
 
@@ -200,6 +483,8 @@ impl BindError {
 pub(crate) struct Listener {
     path: PathBuf,
     fd: OwnedFd,
+    /// The kernel refuses `SCM_RIGHTS` on it (`SO_PASSRIGHTS` off).
+    refuses_fds: bool,
 }
 
 fn seqpacket() -> io::Result<OwnedFd> {
@@ -211,11 +496,34 @@ fn seqpacket() -> io::Result<OwnedFd> {
     )?)
 }
 
+/// Turn `SO_PASSRIGHTS` off on `fd`: whether the kernel now refuses fds
+/// sent to it (false before Linux 6.16).
+fn refuse_fds(fd: BorrowedFd<'_>) -> bool {
+    let off: libc::c_int = 0;
+    // SAFETY: an int option, passed by pointer with its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PASSRIGHTS,
+            (&off as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    r == 0
+}
+
 /// Bind and listen on `path`: its directory must exist and be writable by
 /// no one but its owner (the exporter's uid or root); a stale socket left
 /// by an earlier run is replaced, a live one is not; the socket is mode
 /// 0666 (anyone may connect; the kernel says who did).
 pub(crate) fn bind(path: &Path) -> Result<Listener, BindError> {
+    bind_with(path, true)
+}
+
+/// [`bind`], with passed fds refused where the kernel can
+/// (`refuse` false: as on a kernel before 6.16, for tests of the closer).
+pub(crate) fn bind_with(path: &Path, refuse: bool) -> Result<Listener, BindError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -252,9 +560,13 @@ pub(crate) fn bind(path: &Path) -> Result<Listener, BindError> {
     }
     let fd = seqpacket()?;
     rustix::net::bind(&fd, &addr)?;
+    // Before listen: a connection's socket inherits it when made, so no
+    // fd can be queued even before `accept`.
+    let refuses_fds = refuse && refuse_fds(fd.as_fd());
     let listener = Listener {
         path: path.to_path_buf(),
         fd,
+        refuses_fds,
     };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
     // Accepted sockets inherit it: each message then carries its sender.
@@ -270,17 +582,27 @@ impl Drop for Listener {
 }
 
 /// Start the listener's thread; it ends (removing the socket file) within
-/// [`IDLE`] of the sampler dropping `store`.
+/// [`IDLE`] of the sampler dropping `store`. `cgroupfs` is where budget
+/// holders' cgroup paths are checked (`path.cgroupfs`).
 pub(crate) fn spawn(
     listener: Listener,
     root: ProcRoot,
+    cgroupfs: &str,
     store: &Arc<Store>,
-    limits: Limits,
 ) -> io::Result<JoinHandle<()>> {
     let weak = Arc::downgrade(store);
+    let limits = store.limits;
+    let holders = Holders::new(root.clone(), cgroupfs);
+    // Not needed where the kernel refuses fds: nothing to close can wait.
+    let closer = if listener.refuses_fds {
+        None
+    } else {
+        Some(Closer::spawn()?)
+    };
+    store.progress();
     std::thread::Builder::new()
         .name("torch-bridge".into())
-        .spawn(move || Loop::new(listener, root, weak, limits).run())
+        .spawn(move || Loop::new(listener, root, holders, closer, weak, limits).run())
 }
 
 /// A token bucket that may go into debt by one message: the message that
@@ -322,20 +644,68 @@ impl Bucket {
     }
 }
 
+/// A budget holder's share.
 #[derive(Debug)]
-struct Uid {
+struct HolderState {
     connections: usize,
     bucket: Bucket,
     paused_until: Option<Instant>,
+    /// Connects left (refilled at [`Limits::per_holder_connects`]).
+    connects: f64,
+    connects_at: Instant,
+    /// Refused until then: one of its connections passed fds.
+    refused_until: Option<Instant>,
+}
+
+impl HolderState {
+    fn new(now: Instant, l: &Limits) -> HolderState {
+        HolderState {
+            connections: 0,
+            bucket: Bucket::full(now, (l.per_holder_messages, l.per_holder_bytes)),
+            paused_until: None,
+            connects: l.per_holder_connections as f64,
+            connects_at: now,
+            refused_until: None,
+        }
+    }
+
+    /// Take one connect; false when none is left.
+    fn connect(&mut self, now: Instant, l: &Limits) -> bool {
+        let dt = now
+            .saturating_duration_since(self.connects_at)
+            .as_secs_f64();
+        self.connects_at = now;
+        self.connects =
+            (self.connects + dt * l.per_holder_connects).min(l.per_holder_connections as f64);
+        if self.connects < 1.0 {
+            return false;
+        }
+        self.connects -= 1.0;
+        true
+    }
+
+    /// Nothing to remember: no connection, no pause, no refusal, and its
+    /// connects refilled.
+    fn forgettable(&self, now: Instant, l: &Limits) -> bool {
+        let dt = now
+            .saturating_duration_since(self.connects_at)
+            .as_secs_f64();
+        self.connections == 0
+            && self.paused_until.is_none()
+            && self.refused_until.is_none_or(|t| t <= now)
+            && self.connects + dt * l.per_holder_connects >= l.per_holder_connections as f64
+    }
 }
 
 #[derive(Debug)]
 struct Conn {
     fd: OwnedFd,
     id: u64,
-    uid: u32,
+    holder: Holder,
     pid: u32,
+    uid: u32,
     start: u64,
+    last_message: Instant,
 }
 
 /// The peer as the kernel vouches for it.
@@ -353,55 +723,78 @@ enum Refusal {
     /// Gone before its start time could be read with certainty, or
     /// started after the connection was accepted.
     Unverified,
-    UidConnections,
+    HolderConnections,
     Connections,
+    Connects,
+    /// Its holder passed fds a moment ago.
+    Fds,
 }
 
 struct Loop {
     listener: Listener,
     root: ProcRoot,
+    holders: Holders,
+    closer: Option<Closer>,
     store: Weak<Store>,
     limits: Limits,
     conns: Vec<Conn>,
-    uids: HashMap<u32, Uid>,
+    budgets: HashMap<Holder, HolderState>,
     all: Bucket,
     all_paused_until: Option<Instant>,
     next_id: u64,
     buf: Vec<u8>,
+    control: Vec<u64>,
+    last_sweep: Instant,
     warned: LogLimiter<&'static str>,
 }
 
 impl Loop {
-    fn new(listener: Listener, root: ProcRoot, store: Weak<Store>, limits: Limits) -> Loop {
+    fn new(
+        listener: Listener,
+        root: ProcRoot,
+        holders: Holders,
+        closer: Option<Closer>,
+        store: Weak<Store>,
+        limits: Limits,
+    ) -> Loop {
         Loop {
             listener,
             root,
+            holders,
+            closer,
             store,
             limits,
             conns: Vec::new(),
-            uids: HashMap::new(),
+            budgets: HashMap::new(),
             all: Bucket::full(Instant::now(), (limits.messages, limits.bytes)),
             all_paused_until: None,
             next_id: 0,
             buf: vec![0; MAX_MESSAGE_BYTES + 1],
+            control: vec![0; CONTROL_BYTES.div_ceil(8)],
+            last_sweep: Instant::now(),
             warned: LogLimiter::once(),
         }
     }
 
     fn run(mut self) {
-        tracing::info!(path = %self.listener.path.display(), version = FRAME_VERSION, "listening for torch bridge documents");
+        tracing::info!(
+            path = %self.listener.path.display(),
+            version = FRAME_VERSION,
+            passed_fds = if self.listener.refuses_fds { "refused by the kernel" } else { "closed on a thread of their own (SO_PASSRIGHTS needs Linux 6.16)" },
+            "listening for torch bridge documents"
+        );
         while let Some(store) = self.store.upgrade() {
             let now = Instant::now();
             if self.all_paused_until.is_some_and(|t| t <= now) {
                 self.all_paused_until = None;
             }
-            for u in self.uids.values_mut() {
+            for u in self.budgets.values_mut() {
                 if u.paused_until.is_some_and(|t| t <= now) {
                     u.paused_until = None;
                 }
             }
             let wake = self
-                .uids
+                .budgets
                 .values()
                 .filter_map(|u| u.paused_until)
                 .chain(self.all_paused_until)
@@ -413,8 +806,8 @@ impl Loop {
                 self.conns
                     .iter()
                     .filter(|c| {
-                        self.uids
-                            .get(&c.uid)
+                        self.budgets
+                            .get(&c.holder)
                             .is_none_or(|u| u.paused_until.is_none())
                     })
                     .map(|c| c.id)
@@ -436,10 +829,45 @@ impl Loop {
             for id in ready {
                 self.read(&store, id);
             }
+            if self.last_sweep.elapsed() >= Duration::from_secs(1) {
+                self.sweep(&store);
+            }
             store
                 .counters
                 .open
                 .store(self.conns.len() as u64, Ordering::Relaxed);
+            store.close_waiting.store(
+                self.closer.as_ref().map_or(0, Closer::waiting),
+                Ordering::Relaxed,
+            );
+            store.progress();
+        }
+    }
+
+    /// Once a second: close idle connections, forget holders with
+    /// nothing to remember.
+    fn sweep(&mut self, store: &Store) {
+        let now = Instant::now();
+        self.last_sweep = now;
+        let idle: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|c| now.saturating_duration_since(c.last_message) >= self.limits.idle)
+            .map(|c| c.id)
+            .collect();
+        for id in idle {
+            bump(&store.counters.idle_closed);
+            self.close(store, id);
+        }
+        let l = self.limits;
+        self.budgets.retain(|_, u| !u.forgettable(now, &l));
+    }
+
+    /// Close `fd` where its release cannot hold up this thread.
+    fn dispose(&self, fd: OwnedFd) {
+        match &self.closer {
+            Some(c) => c.close(fd),
+            None => drop(fd),
         }
     }
 
@@ -490,41 +918,48 @@ impl Loop {
                     return;
                 }
             };
+            if self.listener.refuses_fds {
+                // Inherited from the listener already; kept off should a
+                // kernel not pass it on.
+                refuse_fds(fd.as_fd());
+            }
             match self.admit(&fd) {
-                Ok((peer, start)) => {
+                Ok((peer, start, holder)) => {
                     let id = self.next_id;
                     self.next_id += 1;
-                    let now = Instant::now();
-                    let per_uid = (self.limits.per_uid_messages, self.limits.per_uid_bytes);
-                    self.uids
-                        .entry(peer.uid)
-                        .or_insert_with(|| Uid {
-                            connections: 0,
-                            bucket: Bucket::full(now, per_uid),
-                            paused_until: None,
-                        })
-                        .connections += 1;
+                    if let Some(h) = self.budgets.get_mut(&holder) {
+                        h.connections += 1;
+                    }
                     self.conns.push(Conn {
                         fd,
                         id,
+                        holder,
                         uid: peer.uid,
                         pid: peer.pid,
                         start,
+                        last_message: Instant::now(),
                     });
                 }
-                Err((refusal, peer)) => {
+                Err((refusal, peer, holder)) => {
                     // Closing at once tells the bridge plainly: its send
                     // fails, and it retries later.
-                    drop(fd);
-                    self.refused(store, refusal, peer);
+                    self.dispose(fd);
+                    self.refused(store, refusal, peer, holder.as_ref());
                 }
             }
         }
     }
 
-    fn refused(&mut self, store: &Store, refusal: Refusal, peer: Option<Peer>) {
+    fn refused(
+        &mut self,
+        store: &Store,
+        refusal: Refusal,
+        peer: Option<Peer>,
+        holder: Option<&Holder>,
+    ) {
         let c = &store.counters;
         let (pid, uid) = peer.map_or((0, 0), |p| (p.pid, p.uid));
+        let holder_kind = holder.map_or("none", Holder::kind);
         match refusal {
             Refusal::OtherNamespace | Refusal::Unverified => {
                 bump(&c.identity);
@@ -541,58 +976,105 @@ impl Loop {
                     );
                 }
             }
-            Refusal::UidConnections | Refusal::Connections => {
+            Refusal::HolderConnections | Refusal::Connections => {
                 bump(&c.limited_connections);
                 if self.warned.check("connections").is_some() {
                     tracing::warn!(
+                        pid,
                         uid,
-                        per_uid = self.limits.per_uid_connections,
+                        holder = holder_kind,
+                        per_holder = self.limits.per_holder_connections,
                         total = self.limits.connections,
-                        "torch bridge socket: too many connections (of this uid, or in all): new ones are closed at once; counted in gpumem_exporter_torch_bridge_limited_total{{reason=\"connections\"}}; logged once"
+                        "torch bridge socket: too many connections (of this pod, container, Slurm job or uid, or in all): new ones are closed at once; counted in gpumem_exporter_torch_bridge_limited_total{{reason=\"connections\"}}; logged once"
                     );
                 }
             }
+            Refusal::Connects => {
+                bump(&c.limited_connects);
+                if self.warned.check("connects").is_some() {
+                    tracing::warn!(
+                        pid,
+                        uid,
+                        holder = holder_kind,
+                        per_second = self.limits.per_holder_connects,
+                        "torch bridge socket: a pod, container, Slurm job or uid connects too often: its new connections are closed at once until its budget refills; counted in gpumem_exporter_torch_bridge_limited_total{{reason=\"connects\"}}; logged once"
+                    );
+                }
+            }
+            Refusal::Fds => bump(&c.limited_fds),
         }
     }
 
     /// Who is on the other end of a new connection, as the kernel says, and
-    /// whether it may have one more.
-    fn admit(&self, fd: &OwnedFd) -> Result<(Peer, u64), (Refusal, Option<Peer>)> {
+    /// whether its holder may have one more.
+    #[allow(clippy::type_complexity)]
+    fn admit(
+        &mut self,
+        fd: &OwnedFd,
+    ) -> Result<(Peer, u64, Holder), (Refusal, Option<Peer>, Option<Holder>)> {
         let accepted_at = boottime_ticks();
-        let peer = peer_cred(fd.as_fd()).map_err(|_| (Refusal::Unverified, None))?;
+        let peer = peer_cred(fd.as_fd()).map_err(|_| (Refusal::Unverified, None, None))?;
         if peer.pid == 0 {
-            return Err((Refusal::OtherNamespace, Some(peer)));
+            return Err((Refusal::OtherNamespace, Some(peer), None));
         }
         if self.conns.len() >= self.limits.connections {
-            return Err((Refusal::Connections, Some(peer)));
+            return Err((Refusal::Connections, Some(peer), None));
         }
-        if self
-            .uids
-            .get(&peer.uid)
-            .is_some_and(|u| u.connections >= self.limits.per_uid_connections)
-        {
-            return Err((Refusal::UidConnections, Some(peer)));
-        }
-        let unverified = (Refusal::Unverified, Some(peer));
+        let unverified = (Refusal::Unverified, Some(peer), None);
         // The connecting process itself (Linux ≥ 6.5), else its pid now.
         let (pidfd, exact) = match peer_pidfd(fd.as_fd()) {
             Ok(p) => (p, true),
             Err(_) => {
-                let pid = Pid::from_raw(peer.pid as i32).ok_or(unverified)?;
+                let pid = Pid::from_raw(peer.pid as i32).ok_or_else(|| unverified.clone())?;
                 let p = rustix::process::pidfd_open(pid, PidfdFlags::empty())
-                    .map_err(|_| unverified)?;
+                    .map_err(|_| unverified.clone())?;
                 (p, false)
             }
         };
-        let start = self.root.start_time(peer.pid).ok_or(unverified)?;
-        // Still running after the read: the start time was its own.
-        if exited(pidfd.as_fd()) {
-            return Err(unverified);
+        // A process seen before costs an fstat (its pidfd's inode).
+        let known = if exact {
+            self.holders.cached(pidfd.as_fd())
+        } else {
+            None
+        };
+        let (start, holder) = match known {
+            Some(k) => k,
+            None => {
+                let start = self
+                    .root
+                    .start_time(peer.pid)
+                    .ok_or_else(|| unverified.clone())?;
+                let holder = self.holders.resolve(peer.pid, peer.uid);
+                // Still running after the reads: they were its own.
+                if exited(pidfd.as_fd()) {
+                    return Err(unverified);
+                }
+                if !exact && accepted_at.is_some_and(|t| start > t) {
+                    return Err(unverified);
+                }
+                if exact {
+                    self.holders.remember(pidfd.as_fd(), start, &holder);
+                }
+                (start, holder)
+            }
+        };
+        let now = Instant::now();
+        let l = self.limits;
+        let state = self
+            .budgets
+            .entry(holder.clone())
+            .or_insert_with(|| HolderState::new(now, &l));
+        let refuse = |r| Err((r, Some(peer), Some(holder.clone())));
+        if state.refused_until.is_some_and(|t| t > now) {
+            return refuse(Refusal::Fds);
         }
-        if !exact && accepted_at.is_some_and(|t| start > t) {
-            return Err(unverified);
+        if !state.connect(now, &l) {
+            return refuse(Refusal::Connects);
         }
-        Ok((peer, start))
+        if state.connections >= l.per_holder_connections {
+            return refuse(Refusal::HolderConnections);
+        }
+        Ok((peer, start, holder))
     }
 
     fn read(&mut self, store: &Store, id: u64) {
@@ -600,8 +1082,12 @@ impl Loop {
             let Some(conn) = self.conns.iter().find(|c| c.id == id) else {
                 return;
             };
-            let (uid, key) = (conn.uid, (conn.pid, conn.start));
-            let got = recv(conn.fd.as_fd(), &mut self.buf);
+            let (holder, key) = (conn.holder.clone(), (conn.pid, conn.start));
+            let peer = Peer {
+                pid: conn.pid,
+                uid: conn.uid,
+            };
+            let got = recv(conn.fd.as_fd(), &mut self.buf, &mut self.control);
             let msg = match got {
                 Ok(Received::Message(m)) => m,
                 Ok(Received::WouldBlock) => return,
@@ -610,33 +1096,67 @@ impl Loop {
                     return;
                 }
             };
-            let paused = self.charge(uid, msg.len);
+            if !msg.fds.is_empty() || msg.control_truncated {
+                self.passed_fds(store, id, msg.fds);
+                return;
+            }
+            if let Some(c) = self.conns.iter_mut().find(|c| c.id == id) {
+                c.last_message = Instant::now();
+            }
+            let paused = self.charge(&holder, msg.len);
             if paused {
                 bump(&store.counters.limited_rate);
                 if self.warned.check("rate").is_some() {
                     tracing::warn!(
-                        uid,
-                        "torch bridge socket: a uid passed its budget ({} messages, {} bytes a second): its connections wait until it refills; counted in gpumem_exporter_torch_bridge_limited_total{{reason=\"rate\"}}; logged once",
-                        self.limits.per_uid_messages,
-                        self.limits.per_uid_bytes
+                        holder = holder.kind(),
+                        "torch bridge socket: a pod, container, Slurm job or uid passed its budget ({} messages, {} bytes a second): its connections wait until it refills; counted in gpumem_exporter_torch_bridge_limited_total{{reason=\"rate\"}}; logged once",
+                        self.limits.per_holder_messages,
+                        self.limits.per_holder_bytes
                     );
                 }
             }
-            self.handle(store, key, uid, id, &msg);
+            self.handle(store, key, peer, &holder, id, &msg);
             if paused {
                 return;
             }
         }
     }
 
-    /// Charge one message of `bytes` to `uid` and to everyone; true when
-    /// either is now paused.
-    fn charge(&mut self, uid: u32, bytes: usize) -> bool {
+    /// A connection passed fds (possible only where the kernel cannot
+    /// refuse them): they and the connection go to the closing thread,
+    /// and its holder is refused for a while.
+    fn passed_fds(&mut self, store: &Store, id: u64, fds: Vec<OwnedFd>) {
+        let n = fds.len();
+        for fd in fds {
+            self.dispose(fd);
+        }
+        let Some(conn) = self.conns.iter().find(|c| c.id == id) else {
+            return;
+        };
+        let (pid, holder) = (conn.pid, conn.holder.clone());
+        if let Some(h) = self.budgets.get_mut(&holder) {
+            h.refused_until = Some(Instant::now() + FDS_REFUSED_FOR);
+        }
+        bump(&store.counters.limited_fds);
+        if self.warned.check("fds").is_some() {
+            tracing::warn!(
+                pid,
+                fds = n,
+                holder = holder.kind(),
+                "torch bridge socket: a message came with file descriptors (the bridge never sends any): they were closed apart from the listener, the connection too, and its pod, container, Slurm job or uid is refused for 60 s; counted in gpumem_exporter_torch_bridge_limited_total{{reason=\"fds\"}}; logged once"
+            );
+        }
+        self.close(store, id);
+    }
+
+    /// Charge one message of `bytes` to `holder` and to everyone; true
+    /// when either is now paused.
+    fn charge(&mut self, holder: &Holder, bytes: usize) -> bool {
         let now = Instant::now();
         let l = self.limits;
         let mut paused = false;
-        if let Some(u) = self.uids.get_mut(&uid) {
-            let rate = (l.per_uid_messages, l.per_uid_bytes);
+        if let Some(u) = self.budgets.get_mut(holder) {
+            let rate = (l.per_holder_messages, l.per_holder_bytes);
             u.bucket.refill(now, rate);
             if let Some(wait) = u.bucket.take(bytes, rate) {
                 u.paused_until = Some(now + wait);
@@ -652,9 +1172,17 @@ impl Loop {
         paused
     }
 
-    fn handle(&mut self, store: &Store, key: (u32, u64), uid: u32, conn: u64, msg: &Message) {
+    fn handle(
+        &mut self,
+        store: &Store,
+        key: Key,
+        peer: Peer,
+        holder: &Holder,
+        conn: u64,
+        msg: &Message,
+    ) {
         let c = &store.counters;
-        if msg.sender != Some(Peer { pid: key.0, uid }) {
+        if msg.sender != Some(peer) {
             bump(&c.identity);
             if self.warned.check("sender").is_some() {
                 tracing::warn!(
@@ -673,7 +1201,16 @@ impl Loop {
         match parsed {
             Ok(doc) => {
                 bump(&c.accepted);
-                store.put(key, conn, doc);
+                if !store.put(key, conn, holder, doc) && self.warned.check("memory").is_some() {
+                    tracing::warn!(
+                        pid = key.0,
+                        holder = holder.kind(),
+                        "torch bridge socket: a document was not kept: its process is not on a GPU (a pod, container, Slurm job or uid keeps {} such documents) or the documents kept would pass {} MiB for its holder or {} MiB in all; counted in gpumem_exporter_torch_bridge_limited_total{{reason=\"memory\"}}; logged once",
+                        self.limits.pending_per_holder,
+                        self.limits.per_holder_held >> 20,
+                        self.limits.held >> 20
+                    );
+                }
             }
             Err(e) => {
                 match e.reason() {
@@ -711,12 +1248,12 @@ impl Loop {
         };
         let conn = self.conns.swap_remove(i);
         store.closed((conn.pid, conn.start), conn.id);
-        if let Some(u) = self.uids.get_mut(&conn.uid) {
+        if let Some(u) = self.budgets.get_mut(&conn.holder) {
             u.connections = u.connections.saturating_sub(1);
-            if u.connections == 0 && u.paused_until.is_none() {
-                self.uids.remove(&conn.uid);
-            }
         }
+        // Its queue may still hold fds in flight (where the kernel does
+        // not refuse them): released wherever it is closed.
+        self.dispose(conn.fd);
     }
 }
 
@@ -728,6 +1265,10 @@ struct Message {
     truncated: bool,
     /// The kernel's `SCM_CREDENTIALS` for it.
     sender: Option<Peer>,
+    /// Fds passed with it (only where the kernel does not refuse them).
+    fds: Vec<OwnedFd>,
+    /// The control data did not fit (it always should).
+    control_truncated: bool,
 }
 
 #[derive(Debug)]
@@ -805,23 +1346,23 @@ fn peer_pidfd(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: the kernel just installed this fd for us; nothing else owns it.
-    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(raw) })
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
-/// Receive one packet into `buf` with its credentials, without waiting.
-fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
-    // Room for one ucred only: fds sent along are never installed.
-    let mut control = [0u64; 8];
+/// Receive one packet into `buf` with its control data (into `control`,
+/// room for every fd the kernel may pass), without waiting.
+fn recv(fd: BorrowedFd<'_>, buf: &mut [u8], control: &mut [u64]) -> io::Result<Received> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
+    let control_len = std::mem::size_of_val(control);
     // SAFETY: an all-zero msghdr is valid (no name, no iov, no control).
     let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
     hdr.msg_iov = &mut iov;
     hdr.msg_iovlen = 1;
     hdr.msg_control = control.as_mut_ptr().cast();
-    hdr.msg_controllen = size_of::<[u64; 8]>() as _;
+    hdr.msg_controllen = control_len as _;
     // SAFETY: hdr points at `buf` and `control`, both alive and at least
     // as long as the lengths given.
     let n = unsafe {
@@ -838,41 +1379,31 @@ fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
             _ => Err(e),
         };
     }
-    let mut sender = None;
-    // SAFETY: walking the control buffer the kernel filled, with the
-    // kernel's own macros, within msg_controllen.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&hdr);
-        while !cmsg.is_null() {
-            let c = &*cmsg;
-            let data = libc::CMSG_DATA(cmsg);
-            let payload = (c.cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
-            if c.cmsg_level == libc::SOL_SOCKET {
-                if c.cmsg_type == libc::SCM_CREDENTIALS && payload >= size_of::<libc::ucred>() {
-                    let cred: libc::ucred = std::ptr::read_unaligned(data.cast());
-                    sender = Some(Peer {
-                        pid: u32::try_from(cred.pid).unwrap_or(0),
-                        uid: cred.uid,
-                    });
-                } else if c.cmsg_type == libc::SCM_RIGHTS {
-                    for i in 0..payload / size_of::<libc::c_int>() {
-                        let fd: libc::c_int =
-                            std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
-                        libc::close(fd);
-                    }
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&hdr, cmsg);
-        }
-    }
-    if n == 0 {
+    let filled = (hdr.msg_controllen as usize).min(control_len);
+    // SAFETY: `control` is `control_len` initialised bytes (u64s).
+    let bytes = unsafe { std::slice::from_raw_parts(control.as_ptr().cast::<u8>(), control_len) };
+    let parsed = control::parse(&bytes[..filled]);
+    let fds = parsed
+        .fds
+        .iter()
+        .filter(|f| **f >= 0)
+        // SAFETY: the kernel installed these fds for this message; nothing
+        // else owns them.
+        .map(|f| unsafe { OwnedFd::from_raw_fd(*f) })
+        .collect();
+    if n == 0 && parsed.fds.is_empty() {
         return Ok(Received::Eof);
     }
     let len = (n as usize).min(buf.len());
     Ok(Received::Message(Message {
         len,
         truncated: hdr.msg_flags & libc::MSG_TRUNC != 0 || len > MAX_MESSAGE_BYTES,
-        sender,
+        sender: parsed.sender.map(|s| Peer {
+            pid: s.pid,
+            uid: s.uid,
+        }),
+        fds,
+        control_truncated: hdr.msg_flags & libc::MSG_CTRUNC != 0,
     }))
 }
 
@@ -881,6 +1412,8 @@ mod tests {
     use super::*;
     use std::io::Write as _;
     use std::os::unix::net::UnixStream;
+
+    const CGROUPFS: &str = "/sys/fs/cgroup";
 
     const DOC: &str = r#"{"v":1,"devices":[{"uuid":"GPU-a","allocated":1,"reserved":2,"allocated_peak":3,"reserved_peak":4,"active":5,"inactive_split":6,"alloc_retries":7,"ooms":8}]}"#;
 
@@ -922,7 +1455,7 @@ mod tests {
         let listener = bind(&path).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o666);
-        let thread = spawn(listener, root.clone(), &store, LIMITS).unwrap();
+        let thread = spawn(listener, root.clone(), CGROUPFS, &store).unwrap();
         let me = std::process::id();
         let start = root.start_time(me).unwrap();
 
@@ -972,7 +1505,7 @@ mod tests {
         let d = dir();
         let path = d.path().join("bridge.sock");
         let store = Arc::new(Store::default());
-        let _t = spawn(bind(&path).unwrap(), ProcRoot::default(), &store, LIMITS).unwrap();
+        let _t = spawn(bind(&path).unwrap(), ProcRoot::default(), CGROUPFS, &store).unwrap();
         let c = connect(&path);
         // A child sends on the socket its parent connected: the kernel's
         // per-message credentials name the child.
@@ -1002,16 +1535,17 @@ mod tests {
     fn connections_past_the_uid_cap_are_closed_at_once() {
         let d = dir();
         let path = d.path().join("bridge.sock");
-        let store = Arc::new(Store::default());
-        let limits = Limits {
-            per_uid_connections: 2,
+        let store = Arc::new(Store::new(Limits {
+            per_holder_connections: 2,
             ..LIMITS
-        };
-        let _t = spawn(bind(&path).unwrap(), ProcRoot::default(), &store, limits).unwrap();
+        }));
+        let _t = spawn(bind(&path).unwrap(), ProcRoot::default(), CGROUPFS, &store).unwrap();
         let kept: Vec<OwnedFd> = (0..2).map(|_| connect(&path)).collect();
         wait_for("two open", || {
             store.counters.open.load(Ordering::Relaxed) == 2
         });
+        // Its connects (a burst of 2) have refilled: the cap refuses it.
+        std::thread::sleep(Duration::from_millis(200));
         let extra = connect(&path);
         wait_for("the third refused", || {
             store.counters.limited_connections.load(Ordering::Relaxed) == 1
@@ -1031,12 +1565,11 @@ mod tests {
     fn a_flood_is_paused_at_the_uids_budget() {
         let d = dir();
         let path = d.path().join("bridge.sock");
-        let store = Arc::new(Store::default());
-        let limits = Limits {
-            per_uid_messages: 20.0,
+        let store = Arc::new(Store::new(Limits {
+            per_holder_messages: 20.0,
             ..LIMITS
-        };
-        let _t = spawn(bind(&path).unwrap(), ProcRoot::default(), &store, limits).unwrap();
+        }));
+        let _t = spawn(bind(&path).unwrap(), ProcRoot::default(), CGROUPFS, &store).unwrap();
         let c = connect(&path);
         rustix::io::ioctl_fionbio(&c, true).unwrap();
         let msg = format!("gpumem-bridge 1\n{DOC}");
@@ -1059,6 +1592,196 @@ mod tests {
         );
         assert!(accepted >= 20, "{accepted}");
         assert!(store.counters.limited_rate.load(Ordering::Relaxed) >= 1);
+    }
+
+    /// Send `bytes` with `fds` attached (`SCM_RIGHTS`).
+    fn send_fds(fd: &OwnedFd, bytes: &[u8], fds: &[i32]) -> io::Result<()> {
+        let mut space = vec![0u64; CONTROL_BYTES.div_ceil(8)];
+        let len = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize;
+        let mut iov = libc::iovec {
+            iov_base: bytes.as_ptr() as *mut _,
+            iov_len: bytes.len(),
+        };
+        // SAFETY: a msghdr over live buffers, the cmsg written within
+        // `len` bytes of `space` with the kernel's macros.
+        unsafe {
+            let mut hdr: libc::msghdr = std::mem::zeroed();
+            hdr.msg_iov = &mut iov;
+            hdr.msg_iovlen = 1;
+            hdr.msg_control = space.as_mut_ptr().cast();
+            hdr.msg_controllen = len as _;
+            let c = libc::CMSG_FIRSTHDR(&hdr);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast(), fds.len());
+            if libc::sendmsg(fd.as_raw_fd(), &hdr, 0) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    /// A loopback TCP connection whose peer never reads, with 30 s of
+    /// linger and unsent data: its last close waits (`tcp_close`). The
+    /// peer is returned to end the wait (dropped, it resets).
+    fn lingering_tcp() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (peer, _) = l.accept().unwrap();
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 30,
+        };
+        // SAFETY: a linger option passed with its size.
+        unsafe {
+            libc::setsockopt(
+                c.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        c.set_nonblocking(true).unwrap();
+        let chunk = vec![0u8; 1 << 16];
+        while (&c).write(&chunk).is_ok() {}
+        (c, peer)
+    }
+
+    /// Where the kernel refuses passed fds (Linux ≥ 6.16) a sender's
+    /// `SCM_RIGHTS` fails, before and after `accept`.
+    #[test]
+    fn passed_fds_are_refused_by_the_kernel() {
+        let d = dir();
+        let path = d.path().join("bridge.sock");
+        let listener = bind(&path).unwrap();
+        if !listener.refuses_fds {
+            eprintln!("this kernel cannot refuse passed fds (SO_PASSRIGHTS needs 6.16)");
+            return;
+        }
+        let store = Arc::new(Store::default());
+        // Before the listener thread accepts it: the embryo socket refuses.
+        let early = connect(&path);
+        let devnull = std::fs::File::open("/dev/null").unwrap();
+        let e = send_fds(&early, b"gpumem-bridge 1\n{}", &[devnull.as_raw_fd()]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+        let _t = spawn(listener, ProcRoot::default(), CGROUPFS, &store).unwrap();
+        wait_for("accepted", || {
+            store.counters.open.load(Ordering::Relaxed) == 1
+        });
+        let e = send_fds(&early, b"gpumem-bridge 1\n{}", &[devnull.as_raw_fd()]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+        assert_eq!(store.close_waiting(), 0);
+    }
+
+    /// Where the kernel passes fds (as before 6.16), a lingering TCP
+    /// socket passed along is closed on the closing thread: the listener
+    /// keeps reading another sender, the connection is closed and its
+    /// holder refused, and nothing stalls.
+    #[test]
+    fn a_lingering_fd_is_closed_apart_from_the_listener() {
+        let d = dir();
+        let path = d.path().join("bridge.sock");
+        let store = Arc::new(Store::default());
+        let listener = bind_with(&path, false).unwrap();
+        assert!(!listener.refuses_fds);
+        let _t = spawn(listener, ProcRoot::default(), CGROUPFS, &store).unwrap();
+        let me = std::process::id();
+        let start = ProcRoot::default().start_time(me).unwrap();
+        let victim = connect(&path);
+        let msg = |n: u64| {
+            format!(
+                "gpumem-bridge 1\n{}",
+                DOC.replace("\"allocated\":1", &format!("\"allocated\":{n}"))
+            )
+        };
+        send(&victim, msg(1).as_bytes());
+        wait_for("the first document", || store.get(me, start).is_some());
+
+        let attacker = connect(&path);
+        let (tcp, peer) = lingering_tcp();
+        send_fds(&attacker, msg(2).as_bytes(), &[tcp.as_raw_fd()]).unwrap();
+        drop(tcp);
+        wait_for("the fds counted", || {
+            store.counters.limited_fds.load(Ordering::Relaxed) == 1
+        });
+        // The listener is not waiting on that close.
+        let began = Instant::now();
+        send(&victim, msg(3).as_bytes());
+        wait_for("the victim's next document", || {
+            store
+                .get(me, start)
+                .is_some_and(|d| d.devices[0].1.allocated == 3)
+        });
+        let took = began.elapsed();
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        assert!(store.close_waiting() >= 1, "the linger holds the closer");
+        assert_eq!(store.stalled(), None);
+        // The attacker's document was not taken; its connection is closed
+        // and the holder (this uid) is refused for a while.
+        assert_eq!(store.counters.accepted.load(Ordering::Relaxed), 2);
+        let again = connect(&path);
+        wait_for("refused", || {
+            store.counters.limited_fds.load(Ordering::Relaxed) == 2
+        });
+        drop((again, attacker, peer));
+        wait_for("the closer done", || store.close_waiting() == 0);
+    }
+
+    fn doc_of(devices: usize) -> Document {
+        Document {
+            devices: (0..devices)
+                .map(|i| (format!("GPU-{i}"), crate::model::TorchStats::default()))
+                .collect(),
+        }
+    }
+
+    /// Documents of processes not on a GPU are kept only within their
+    /// holder's allowance (the newest), a live one goes before pending
+    /// ones, and the memory bounds hold.
+    #[test]
+    fn the_memory_bounds() {
+        let one = doc_of(1).heap_bytes() + ENTRY_BYTES;
+        let store = Store::new(Limits {
+            pending_per_holder: 2,
+            pending_held: 3 * one,
+            per_holder_held: 4 * one,
+            held: 5 * one,
+            ..LIMITS
+        });
+        let (a, b) = (Holder::Uid(1), Holder::Uid(2));
+        let mem = || store.counters.limited_memory.load(Ordering::Relaxed);
+        // Three pending of A: the oldest goes.
+        for pid in 1..=3 {
+            assert!(store.put((pid, 1), pid as u64, &a, doc_of(1)));
+        }
+        assert!(store.get(1, 1).is_none() && store.get(3, 1).is_some());
+        assert_eq!(mem(), 1);
+        // B's pending: the pending total (3) lets one in; a second pushes
+        // out B's own, never A's.
+        assert!(store.put((10, 1), 10, &b, doc_of(1)));
+        assert!(store.put((11, 1), 11, &b, doc_of(1)));
+        assert!(store.get(10, 1).is_none() && store.get(2, 1).is_some());
+        // On a GPU: A's processes 20..=22 are live; the third fits A's
+        // bound (4) only by pushing out A's oldest pending one.
+        store.set_live([(20, 1), (21, 1), (22, 1), (23, 1)].into_iter().collect());
+        assert_eq!(store.held_bytes() as usize, 3 * one);
+        for pid in 20..=22 {
+            assert!(store.put((pid, 1), pid as u64, &a, doc_of(1)), "{pid}");
+        }
+        assert!(store.get(2, 1).is_none() && store.get(3, 1).is_some());
+        assert!(store.get(11, 1).is_some());
+        // B's live one fits the total (5) by pushing out the oldest
+        // pending one, whoever's.
+        assert!(store.put((23, 1), 23, &b, doc_of(1)));
+        assert!(store.get(3, 1).is_none() && store.get(11, 1).is_some());
+        assert_eq!(store.held_bytes() as usize, 5 * one);
+        // A document too big for any bound is not kept.
+        assert!(!store.put((21, 1), 21, &a, doc_of(64)));
+        // Off the GPU: demoted to pending, within the allowance.
+        store.set_live(HashSet::new());
+        assert!(store.held_bytes() as usize <= 3 * one);
     }
 
     #[test]

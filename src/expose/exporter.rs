@@ -151,7 +151,7 @@ static FAMILIES: &[Family] = &[
     },
     Family {
         name: "gpumem_exporter_torch_bridge_limited",
-        help: "Limits of the torch bridge socket at work: connections (a connection closed at once: its uid had 64 open, or 512 were open in all), rate (a uid, or everyone, paused for passing 500 messages or 2 MiB a second per uid, 4000 or 16 MiB in all; the waiting messages stay in the socket).",
+        help: "Limits of the torch bridge socket at work, per budget holder (the peer's pod, container or Slurm job where its root-owned cgroup path names one, else its uid) and in all: connections (a connection closed at once: its holder had 64 open, or 512 were open in all), connects (closed at once: its holder connected more than 16 a second past a burst of 64), rate (a holder, or everyone, paused for passing 500 messages or 2 MiB a second per holder, 4000 or 16 MiB in all; the waiting messages stay in the socket), memory (a document not kept: its process is not on a GPU past 8 per holder, or the documents kept would pass 4 MiB per holder or 24 MiB in all), fds (a connection that passed file descriptors, closed; its holder refused for 60 s), idle (a connection closed after 180 s without a message).",
         kind: MetricType::Counter,
         series: |s| {
             s.torch.and_then(|t| t.socket).map(|b| {
@@ -159,10 +159,46 @@ static FAMILIES: &[Family] = &[
                     "reason",
                     [
                         ("connections", b.limited_connections),
+                        ("connects", b.limited_connects),
+                        ("fds", b.limited_fds),
+                        ("idle", b.idle_closed),
+                        ("memory", b.limited_memory),
                         ("rate", b.limited_rate),
                     ],
                 )
             })
+        },
+    },
+    Family {
+        name: "gpumem_exporter_torch_bridge_held_bytes",
+        help: "Memory of the torch bridge documents the socket keeps now (their parsed size), at most 24 MiB.",
+        kind: MetricType::Gauge,
+        series: |s| s.torch.and_then(|t| t.socket).map(|b| count(b.held_bytes)),
+    },
+    Family {
+        name: "gpumem_exporter_torch_bridge_stalled_seconds",
+        help: "How long the torch bridge socket's listener has been stuck in one round: 0 unless over 2 s (its longest sleep is 0.5 s); /readyz fails meanwhile.",
+        kind: MetricType::Gauge,
+        series: |s| {
+            s.torch
+                .and_then(|t| t.socket)
+                .map(|b| one(Value::Float(b.stalled_ms as f64 / 1000.0)))
+        },
+    },
+    Family {
+        name: "gpumem_exporter_torch_bridge_stalls",
+        help: "Rounds of the torch bridge socket's listener that took over 2 s, counted when they end.",
+        kind: MetricType::Counter,
+        series: |s| s.torch.and_then(|t| t.socket).map(|b| count(b.stalls)),
+    },
+    Family {
+        name: "gpumem_exporter_torch_bridge_close_waiting",
+        help: "File descriptors the torch bridge socket hands to a thread of their own to close (passed fds and connections, on kernels before 6.16 that cannot refuse passed fds): a lingering TCP socket or a FUSE file waits there, not in the listener. Always 0 where the kernel refuses passed fds.",
+        kind: MetricType::Gauge,
+        series: |s| {
+            s.torch
+                .and_then(|t| t.socket)
+                .map(|b| count(b.close_waiting))
         },
     },
     // The container engine (containers.engine_socket).

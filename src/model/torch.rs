@@ -145,9 +145,28 @@ pub struct TorchCounters {
 pub struct BridgeSocketCounters {
     /// Connections open now.
     pub connections: u64,
-    /// Connections closed at once: a uid's or the total cap was reached.
+    /// Connections closed at once: a holder's (pod, container, Slurm job
+    /// or uid) or the total cap was reached.
     pub limited_connections: u64,
-    /// Times a uid (or everyone) was paused for passing its budget of
+    /// Connections closed at once: their holder connected too often.
+    pub limited_connects: u64,
+    /// Times a holder (or everyone) was paused for passing its budget of
     /// messages or bytes a second.
     pub limited_rate: u64,
+    /// Documents not kept for the memory bounds (or of a process not on
+    /// a GPU past its holder's allowance).
+    pub limited_memory: u64,
+    /// Connections closed because they passed fds.
+    pub limited_fds: u64,
+    /// Connections closed after long silence.
+    pub idle_closed: u64,
+    /// Memory of the documents kept now.
+    pub held_bytes: u64,
+    /// Fds waiting to be closed apart from the listener.
+    pub close_waiting: u64,
+    /// Rounds of the listener that took over 2 s.
+    pub stalls: u64,
+    /// How long the listener has been stuck now, in ms (0 unless over
+    /// 2 s).
+    pub stalled_ms: u64,
 }

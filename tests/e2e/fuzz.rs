@@ -180,6 +180,9 @@ const TORCH_MESSAGES: &[&str] = &[
     "gpumem-bridge 1\n{\"v\":1,\"devices\":[]}",
     "gpumem-bridge 2\n{\"v\":1,\"devices\":[]}",
     "gpumem-bridge 01\n{\"v\":1,\"devices\":[]}",
+    // Control data as recvmsg fills it in: SCM_CREDENTIALS, then
+    // SCM_RIGHTS with three fds (little-endian, 64-bit).
+    "\u{1c}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{1}\u{0}\u{0}\u{0}\u{2}\u{0}\u{0}\u{0}AAAABBBBCCCC\u{0}\u{0}\u{0}\u{0}\u{1c}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{1}\u{0}\u{0}\u{0}\u{1}\u{0}\u{0}\u{0}\u{5}\u{0}\u{0}\u{0}\u{6}\u{0}\u{0}\u{0}\u{7}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}",
 ];
 
 /// One packet on the torch bridge socket (header line, then the document).

@@ -404,6 +404,7 @@ fn fixed_snapshot() -> Snapshot {
                 connections: 3,
                 limited_connections: 4,
                 limited_rate: 5,
+                ..BridgeSocketCounters::default()
             }),
         }),
         containers: Some(ContainerLookups {

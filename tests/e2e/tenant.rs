@@ -31,6 +31,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::harness::cluster::{FakeApi, NODE, pod};
+use crate::harness::python::Py;
 use crate::harness::tools::require_tool;
 use crate::harness::*;
 
@@ -737,4 +738,259 @@ fn only_the_victims_series_carry_its_ids(
         series.len() >= 2 && series.iter().all(|l| l.contains(&own)),
         "{series:#?}"
     );
+}
+
+/// The torch bridge's budgets per pod: a socket the exporter (root)
+/// listens on, in a root-owned directory.
+fn bridge_socket() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.path().join("bridge.sock");
+    (dir, path)
+}
+
+/// [`scenario`], with an empty list where there are no pids.
+fn bridge_scenario(pids: &[u32]) -> String {
+    if pids.is_empty() {
+        return scenario(pids).replace("processes:\n", "processes: []\n");
+    }
+    scenario(pids)
+}
+
+fn bridge_exporter(scn: &Scenario, socket: &Path) -> Exporter {
+    let config = format!(
+        "sample_interval: 100ms\nmemory_sample_interval: 100ms\nprocesses:\n  torch_bridge_socket: {}\n",
+        socket.display()
+    );
+    let ex = Exporter::with_config(scn, &config, &[]);
+    wait_for(
+        Duration::from_secs(20),
+        "the bridge socket and a sample",
+        || (socket.exists() && ex.get("/metrics").status == 200).then_some(()),
+    );
+    ex
+}
+
+/// A pod's container cgroup where the kubelet puts it (root's).
+fn pod_scope(cg: &mut Cgroups, seed: char) -> PathBuf {
+    let (_, escaped) = uid(seed);
+    let scope = v2_root()
+        .join("kubepods.slice/kubepods-besteffort.slice")
+        .join(format!("kubepods-besteffort-pod{escaped}.slice"))
+        .join(format!(
+            "cri-containerd-{}.scope",
+            seed.to_string().repeat(64)
+        ));
+    cg.make(&scope);
+    scope
+}
+
+/// Python that moves itself into `scope` (as root), then runs `then`.
+fn in_scope(scope: &Path, then: &str) -> String {
+    format!(
+        "import json, os, socket, sys, time\n\
+         open({procs:?}, 'w').write(str(os.getpid()))\n\
+         {then}",
+        procs = scope.join("cgroup.procs").to_str().unwrap(),
+    )
+}
+
+fn a_doc(allocated: u64) -> String {
+    format!(
+        "b'gpumem-bridge 1\\n' + json.dumps(dict(v=1, devices=[dict(uuid={GPU:?}, allocated={allocated}, reserved={allocated}, allocated_peak=0, reserved_peak=0, active=0, inactive_split=0, alloc_retries=0, ooms=0)])).encode()"
+    )
+}
+
+fn bridge_limited(m: &Metrics, reason: &str) -> u64 {
+    m.get_u64(
+        "gpumem_exporter_torch_bridge_limited_total",
+        &[("reason", reason)],
+    )
+    .unwrap_or(0)
+}
+
+/// 64 connections of one uid-0 pod do not lock out a new uid-0 bridge of
+/// another pod: the budget holder is the pod (its root-owned cgroup
+/// path), not uid 0. The first pod's 65th connection is refused.
+#[test]
+fn one_uid_0_pod_cannot_lock_out_another() {
+    let mut cg = Cgroups::default();
+    let (a, b) = (pod_scope(&mut cg, 'a'), pod_scope(&mut cg, 'b'));
+    let (_dir, socket) = bridge_socket();
+    let scn = Scenario::new(&bridge_scenario(&[]));
+    let ex = bridge_exporter(&scn, &socket);
+    let sock = socket.to_str().unwrap();
+    let hog = Py::spawn(
+        &in_scope(
+            &a,
+            &format!(
+                "conns = []\n\
+                 for i in range(64):\n\
+                 \x20   s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+                 \x20   s.connect({sock:?})\n\
+                 \x20   conns.append(s)\n\
+                 print('ready', os.getpid(), flush=True)\n\
+                 sys.stdin.read()\n"
+            ),
+        ),
+        &[],
+    );
+    wait_for(Duration::from_secs(20), "64 connections open", || {
+        (ex.metrics()
+            .get_u64("gpumem_exporter_torch_bridge_connections", &[])
+            == Some(64))
+        .then_some(())
+    });
+    // One more of the same pod: refused.
+    let extra = Py::spawn(
+        &in_scope(
+            &a,
+            &format!(
+                "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+                 s.connect({sock:?})\n\
+                 print('ready', os.getpid(), flush=True)\n\
+                 sys.stdin.read()\n"
+            ),
+        ),
+        &[],
+    );
+    wait_for(Duration::from_secs(20), "the 65th refused", || {
+        (bridge_limited(&ex.metrics(), "connections") == 1).then_some(())
+    });
+    // Another pod's bridge, uid 0 too: its figures arrive.
+    let other = Py::spawn(
+        &in_scope(
+            &b,
+            &format!(
+                "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+                 s.connect({sock:?})\n\
+                 s.send({doc})\n\
+                 print('ready', os.getpid(), flush=True)\n\
+                 sys.stdin.read()\n",
+                doc = a_doc(5_000_000_017)
+            ),
+        ),
+        &[],
+    );
+    scn.write(&scenario(&[other.pid]));
+    let m = wait_for(Duration::from_secs(20), "the other pod's figures", || {
+        let m = ex.metrics();
+        let found = m.find(
+            "gpu_process_torch_allocated_bytes",
+            &[("pid", &other.pid.to_string())],
+        );
+        (found.first().map(|(_, v)| *v) == Some(5_000_000_017.0)).then_some(m)
+    });
+    println!(
+        "uid-0 pods: pod A holds 64 connections (its 65th refused: limited{{connections}} {}); pod B's bridge accepted, connections {:?}",
+        bridge_limited(&m, "connections"),
+        m.get_u64("gpumem_exporter_torch_bridge_connections", &[])
+    );
+    assert_eq!(bridge_limited(&m, "connections"), 1, "{}", m.text);
+    drop((hog, extra, other));
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// The DaemonSet's memory limit (deploy/kubernetes/base/daemonset.yaml).
+const DAEMONSET_LIMIT_MIB: f64 = 160.0;
+
+/// 512 connections, each of its own process (8 pods of 64, all on the
+/// GPU), each holding a 64 KiB document of as many devices as fit: the
+/// documents kept stay within their bounds and the exporter's RSS well
+/// within the DaemonSet's limit.
+#[test]
+fn five_hundred_twelve_big_documents_keep_rss_bounded() {
+    let _heavy = heavy();
+    let mut cg = Cgroups::default();
+    let seeds = ['0', '1', '2', '3', '4', '5', '6', '9'];
+    let scopes: Vec<PathBuf> = seeds.iter().map(|s| pod_scope(&mut cg, *s)).collect();
+    let (_dir, socket) = bridge_socket();
+    let scn = Scenario::new(&bridge_scenario(&[]));
+    let ex = bridge_exporter(&scn, &socket);
+    std::thread::sleep(Duration::from_secs(1));
+    let base = rss_kib(ex.child.id());
+    let sock = socket.to_str().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let mut pods = Vec::new();
+    let mut pids: Vec<u32> = Vec::new();
+    for (i, scope) in scopes.iter().enumerate() {
+        let list = out.path().join(format!("pids-{i}"));
+        let code = in_scope(
+            scope,
+            &format!(
+                "devs, n = [], 0\n\
+                 while True:\n\
+                 \x20   d = dict(uuid='GPU-%d' % n, allocated=0, reserved=0, allocated_peak=0, reserved_peak=0, active=0, inactive_split=0, alloc_retries=0, ooms=0)\n\
+                 \x20   if len(json.dumps(dict(v=1, devices=devs + [d]))) > 65536: break\n\
+                 \x20   devs.append(d); n += 1\n\
+                 msg = b'gpumem-bridge 1\\n' + json.dumps(dict(v=1, devices=devs)).encode()\n\
+                 r, w = os.pipe()\n\
+                 kids = []\n\
+                 for i in range(64):\n\
+                 \x20   pid = os.fork()\n\
+                 \x20   if pid == 0:\n\
+                 \x20       os.close(w)\n\
+                 \x20       s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+                 \x20       s.connect({sock:?})\n\
+                 \x20       s.send(msg)\n\
+                 \x20       time.sleep(4)\n\
+                 \x20       s.send(msg)\n\
+                 \x20       os.read(r, 1)\n\
+                 \x20       os._exit(0)\n\
+                 \x20   kids.append(pid)\n\
+                 open({list:?}, 'w').write(' '.join(map(str, kids)))\n\
+                 print('ready', os.getpid(), flush=True)\n\
+                 sys.stdin.read()\n",
+                list = list.to_str().unwrap(),
+            ),
+        );
+        pods.push(Py::spawn(&code, &[]));
+        pids.extend(
+            std::fs::read_to_string(&list)
+                .unwrap()
+                .split_whitespace()
+                .map(|p| p.parse::<u32>().unwrap()),
+        );
+    }
+    assert_eq!(pids.len(), 512);
+    scn.write(&scenario(&pids));
+    let m = wait_for(Duration::from_secs(60), "every first document read", || {
+        let m = ex.metrics();
+        (m.get_u64("gpumem_exporter_torch_bridge_connections", &[]) == Some(512)
+            && m.get_u64("gpumem_exporter_torch_reports_total", &[]) >= Some(512))
+        .then_some(m)
+    });
+    // Each sends again once on the GPU (after 4 s): then the bounds of
+    // documents of processes on a GPU hold.
+    std::thread::sleep(Duration::from_secs(6));
+    let m2 = ex.metrics();
+    let rss = rss_kib(ex.child.id());
+    let held = m2
+        .get_u64("gpumem_exporter_torch_bridge_held_bytes", &[])
+        .unwrap();
+    let rss_mib = rss as f64 / 1024.0;
+    println!(
+        "512 connections x 64 KiB documents (8 pods of 64 processes, all on the GPU): RSS {:.1} -> {rss_mib:.1} MiB (+{:.1}); documents kept {:.1} MiB; limited{{memory}} {}; headroom to the DaemonSet's {DAEMONSET_LIMIT_MIB} MiB: {:.1} MiB",
+        base as f64 / 1024.0,
+        (rss - base) as f64 / 1024.0,
+        held as f64 / (1 << 20) as f64,
+        bridge_limited(&m2, "memory"),
+        DAEMONSET_LIMIT_MIB - rss_mib
+    );
+    assert!(held <= 24 << 20, "{held}");
+    assert!(bridge_limited(&m2, "memory") > 0, "{}", m.text);
+    assert!(
+        rss_mib < 100.0,
+        "RSS {rss_mib:.1} MiB: less than 60 MiB of headroom to the DaemonSet's limit"
+    );
+    drop(pods);
 }

@@ -556,3 +556,294 @@ fn a_lock_held_by_another_uid_does_not_hang_an_oom_nor_cost_its_files() {
     });
     drop(holder);
 }
+
+/// A raw bridge sender whose allocated figure is the time it sent it (ms
+/// since the epoch), every 0.1 s: its exported figure tells how old the
+/// exporter's copy is.
+fn clock_sender(socket: &Path) -> String {
+    format!(
+        "import json, os, socket, sys, threading, time\n\
+         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+         s.connect({socket:?})\n\
+         def doc():\n\
+         \x20   ms = int(time.time() * 1000)\n\
+         \x20   d = dict(uuid={uuid:?}, allocated=ms, reserved=ms, allocated_peak=0, reserved_peak=0, active=0, inactive_split=0, alloc_retries=0, ooms=0)\n\
+         \x20   return b'gpumem-bridge 1\\n' + json.dumps(dict(v=1, devices=[d])).encode()\n\
+         def run():\n\
+         \x20   while True:\n\
+         \x20       s.send(doc())\n\
+         \x20       time.sleep(0.1)\n\
+         threading.Thread(target=run, daemon=True).start()\n\
+         print('ready', os.getpid(), flush=True)\n\
+         sys.stdin.read()\n",
+        socket = socket.to_str().unwrap(),
+        uuid = gpu(U0),
+    )
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// The age of the victim's exported figure over `for_`, sampled every
+/// 200 ms: the oldest seen, in seconds.
+fn oldest_figure(ex: &Exporter, victim: &Py, for_: Duration) -> f64 {
+    let end = Instant::now() + for_;
+    let mut oldest = 0.0f64;
+    while Instant::now() < end {
+        let m = ex.metrics();
+        let age = match exported(&m, "0", &victim.pid_str()) {
+            Some(v) => now_ms().saturating_sub(v[0]) as f64 / 1000.0,
+            None => f64::INFINITY,
+        };
+        oldest = oldest.max(age);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    oldest
+}
+
+/// The exporter (its own uid), a victim sending its clock, both on the
+/// GPU; returns once the victim's figure is exported.
+fn victim_setup() -> (Scenario, tempfile::TempDir, PathBuf, Exporter, Py) {
+    let scenario = Scenario::new(&scenario_yaml(&[(U0, &[])]));
+    let (dir, socket) = socket_dir();
+    let ex = start_as(EXPORTER_UID, &scenario, &socket, "");
+    let victim = Py::spawn_as(TENANT_B, &clock_sender(&socket), &[], None);
+    scenario.write(&scenario_yaml(&[(U0, &[(victim.pid, 1 << 30)])]));
+    wait_for(WAIT, "the victim's figure", || {
+        exported(&ex.metrics(), "0", &victim.pid_str()).map(|_| ())
+    });
+    (scenario, dir, socket, ex, victim)
+}
+
+fn socket_gauge(m: &Metrics, name: &str) -> f64 {
+    m.get(name, &[]).unwrap_or(f64::NAN)
+}
+
+/// The code of an attacker that sends an ordinary document with `fd_expr`
+/// (a Python expression opening a file or socket, after `setup`) attached
+/// (`SCM_RIGHTS`), closes its own copy where the send went through, writes
+/// what the kernel said into `result` and holds on. It floods another
+/// connection of its own for half a second first, so that an exporter
+/// that pauses a budget past its rate reads the fd only after the
+/// attacker's copy is closed: the exporter's close is then the last.
+fn fd_sender(socket: &Path, result: &Path, setup: &str, fd_expr: &str) -> String {
+    let doc = json!({"v": 1, "devices": [Figures(71_000_000_001).entry(&gpu(U0))]}).to_string();
+    format!(
+        "import array, errno, os, socket, struct, sys\n\
+         {setup}\n\
+         fd = {fd_expr}\n\
+         msg = b'gpumem-bridge 1\\n' + {doc:?}.encode()\n\
+         flood = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+         flood.connect({socket:?})\n\
+         flood.setblocking(False)\n\
+         import time\n\
+         end = time.time() + 0.5\n\
+         while time.time() < end:\n\
+         \x20   try:\n\
+         \x20       flood.send(msg)\n\
+         \x20   except BlockingIOError:\n\
+         \x20       time.sleep(0.001)\n\
+         b = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+         b.connect({socket:?})\n\
+         try:\n\
+         \x20   b.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [fd]))])\n\
+         \x20   said = 'sent'\n\
+         \x20   os.close(fd)\n\
+         except OSError as e:\n\
+         \x20   said = 'refused: ' + errno.errorcode.get(e.errno, str(e.errno))\n\
+         open({result:?}, 'w').write(said)\n\
+         print('ready', os.getpid(), flush=True)\n\
+         sys.stdin.read()\n",
+        socket = socket.to_str().unwrap(),
+        result = result.to_str().unwrap(),
+    )
+}
+
+/// The SCM_RIGHTS linger freeze: a tenant attaches a TCP socket with 60 s
+/// of linger and unsent data its peer never reads, and closes its copy.
+/// The exporter's copy must never be closed on the listener: the victim's
+/// figure stays under 3 s old while the attacker holds, nothing stalls.
+/// (Linux ≥ 6.16 refuses the fd at the socket, EPERM; before, the closing
+/// thread waits instead, see the unit test
+/// `a_lingering_fd_is_closed_apart_from_the_listener`.)
+#[test]
+fn a_lingering_socket_passed_along_freezes_no_one() {
+    let (_scenario, _dir, socket, ex, victim) = victim_setup();
+    let results = tempfile::tempdir().unwrap();
+    chmod(results.path(), 0o777);
+    let result = results.path().join("said");
+    let setup = "l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(1)\n\
+                 c = socket.socket(); c.connect(l.getsockname()); peer, _ = l.accept()\n\
+                 c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack('ii', 1, 60))\n\
+                 c.setblocking(False)\n\
+                 try:\n\
+                 \x20   while True: c.send(b'x' * 65536)\n\
+                 except BlockingIOError:\n\
+                 \x20   pass";
+    let attacker = Py::spawn_as(
+        TENANT_A,
+        &fd_sender(&socket, &result, setup, "c.fileno()"),
+        &[],
+        None,
+    );
+    let said = std::fs::read_to_string(&result).unwrap();
+    let oldest = oldest_figure(&ex, &victim, Duration::from_secs(6));
+    let m = ex.metrics();
+    let stalled = socket_gauge(&m, "gpumem_exporter_torch_bridge_stalled_seconds");
+    let ready = ex.get("/readyz").status;
+    println!(
+        "linger attack: the kernel said {said:?} to the attacker; the victim's figure was at most {oldest:.2} s old over 6 s; stalled_seconds {stalled}, /readyz {ready}, limited{{fds}} {}",
+        limited(&m, "fds")
+    );
+    assert!(oldest < 3.0, "the victim's figure aged {oldest:.2} s");
+    assert_eq!(stalled, 0.0, "{}", m.text);
+    assert_eq!(ready, 200);
+    drop(attacker);
+}
+
+/// The FUSE variant: a file on a FUSE mount whose daemon never answers
+/// `FLUSH` from anyone but itself (a raw FUSE server over /dev/fuse,
+/// mounted by a root attacker; no FUSE package needed). Same bound.
+#[test]
+fn a_fuse_file_passed_along_freezes_no_one() {
+    if !Path::new("/dev/fuse").exists() {
+        panic!("the FUSE variant needs /dev/fuse (and root to mount)");
+    }
+    let (_scenario, _dir, socket, ex, victim) = victim_setup();
+    let results = tempfile::tempdir().unwrap();
+    chmod(results.path(), 0o777);
+    let result = results.path().join("said");
+    let mnt = tempfile::tempdir().unwrap();
+    let setup = format!(
+        "import ctypes, threading\n\
+         mnt = {mnt:?}\n\
+         dev = os.open('/dev/fuse', os.O_RDWR)\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         opts = ('fd=%d,rootmode=40000,user_id=0,group_id=0,allow_other' % dev).encode()\n\
+         if libc.mount(b'gpumem-test', mnt.encode(), b'fuse', 0, opts) != 0:\n\
+         \x20   raise OSError(ctypes.get_errno(), 'mount')\n\
+         def attr(ino, mode):\n\
+         \x20   return struct.pack('<QQQQQQIIIIIIIIII', ino, 0, 0, 0, 0, 0, 0, 0, 0, mode, 1, 0, 0, 0, 4096, 0)\n\
+         def reply(unique, err=0, body=b''):\n\
+         \x20   os.write(dev, struct.pack('<IiQ', 16 + len(body), -err, unique) + body)\n\
+         held = []\n\
+         def serve():\n\
+         \x20   while True:\n\
+         \x20       try:\n\
+         \x20           buf = os.read(dev, 1 << 20)\n\
+         \x20       except OSError:\n\
+         \x20           return\n\
+         \x20       ln, op, unique, node, uid, gid, pid = struct.unpack_from('<IIQQIII', buf)\n\
+         \x20       if op == 26: reply(unique, 0, struct.pack('<IIIIHHI', 7, 22, 0, 0, 0, 0, 4096))\n\
+         \x20       elif op == 1: reply(unique, 0, struct.pack('<QQQQII', 2, 0, 60, 60, 0, 0) + attr(2, 0o100666))\n\
+         \x20       elif op == 3: reply(unique, 0, struct.pack('<QII', 60, 0, 0) + attr(node, 0o40755 if node == 1 else 0o100666))\n\
+         \x20       elif op == 14: reply(unique, 0, struct.pack('<QII', 0, 0, 0))\n\
+         \x20       elif op == 25 and pid != os.getpid(): held.append(unique)\n\
+         \x20       elif op == 2: pass\n\
+         \x20       elif op in (25, 18): reply(unique)\n\
+         \x20       else: reply(unique, errno.ENOSYS)\n\
+         threading.Thread(target=serve, daemon=True).start()",
+        mnt = mnt.path().to_str().unwrap(),
+    );
+    let attacker = Py::spawn(
+        &fd_sender(
+            &socket,
+            &result,
+            &setup,
+            "os.open(mnt + '/file', os.O_RDONLY)",
+        ),
+        &[],
+    );
+    let said = std::fs::read_to_string(&result).unwrap();
+    let oldest = oldest_figure(&ex, &victim, Duration::from_secs(6));
+    let m = ex.metrics();
+    let stalled = socket_gauge(&m, "gpumem_exporter_torch_bridge_stalled_seconds");
+    let ready = ex.get("/readyz").status;
+    println!(
+        "FUSE attack: the kernel said {said:?} to the attacker; the victim's figure was at most {oldest:.2} s old over 6 s; stalled_seconds {stalled}, /readyz {ready}"
+    );
+    abort_fuse(mnt.path());
+    drop(attacker);
+    let _ = Command::new("umount")
+        .args(["-l", mnt.path().to_str().unwrap()])
+        .status();
+    assert!(oldest < 3.0, "the victim's figure aged {oldest:.2} s");
+    assert_eq!(stalled, 0.0, "{}", m.text);
+    assert_eq!(ready, 200);
+}
+
+/// Abort the FUSE connection mounted at `mnt` (fusectl), so that no
+/// process, the attacker's own exit included, waits on its daemon.
+fn abort_fuse(mnt: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(mnt).unwrap().dev();
+    let minor = (dev & 0xff) | ((dev >> 12) & 0xfff00);
+    let ctl = Path::new("/sys/fs/fuse/connections");
+    if std::fs::read_dir(ctl).is_ok_and(|mut d| d.next().is_none()) {
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "none", ctl.to_str().unwrap()])
+            .status();
+    }
+    let _ = std::fs::write(ctl.join(minor.to_string()).join("abort"), "1");
+}
+
+/// The thread of `pid` named `name`.
+fn thread_named(pid: u32, name: &str) -> i32 {
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let t = t.unwrap();
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() == name {
+            return t.file_name().to_str().unwrap().parse().unwrap();
+        }
+    }
+    panic!("no thread {name} in {pid}");
+}
+
+/// A stall forced another way: the listener thread alone is stopped
+/// (ptrace interrupts one thread; the sampler goes on). The stall gauge
+/// rises past 2 s and /readyz says why; resumed, the gauge is 0 again and
+/// the stall is counted.
+#[test]
+fn a_stalled_listener_is_a_gauge_readiness_and_a_count() {
+    let (_scenario, _dir, _socket, ex, _victim) = victim_setup();
+    let tid = thread_named(ex.child.id(), "torch-bridge");
+    // SAFETY: ptrace of one thread of a child process we (root) started;
+    // seized, interrupted, waited for, then detached, all from this thread.
+    unsafe {
+        assert_eq!(
+            libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0),
+            0,
+            "PTRACE_SEIZE: {}",
+            std::io::Error::last_os_error()
+        );
+        assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0), 0);
+        let mut status = 0;
+        assert_eq!(libc::waitpid(tid, &mut status, libc::__WALL), tid);
+    }
+    let m = wait_for(Duration::from_secs(10), "the stall seen", || {
+        let m = ex.metrics();
+        (socket_gauge(&m, "gpumem_exporter_torch_bridge_stalled_seconds") > 2.0).then_some(m)
+    });
+    let r = ex.get("/readyz");
+    // SAFETY: as above.
+    unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0) };
+    let stalled = socket_gauge(&m, "gpumem_exporter_torch_bridge_stalled_seconds");
+    println!(
+        "forced stall: stalled_seconds {stalled}; /readyz {} {:?}",
+        r.status,
+        r.body.trim()
+    );
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("torch bridge"), "{}", r.body);
+    let m = wait_for(WAIT, "the stall over and counted", || {
+        let m = ex.metrics();
+        (socket_gauge(&m, "gpumem_exporter_torch_bridge_stalled_seconds") == 0.0
+            && m.get_u64("gpumem_exporter_torch_bridge_stalls_total", &[]) == Some(1))
+        .then_some(m)
+    });
+    assert_eq!(ex.get("/readyz").status, 200, "{}", m.text);
+}
