@@ -74,10 +74,7 @@ pub struct Seen {
     pub stale: Option<Stale>,
 }
 
-/// How long a process may stay in `D` before it is `uninterruptible`
-/// (`processes.uninterruptible_after`).
-pub(crate) const DEFAULT_UNINTERRUPTIBLE_AFTER: std::time::Duration =
-    std::time::Duration::from_secs(30);
+pub(crate) use crate::config::DEFAULT_UNINTERRUPTIBLE_AFTER;
 
 /// The owners of Slurm jobs as the job mapping knows them (the jobstats
 /// layout's `<jobid> <uid>`), for the owner check of a job whose cgroup

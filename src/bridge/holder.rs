@@ -78,6 +78,9 @@ pub(crate) fn pidfd_inode(pidfd: BorrowedFd<'_>) -> Option<u64> {
 }
 
 fn is_pidfs(pidfd: BorrowedFd<'_>) -> bool {
+    // `f_type`'s C type differs between targets (i64 here, u32 or i32 on
+    // others): the cast is the portable comparison.
+    #[allow(clippy::unnecessary_cast)]
     rustix::fs::fstatfs(pidfd).is_ok_and(|s| s.f_type as i64 == PIDFS_MAGIC)
 }
 

@@ -63,6 +63,10 @@ pub struct Selection {
     pub idle_after: Duration,
 }
 
+/// How long a process may stay in `D` before it is `uninterruptible`
+/// (`processes.uninterruptible_after`'s default).
+pub(crate) const DEFAULT_UNINTERRUPTIBLE_AFTER: Duration = Duration::from_secs(30);
+
 /// `processes.idle_after`'s default.
 pub(crate) const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(30 * 60);
 
@@ -113,7 +117,7 @@ impl Default for Attribution {
             torch_bridge: true,
             torch_bridge_socket: Some(PathBuf::from(DEFAULT_TORCH_BRIDGE_SOCKET)),
             torch_bridge_fd_scan: true,
-            uninterruptible_after: crate::attribute::DEFAULT_UNINTERRUPTIBLE_AFTER,
+            uninterruptible_after: DEFAULT_UNINTERRUPTIBLE_AFTER,
         }
     }
 }

@@ -21,10 +21,10 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use crate::kube::KubeConfig;
-pub(crate) use components::Collectors;
 pub(crate) use components::{
     Attribution, ContainerEngine, Http, JobMappingConfig, Log, PodResourcesConfig, Selection,
 };
+pub(crate) use components::{Collectors, DEFAULT_UNINTERRUPTIBLE_AFTER};
 pub use components::{SamplerConfig, Timing};
 pub use values::HumanDuration;
 pub(crate) use values::{
