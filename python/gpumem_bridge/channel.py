@@ -78,7 +78,7 @@ class Channel:
         self.backoff = min(self.backoff * 2, RETRY_MAX)
         hint = ""
         if isinstance(e, OSError) and e.errno in (errno.EPIPE, errno.ECONNRESET):
-            hint = " (the exporter closed the connection: it allows each user 64 at once)"
+            hint = " (the exporter closed the connection: it allows each pod, job or user 64 at once)"
         elif isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM):
             hint = " (no permission on the socket or its directory)"
         elif isinstance(e, OSError) and e.errno == errno.ECONNREFUSED:
