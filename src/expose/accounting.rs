@@ -11,7 +11,7 @@ use prometheus_client::metrics::MetricType;
 
 use crate::accounting::{process_byte_seconds, workload_totals};
 use crate::encoding::{Ids, Labels, process_labels};
-use crate::model::Snapshot;
+use crate::model::{Accounts, Snapshot};
 
 fn counter<'a>(
     enc: &'a mut DescriptorEncoder,
@@ -67,26 +67,7 @@ pub(super) fn families(
             }
         }
     }
-    if a.gpus.values().any(|g| g.stale_byte_seconds.is_some()) {
-        let mut m = counter(
-            enc,
-            "gpu_memory_stale_byte_seconds",
-            "Device memory held by stale processes (see gpu_memory_stale_bytes) integrated over time at every sample, by reason, in byte-seconds: memory the dead and the orphaned wasted; resets only when the exporter restarts.",
-        )?;
-        for (uuid, g) in a.gpus.iter() {
-            let Some(by_reason) = g.stale_byte_seconds else {
-                continue;
-            };
-            for (reason, v) in crate::model::StaleReason::ALL.iter().zip(by_reason) {
-                let labels = Labels([
-                    ("gpu", g.gpu.as_str()),
-                    ("uuid", uuid),
-                    ("reason", reason.label()),
-                ]);
-                value(m.encode_family(&labels)?, v)?;
-            }
-        }
-    }
+    stale_byte_seconds(enc, a)?;
     // Per pid only: a sum of per-process counters over processes that come
     // and go is no counter; the workload's own counter follows.
     if s.series.mode == crate::model::SeriesMode::Pid
@@ -131,6 +112,43 @@ pub(super) fn families(
             value(m.encode_family(&labels)?, if busy { *secs } else { *bytes })?;
         }
     }
+    idle_byte_seconds(enc, a, whole)
+}
+
+/// `gpu_memory_stale_byte_seconds_total`, per GPU whose processes were
+/// read.
+fn stale_byte_seconds(enc: &mut DescriptorEncoder, a: &Accounts) -> Result<(), fmt::Error> {
+    if a.gpus.values().any(|g| g.stale_byte_seconds.is_some()) {
+        let mut m = counter(
+            enc,
+            "gpu_memory_stale_byte_seconds",
+            "Device memory held by stale processes (see gpu_memory_stale_bytes) integrated over time at every sample, by reason, in byte-seconds: memory the dead and the orphaned wasted; resets only when the exporter restarts.",
+        )?;
+        for (uuid, g) in a.gpus.iter() {
+            let Some(by_reason) = g.stale_byte_seconds else {
+                continue;
+            };
+            for (reason, v) in crate::model::StaleReason::ALL.iter().zip(by_reason) {
+                let labels = Labels([
+                    ("gpu", g.gpu.as_str()),
+                    ("uuid", uuid),
+                    ("reason", reason.label()),
+                ]);
+                value(m.encode_family(&labels)?, v)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `gpu_workload_memory_idle_byte_seconds_total`, for the workloads that
+/// held memory idle.
+fn idle_byte_seconds(
+    enc: &mut DescriptorEncoder,
+    a: &Accounts,
+    whole: &Snapshot,
+) -> Result<(), fmt::Error> {
+    let gpu_of = |uuid: &str| a.gpus.get(uuid).map_or("", |g| g.gpu.as_str());
     let idle = crate::accounting::workload_idle_totals(whole);
     if !idle.is_empty() {
         let mut m = counter(
