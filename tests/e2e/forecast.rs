@@ -23,10 +23,18 @@ use table::{Expect, Row};
 const SPEED: u32 = 10;
 /// The fake clock at the exporter's start: 2030-01-01T00:00:00Z.
 const FAKE_START: f64 = 1_893_456_000.0;
-/// The rows start this long after it: at once, as in the unit test (the
-/// exporter's first sample comes a few fake seconds in; a flat minute
-/// before every row would put a step in front of each).
-const LEAD: f64 = 0.0;
+/// The rows start this long after it, each flat at its first value until
+/// then. The exporter must be sampling before a row begins: its start
+/// (exec, the fake NVML parsing this scenario's knots in a debug build,
+/// the first sample) is real time, ten times longer in fake time: about
+/// 11 fake seconds on an idle 2-core machine, and more under the load of
+/// the other tests on CI, where it once took longer than the 5 fake
+/// seconds the fastest row leaves (2 GiB/s from second 0, read at 25 %
+/// 12.5 s in, a regime needs 7 seconds). The test checks that the first
+/// sample came before this lead; the rows "after 0 min steady" are
+/// therefore a minute steady here, and the unit test of `src/history.rs`
+/// plays them from second 0.
+const LEAD: f64 = 60.0;
 
 fn scenario(rows: &[Row]) -> String {
     let mut y = String::from("devices:\n");
@@ -103,9 +111,20 @@ fn the_table_of_histories_on_the_fake_nvml() {
         &sc,
         &["--memory-sample-interval", &interval],
     ));
-    wait_for(Duration::from_secs(10), "every row's GPU served", || {
-        (ex.metrics().find("gpu_memory_used_bytes", &[]).len() == rows.len()).then_some(())
+    let served = wait_for(Duration::from_secs(10), "every row's GPU served", || {
+        let body = ex.get("/metrics").body;
+        let (ts, _) = scan(&body, rows.len())?;
+        (body.matches("\ngpu_memory_used_bytes{").count() == rows.len()).then_some(ts)
     });
+    assert!(
+        served - FAKE_START < LEAD,
+        "the exporter served its first sample {:.1} fake s after its start, after the rows began ({LEAD} s)",
+        served - FAKE_START
+    );
+    println!(
+        "first sample served {:.1} fake s after the start; rows begin at {LEAD} s",
+        served - FAKE_START
+    );
     let end = rows.iter().map(until).fold(0.0, f64::max);
     let mut seen: Vec<Seen> = rows.iter().map(|_| Seen::default()).collect();
     // Every scrape: (row seconds of its sample, each GPU's forecast).
@@ -114,7 +133,7 @@ fn the_table_of_histories_on_the_fake_nvml() {
     let mut t = f64::NEG_INFINITY;
     while t < end {
         assert!(
-            started.elapsed() < Duration::from_secs_f64(end / f64::from(SPEED) + 60.0),
+            started.elapsed() < Duration::from_secs_f64((LEAD + end) / f64::from(SPEED) + 60.0),
             "the fake clock does not run at {SPEED}x: at {t} of {end} s"
         );
         std::thread::sleep(Duration::from_millis(20));

@@ -12,7 +12,7 @@
 //! - `idle`: idle holders: a process whose utilisation samples stop, the
 //!   GPU's utilisation where the driver has none; idle byte-seconds.
 //! - `forecast`: the table of histories (steady, ramps, steps, sawtooth)
-//!   under faketime at 30x real speed: when the GPU is forecast full.
+//!   under faketime at 10x real speed: when the GPU is forecast full.
 //! - `tenant`: hostile tenants on a shared node: forged cgroups, fds,
 //!   FIFOs and names, as real uids in real cgroups.
 //! - `faults`: NVML not ready, every GPU lost, a hung call, SIGHUP reload.
@@ -131,7 +131,7 @@ mod empty_labels; // a real Prometheus
 #[cfg(feature = "external-tools")]
 mod fleet; // victoria-metrics, vmagent, vmalert, prometheus-alertmanager, prometheus (agent mode)
 #[cfg(feature = "external-tools")]
-mod forecast; // faketime: the table of histories at 30x real speed
+mod forecast; // faketime: the table of histories at 10x real speed
 #[cfg(feature = "external-tools")]
 mod image; // buildah, podman, runc, kubectl: the image built and run as the DaemonSet runs it
 #[cfg(feature = "external-tools")]
