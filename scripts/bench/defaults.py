@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""What the exporter costs at its defaults, on the fake NVML, against the
+lines BENCHMARKS.md keeps ("Lean at the defaults"): one build, or two side
+by side (BEFORE). No GPU needed; standard library only.
+
+  1. body: the text /metrics body at 8 GPUs x 256 processes, bare shape
+     (pids 3000000-3000255, which /proc does not show: no name, no user,
+     no pod), and the same with 256 sleeping processes (names and users
+     known), with the largest families;
+  2. rss: VmHWM after N sequential /metrics scrapes (a new connection
+     each, one every 50 ms, so most land on a new snapshot) at 8 x 256 bare;
+  3. snapshot: /api/v1/snapshot against /healthz at 8 x 256 bare, R rounds
+     of P request pairs, interleaved, a new connection each; p99 of each
+     per round and their ratio (the line: the best round at most 1.5);
+  4. idle: every build at once on the fake's example scenario (2 GPUs),
+     nobody scraping, CPU of all threads (schedstat) over R windows of S
+     seconds; the ratio to BEFORE per window.
+
+    scripts/bench/defaults.py BIN [--before BIN] [--lib libfake_nvml.so]
+        [--only body,rss,snapshot,idle] [--rounds 4] [--seconds 45]
+
+BIN and --before are release builds; --lib defaults to
+target/release/libfake_nvml.so (`cargo build --release -p fake-nvml`), the
+same library for every build. Markdown to stdout (and $OUT/defaults.md).
+"""
+
+import argparse
+import http.client
+import math
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+EXAMPLE = os.path.join(ROOT, "tests/fake-nvml/scenarios/example.yaml")
+
+
+def pct(values, q):
+    """q-th percentile (0-100), nearest rank."""
+    s = sorted(values)
+    return s[max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def get(port, path):
+    """One GET on a new connection: (ms, status, body)."""
+    t = time.perf_counter()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        body = r.read()
+    finally:
+        c.close()
+    return (time.perf_counter() - t) * 1000, r.status, body
+
+
+def status_kib(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def cpu_ns(pid):
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def scenario(pids, gpus=8):
+    """The scrape bench's 8 x 256 scenario with these pids on every GPU."""
+    lines = ["devices:"]
+    for g in range(gpus):
+        used = 8 << 20
+        procs = []
+        for k, pid in enumerate(pids):
+            b = (256 << 20) + k * (256 << 10)
+            used += b
+            procs.append(f"      - {{pid: {pid}, used: {b}, type: compute}}")
+        lines.append(f"  - uuid: GPU-6f1c2a9e-4b1d-8c3e-9a7f-{g:012x}")
+        lines.append(f"    memory: {{total: 150754820096, reserved: 644939776, used: {used}}}")
+        lines.append("    processes:")
+        lines += procs
+    fd, path = tempfile.mkstemp(suffix=".yaml")
+    with os.fdopen(fd, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return path
+
+
+class Exporter:
+    def __init__(self, binary, lib, yaml, args=()):
+        self.port = free_port()
+        env = dict(os.environ, FAKE_NVML_CONFIG=yaml)
+        self.proc = subprocess.Popen(
+            [binary, "--nvml.library", lib, "--web.listen-address", f"127.0.0.1:{self.port}",
+             "--log.level", "warn", *args],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 60:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{binary} exited with {self.proc.returncode}")
+            try:
+                _, status, body = get(self.port, "/metrics")
+                if status == 200 and b"gpu_memory_used_bytes{" in body:
+                    return
+            except (OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.05)
+        raise SystemExit(f"{binary}: no good /metrics within 60 s")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def families(body):
+    sizes, series = {}, {}
+    family = None
+    for line in body.decode().splitlines(keepends=True):
+        if line.startswith("# HELP "):
+            family = line.split()[2]
+        sizes[family] = sizes.get(family, 0) + len(line)
+        if not line.startswith("#"):
+            series[family] = series.get(family, 0) + 1
+    return sorted(((b, series.get(f, 0), f) for f, b in sizes.items()), reverse=True)
+
+
+def body(builds, lib, out):
+    sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(256)]
+    shapes = [("bare (pids /proc does not show)", scenario(range(3_000_000, 3_000_256))),
+              ("256 sleeping processes", scenario([s.pid for s in sleepers]))]
+    try:
+        out.append("| build | shape | text body bytes | largest families (bytes, series) |")
+        out.append("|---|---|---:|---|")
+        for name, binary in builds:
+            for shape, yaml in shapes:
+                e = Exporter(binary, lib, yaml)
+                time.sleep(2.5)
+                _, _, b = get(e.port, "/metrics")
+                e.stop()
+                top = ", ".join(f"`{f}` {n:,} ({k})" for n, k, f in families(b)[:4])
+                out.append(f"| {name} | {shape} | {len(b):,} | {top} |")
+    finally:
+        for s in sleepers:
+            s.kill()
+            s.wait()
+        for _, yaml in shapes:
+            os.unlink(yaml)
+
+
+def rss(builds, lib, scrapes, out):
+    yaml = scenario(range(3_000_000, 3_000_256))
+    out.append(f"| build | VmHWM / VmRSS after warm-up | after {scrapes} sequential /metrics (MiB) |")
+    out.append("|---|---|---|")
+    try:
+        for name, binary in builds:
+            e = Exporter(binary, lib, yaml)
+            time.sleep(2)
+            pid = e.proc.pid
+            warm = (status_kib(pid, "VmHWM") / 1024, status_kib(pid, "VmRSS") / 1024)
+            for _ in range(scrapes):
+                get(e.port, "/metrics")
+                time.sleep(0.05)
+            after = (status_kib(pid, "VmHWM") / 1024, status_kib(pid, "VmRSS") / 1024)
+            e.stop()
+            out.append(f"| {name} | {warm[0]:.1f} / {warm[1]:.1f} | **{after[0]:.1f}** / {after[1]:.1f} |")
+    finally:
+        os.unlink(yaml)
+
+
+def snapshot(builds, lib, rounds, pairs, out):
+    yaml = scenario(range(3_000_000, 3_000_256))
+    out.append("| build | round | /api/v1/snapshot p50 / p99 ms | /healthz p50 / p99 ms | p99 ratio | VmHWM MiB |")
+    out.append("|---|---|---|---|---|---|")
+    try:
+        for name, binary in builds:
+            e = Exporter(binary, lib, yaml)
+            time.sleep(2)
+            for _ in range(20):
+                get(e.port, "/api/v1/snapshot")
+            ratios = []
+            for r in range(rounds):
+                m, h = [], []
+                for i in range(pairs):
+                    order = [("/api/v1/snapshot", m), ("/healthz", h)]
+                    for path, acc in (order if i % 2 == 0 else order[::-1]):
+                        ms, status, _ = get(e.port, path)
+                        if status != 200:
+                            raise SystemExit(f"GET {path}: HTTP {status}")
+                        acc.append(ms)
+                ratio = pct(m, 99) / pct(h, 99)
+                ratios.append(ratio)
+                out.append(f"| {name} | {r + 1} | {pct(m, 50):.3f} / {pct(m, 99):.3f} | "
+                           f"{pct(h, 50):.3f} / {pct(h, 99):.3f} | {ratio:.2f} | "
+                           f"{status_kib(e.proc.pid, 'VmHWM') / 1024:.1f} |")
+            e.stop()
+            out.append(f"| {name} | best | | | **{min(ratios):.2f}** | |")
+    finally:
+        os.unlink(yaml)
+
+
+def idle(builds, lib, rounds, seconds, out):
+    exporters = [(name, Exporter(binary, lib, EXAMPLE)) for name, binary in builds]
+    try:
+        time.sleep(3)
+        got = {name: [] for name, _ in exporters}
+        for _ in range(rounds):
+            c0 = {name: cpu_ns(e.proc.pid) for name, e in exporters}
+            t0 = time.monotonic()
+            time.sleep(seconds)
+            span = time.monotonic() - t0
+            for name, e in exporters:
+                got[name].append(100 * (cpu_ns(e.proc.pid) - c0[name]) / (span * 1e9))
+    finally:
+        for _, e in exporters:
+            e.stop()
+    names = [n for n, _ in exporters]
+    out.append("| build | " + " | ".join(f"window {i + 1}" for i in range(rounds)) + " | median |")
+    out.append("|---|" + "---|" * (rounds + 1))
+    for n in names:
+        out.append(f"| {n} | " + " | ".join(f"{v:.3f} %" for v in got[n]) + f" | **{statistics.median(got[n]):.3f} %** |")
+    if len(names) == 2:
+        a, b = got[names[0]], got[names[1]]
+        rs = [x / y for x, y in zip(a, b)]
+        out.append(f"| ratio {names[0]} / {names[1]} | " + " | ".join(f"{r:.2f}" for r in rs)
+                   + f" | **{statistics.median(a) / statistics.median(b):.2f}** |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("binary")
+    ap.add_argument("--before", default=None)
+    ap.add_argument("--lib", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")),
+                                                  "release/libfake_nvml.so"))
+    ap.add_argument("--only", default="body,rss,snapshot,idle")
+    ap.add_argument("--rounds", type=int, default=4, help="idle windows (default 4)")
+    ap.add_argument("--seconds", type=float, default=45, help="seconds per idle window (default 45)")
+    ap.add_argument("--scrapes", type=int, default=200)
+    ap.add_argument("--snapshot-rounds", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=300)
+    a = ap.parse_args()
+    builds = [("this", a.binary)] + ([("before", a.before)] if a.before else [])
+    only = set(a.only.split(","))
+    out = [f"### At the defaults, fake NVML, {os.cpu_count()} cores", ""]
+    for b in [a.binary, a.before]:
+        if b:
+            out.append(f"- `{b}`")
+    out.append("")
+    if "body" in only:
+        out += ["#### /metrics body, 8 GPUs x 256 processes", ""]
+        body(builds, a.lib, out)
+        out.append("")
+    if "rss" in only:
+        out += ["#### RSS under sequential scrapes, 8 x 256 bare", ""]
+        rss(builds, a.lib, a.scrapes, out)
+        out.append("")
+    if "snapshot" in only:
+        out += [f"#### /api/v1/snapshot against /healthz, 8 x 256 bare, {a.pairs} pairs a round", ""]
+        snapshot(builds, a.lib, a.snapshot_rounds, a.pairs, out)
+        out.append("")
+    if "idle" in only:
+        out += [f"#### Idle CPU, example scenario (2 GPUs), side by side, {a.rounds} x {a.seconds:.0f} s", ""]
+        idle(builds, a.lib, a.rounds, a.seconds, out)
+        out.append("")
+    text = "\n".join(out)
+    print(text)
+    if os.environ.get("OUT"):
+        os.makedirs(os.environ["OUT"], exist_ok=True)
+        with open(os.path.join(os.environ["OUT"], "defaults.md"), "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
