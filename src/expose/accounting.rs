@@ -69,8 +69,11 @@ pub(super) fn families(
     }
     stale_byte_seconds(enc, a)?;
     // Per pid only: a sum of per-process counters over processes that come
-    // and go is no counter; the workload's own counter follows.
+    // and go is no counter; the workload's own counter follows. Off unless
+    // asked for (`processes.byte_seconds`): the workload's counter is what
+    // a fleet keeps.
     if s.series.mode == crate::model::SeriesMode::Pid
+        && s.series.process_byte_seconds
         && s.devices.iter().any(|d| !d.processes.is_empty())
     {
         let mut m = counter(

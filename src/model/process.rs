@@ -170,6 +170,12 @@ pub struct SeriesPolicy {
     /// Series per body, the exporter's own `gpumem_exporter_*` families
     /// not counted (`series_budget`).
     pub budget: u64,
+    /// `gpu_process_memory_used_byte_seconds_total`, a counter per process
+    /// (`processes.byte_seconds`, pid mode only). Off by default: its
+    /// figure is the workload counters' input, and a fleet keeps those
+    /// (`gpu_workload_memory_used_byte_seconds_total`) without a series
+    /// per pid.
+    pub process_byte_seconds: bool,
 }
 
 /// `series_budget`'s default: far above what 8 GPUs with 1,024 processes
@@ -181,6 +187,7 @@ impl Default for SeriesPolicy {
         SeriesPolicy {
             mode: SeriesMode::Pid,
             budget: DEFAULT_SERIES_BUDGET,
+            process_byte_seconds: false,
         }
     }
 }
