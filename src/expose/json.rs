@@ -13,7 +13,7 @@
 //! bounded where they are read (comm 16 bytes, Kubernetes names 253,
 //! the command line by `processes.cmdline_max_length`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -513,6 +513,10 @@ struct KeptProcesses {
 #[derive(Debug)]
 pub(crate) struct Reuse {
     kept: Mutex<Vec<KeptProcesses>>,
+    /// Bytes of the last document besides its process lists: the next
+    /// one's room for them, so a document is one allocation that does not
+    /// grow while it is written.
+    rest: AtomicUsize,
     reused: AtomicU64,
     /// The collectors whose JSON steps run.
     registry: &'static [Def],
@@ -529,6 +533,7 @@ impl Reuse {
     pub(crate) fn with_registry(registry: &'static [Def]) -> Self {
         Reuse {
             kept: Mutex::new(Vec::new()),
+            rest: AtomicUsize::new(16 * 1024),
             reused: AtomicU64::new(0),
             registry,
         }
@@ -653,7 +658,15 @@ pub(crate) fn snapshot_reusing(
             _ => parts.push(processes_of(d, reuse.registry)?),
         }
     }
-    let body = encode_snapshot(s, sample_interval, &parts, reuse.registry);
+    let lists: usize = parts.iter().map(|p| p.json.get().len()).sum();
+    // A little more than last time: counters and totals grow digits.
+    let room = lists + reuse.rest.load(Ordering::Relaxed) + 1024;
+    let body = encode_snapshot(s, sample_interval, &parts, reuse.registry, room);
+    if let Ok(b) = &body {
+        reuse
+            .rest
+            .store(b.len().saturating_sub(lists), Ordering::Relaxed);
+    }
     *kept = parts;
     body
 }
@@ -663,6 +676,7 @@ fn encode_snapshot(
     sample_interval: Duration,
     parts: &[KeptProcesses],
     registry: &'static [Def],
+    room: usize,
 ) -> Result<Vec<u8>, serde_json::Error> {
     let doc = SnapshotDoc {
         schema_version: SCHEMA_VERSION,
@@ -717,7 +731,9 @@ fn encode_snapshot(
             })
             .collect(),
     };
-    serde_json::to_vec(&doc)
+    let mut out = Vec::with_capacity(room);
+    serde_json::to_writer(&mut out, &doc)?;
+    Ok(out)
 }
 
 #[derive(Serialize)]
@@ -837,6 +853,27 @@ mod tests {
         let third = snapshot_reusing(&full_again, at, &reuse).unwrap_or_default();
         assert_eq!(reuse.reused(), 1);
         assert_eq!(third, second);
+    }
+
+    /// After the first document, each is written into one allocation
+    /// sized from the last (no growth while written, little room left).
+    #[test]
+    fn a_document_after_the_first_is_one_allocation_of_about_its_size() {
+        let ps: Vec<ProcessSample> = (1..=300).map(|p| proc(p, Some(u64::from(p)))).collect();
+        let full = one_gpu(ps);
+        let reuse = Reuse::default();
+        let at = Duration::from_secs(1);
+        let first = snapshot_reusing(&full, at, &reuse).unwrap_or_default();
+        for _ in 0..3 {
+            let body = snapshot_reusing(&full, at, &reuse).unwrap_or_default();
+            assert_eq!(body, first);
+            assert!(
+                body.capacity() <= body.len() + 2048,
+                "{} bytes in room for {}",
+                body.len(),
+                body.capacity()
+            );
+        }
     }
 
     #[test]
