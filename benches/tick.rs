@@ -250,7 +250,6 @@ fn stages(
     let mut ledger = Stage::default();
     let mut ranking = Stage::default();
     let mut history_forecast = Stage::default();
-    let mut new_second = Stage::default();
     let mut publish = Stage::default();
     let mut encode = Stage::default();
     let mut count = Stage::default();
@@ -293,11 +292,7 @@ fn stages(
         let spent = t.elapsed();
         // A full sample is the first of its second: the regime is found
         // anew; the nine memory-only ones after it move the kept line.
-        if full {
-            new_second.push(false, spent);
-        } else {
-            history_forecast.push(false, spent);
-        }
+        history_forecast.push(full, spent);
         let published = s.clone();
         let t = Instant::now();
         shared.publish(published);
@@ -315,7 +310,7 @@ fn stages(
             );
         }
     }
-    let rows: [(&str, &Stage); 9] = [
+    let rows: [(&str, &Stage); 8] = [
         (
             "NVML calls (`GpuSource`: memory; on a full sample also the process lists)",
             &nvml,
@@ -334,11 +329,7 @@ fn stages(
             &ranking,
         ),
         (
-            "history and forecasts, the first sample of a second (the regime found anew)",
-            &new_second,
-        ),
-        (
-            "history and forecasts, within a second (the kept line moved)",
+            "history and forecasts (a full sample is the first of its second: the regime found anew; a memory-only one moves the kept line)",
             &history_forecast,
         ),
         (
