@@ -13,8 +13,10 @@ by side (BEFORE). No GPU needed; standard library only.
      of P request pairs, interleaved, a new connection each; p99 of each
      per round and their ratio (the line: the best round at most 1.5);
   4. idle: every build at once on the fake's example scenario (2 GPUs),
-     nobody scraping, CPU of all threads (schedstat) over R windows of S
-     seconds; the ratio to BEFORE per window.
+     at the defaults and with --memory-sample-interval 1s, nobody
+     scraping, CPU of all threads (schedstat) over R windows of S
+     seconds; the ratio to BEFORE per window, and what the nine
+     memory-only samples a second cost (the difference of the settings).
 
     scripts/bench/defaults.py BIN [--before BIN] [--lib libfake_nvml.so]
         [--only body,rss,snapshot,idle] [--rounds 4] [--seconds 45]
@@ -218,30 +220,42 @@ def snapshot(builds, lib, rounds, pairs, out):
 
 
 def idle(builds, lib, rounds, seconds, out):
-    exporters = [(name, Exporter(binary, lib, EXAMPLE)) for name, binary in builds]
+    """Every build at the defaults and with --memory-sample-interval 1s, all
+    at once: the difference is the nine memory-only samples a second."""
+    runs = [(name, setting, args) for name, _ in builds
+            for setting, args in (("defaults", []), ("memory 1s", ["--memory-sample-interval", "1s"]))]
+    binary = dict(builds)
+    exporters = [(name, setting, Exporter(binary[name], lib, EXAMPLE, args)) for name, setting, args in runs]
+    got = {(n, st): [] for n, st, _ in exporters}
     try:
         time.sleep(3)
-        got = {name: [] for name, _ in exporters}
         for _ in range(rounds):
-            c0 = {name: cpu_ns(e.proc.pid) for name, e in exporters}
+            c0 = {(n, st): cpu_ns(e.proc.pid) for n, st, e in exporters}
             t0 = time.monotonic()
             time.sleep(seconds)
             span = time.monotonic() - t0
-            for name, e in exporters:
-                got[name].append(100 * (cpu_ns(e.proc.pid) - c0[name]) / (span * 1e9))
+            for n, st, e in exporters:
+                got[(n, st)].append(100 * (cpu_ns(e.proc.pid) - c0[(n, st)]) / (span * 1e9))
     finally:
-        for _, e in exporters:
+        for _, _, e in exporters:
             e.stop()
-    names = [n for n, _ in exporters]
-    out.append("| build | " + " | ".join(f"window {i + 1}" for i in range(rounds)) + " | median |")
-    out.append("|---|" + "---|" * (rounds + 1))
-    for n in names:
-        out.append(f"| {n} | " + " | ".join(f"{v:.3f} %" for v in got[n]) + f" | **{statistics.median(got[n]):.3f} %** |")
-    if len(names) == 2:
-        a, b = got[names[0]], got[names[1]]
-        rs = [x / y for x, y in zip(a, b)]
-        out.append(f"| ratio {names[0]} / {names[1]} | " + " | ".join(f"{r:.2f}" for r in rs)
-                   + f" | **{statistics.median(a) / statistics.median(b):.2f}** |")
+    out.append("| build | setting | " + " | ".join(f"window {i + 1}" for i in range(rounds)) + " | median |")
+    out.append("|---|---|" + "---|" * (rounds + 1))
+    med = {k: statistics.median(v) for k, v in got.items()}
+    for (n, st), v in got.items():
+        out.append(f"| {n} | {st} | " + " | ".join(f"{x:.3f} %" for x in v) + f" | **{med[(n, st)]:.3f} %** |")
+    out.append("")
+    for n, _ in builds:
+        per = [(a - b) / 9 * 1e4 for a, b in zip(got[(n, "defaults")], got[(n, "memory 1s")])]
+        out.append(f"- {n}: the nine memory-only samples a second cost "
+                   f"{med[(n, 'defaults')] - med[(n, 'memory 1s')]:.3f} % of a core (medians), "
+                   f"{statistics.median(per):.1f} µs of CPU each (median of the windows: "
+                   + ", ".join(f"{x:.1f}" for x in per) + ")")
+    if len(builds) == 2:
+        (a, _), (b, _) = builds
+        ratios = [x / y for x, y in zip(got[(a, "defaults")], got[(b, "defaults")])]
+        out.append(f"- at the defaults, {a} / {b}: " + ", ".join(f"{r:.2f}" for r in ratios)
+                   + f" per window; medians {med[(a, 'defaults')] / med[(b, 'defaults')]:.2f}")
 
 
 def main():

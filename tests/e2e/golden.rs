@@ -521,7 +521,11 @@ fn openmetrics_exposition_matches_the_fixture() {
 fn the_per_process_counter_when_asked_for_adds_only_its_own_lines() {
     for (format, name, whole) in [
         (Format::Text, "process-byte-seconds.prom", "exposition.prom"),
-        (Format::OpenMetrics, "process-byte-seconds.om", "exposition.om"),
+        (
+            Format::OpenMetrics,
+            "process-byte-seconds.om",
+            "exposition.om",
+        ),
     ] {
         let mut s = fixed_snapshot();
         s.series.process_byte_seconds = true;
