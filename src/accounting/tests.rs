@@ -612,8 +612,10 @@ fn live_workloads_sum_each_workload_once() {
         nobody,
         proc(7, 11, &alice),
     ];
+    /// A workload's labels, bytes, idle bytes and whether it idles.
+    type Row<'a> = (Vec<(&'static str, &'a str)>, u64, u64, bool);
     let live = live_workloads(&list);
-    let got: Vec<(Vec<(&str, &str)>, u64, u64, bool)> = live
+    let got: Vec<Row<'_>> = live
         .iter()
         .map(|w| (w.workload.labels(), w.bytes, w.idle_bytes, w.idle))
         .collect();
