@@ -448,7 +448,7 @@ fn process<'a>(p: &'a ProcessSample, registry: &'static [Def]) -> Process<'a> {
             reason: st.reason.label(),
             since: seconds(st.since),
         }),
-        torch: p.torch.map(|t| Torch {
+        torch: p.torch.as_deref().map(|t| Torch {
             allocated_bytes: t.allocated,
             reserved_bytes: t.reserved,
             allocated_peak_bytes: t.allocated_peak,
@@ -926,7 +926,7 @@ mod tests {
     #[test]
     fn torch_figures_as_the_bridge_gave_them() {
         let mut p = proc(9, Some(11_782 << 20));
-        p.torch = Some(TorchStats {
+        p.torch = Some(Arc::new(TorchStats {
             allocated: 10_240 << 20,
             reserved: 11_264 << 20,
             allocated_peak: 10_300 << 20,
@@ -949,16 +949,16 @@ mod tests {
                 above: true,
             }),
             ..TorchStats::default()
-        });
+        }));
         let mut q = proc(10, Some(1 << 30));
-        q.torch = Some(TorchStats {
+        q.torch = Some(Arc::new(TorchStats {
             steps: Some(TorchSteps {
                 total: 3,
                 window: 3,
                 ..TorchSteps::default()
             }),
             ..TorchStats::default()
-        });
+        }));
         let v = doc(&one_gpu(vec![p, q]));
         assert_eq!(
             v["gpus"][0]["processes"][0]["torch"],

@@ -112,7 +112,7 @@ fn fixed_snapshot() -> Snapshot {
         gpu_instance_id: None,
         compute_instance_id: None,
         used_peak_bytes: Some(12_000 * MIB),
-        torch: Some(TorchStats {
+        torch: Some(Arc::new(TorchStats {
             allocated: 10 * GIB,
             reserved: 11 * GIB,
             allocated_peak: 10 * GIB + 512 * MIB,
@@ -155,7 +155,7 @@ fn fixed_snapshot() -> Snapshot {
                 crossings: 1,
                 above: false,
             }),
-        }),
+        })),
         readings: Readings::default().with(ProcessUtilization {
             sm: 87,
             memory: 41,
