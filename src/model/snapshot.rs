@@ -97,6 +97,10 @@ pub struct Snapshot {
     /// Memory-time, busy-time and allocated time integrated since start
     /// (`accounting`), as of this snapshot. Computed when published.
     pub accounting: Accounts,
+    /// Each workload's own limits on each GPU beside its use: the sources'
+    /// limits copied in when published, joined to the workloads there
+    /// (`crate::limits`).
+    pub limits: super::Limits,
     /// The series budget and per-process mode in force when the sampler
     /// built it (`processes.series`, `series_budget`).
     pub series: super::SeriesPolicy,
@@ -171,6 +175,7 @@ impl Snapshot {
             exporter: ExporterCounters::default(),
             forecasts: Forecasts::default(),
             accounting: Accounts::default(),
+            limits: super::Limits::default(),
             series: super::SeriesPolicy::default(),
         }
     }

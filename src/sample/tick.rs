@@ -346,6 +346,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             exporter: Default::default(),
             forecasts: Default::default(),
             accounting: Default::default(),
+            limits: Default::default(),
             series: self.config.selection.series,
         }
     }
