@@ -239,7 +239,7 @@ async fn reload_on_sighup(
                         "config reloaded; these changed keys take effect only after a restart"
                     );
                 }
-                let _ = control.send(Control::Reconfigure(new.sampler()));
+                let _ = control.send(Control::Reconfigure(Box::new(new.sampler())));
                 tracing::info!("config reloaded");
                 current = new;
             }

@@ -86,6 +86,9 @@ pub struct Shared {
     sources: OnceLock<Sources>,
     /// The last 10 minutes of used memory per GPU, fed by [`Self::publish`].
     history: Mutex<History>,
+    /// The last per-workload limits, joined again only when a process
+    /// list or a source's limits changed (a full sample, a source's read).
+    limits: Mutex<LimitsCache>,
     /// The memory-time and allocation ledger, fed by [`Self::publish`]
     /// (the only one who locks it).
     ledger: Mutex<Ledger>,
@@ -103,6 +106,7 @@ impl Shared {
             sink_dropped: AtomicU64::new(0),
             sources: OnceLock::new(),
             history: Mutex::new(History::new()),
+            limits: Mutex::new(LimitsCache::default()),
             ledger: Mutex::new(Ledger::new()),
         }
     }
@@ -184,6 +188,8 @@ impl Shared {
             let mut history = self.history();
             history.record(&s);
             s.forecasts = history.forecasts(&s);
+            let mut limits = self.limits.lock().unwrap_or_else(|e| e.into_inner());
+            limits.join(&mut s, &mut history);
         }
         self.last_tick_ms
             .store(unix_ms(s.taken_at), Ordering::Release);
@@ -282,5 +288,42 @@ mod tests {
             rx.recv().is_err(),
             "disconnected once the sink is taken away"
         );
+    }
+}
+
+/// The per-workload limits of the last full sample: a memory-only sample
+/// shares its process lists, so the join (and the limit forecasts, whose
+/// figures change only with the lists) is made again only when one of
+/// them, or a source's limits, changed.
+#[derive(Debug, Default)]
+struct LimitsCache {
+    processes: Vec<Arc<[crate::model::ProcessSample]>>,
+    pods: Arc<Vec<crate::model::PodLimit>>,
+    cgroups: Arc<Vec<crate::model::CgroupLimit>>,
+    rows: Arc<Vec<crate::model::WorkloadLimits>>,
+}
+
+impl LimitsCache {
+    fn join(&mut self, s: &mut Snapshot, history: &mut History) {
+        s.limits
+            .sources
+            .set(crate::model::LimitSource::Torch, s.torch.is_some());
+        let same = Arc::ptr_eq(&self.pods, &s.limits.pods)
+            && Arc::ptr_eq(&self.cgroups, &s.limits.cgroups)
+            && self.processes.len() == s.devices.len()
+            && self
+                .processes
+                .iter()
+                .zip(&s.devices)
+                .all(|(p, d)| Arc::ptr_eq(p, &d.processes));
+        if !same {
+            let mut rows = crate::limits::assemble(s);
+            history.limits(s, &mut rows);
+            self.rows = Arc::new(rows);
+            self.pods = Arc::clone(&s.limits.pods);
+            self.cgroups = Arc::clone(&s.limits.cgroups);
+            self.processes = s.devices.iter().map(|d| Arc::clone(&d.processes)).collect();
+        }
+        s.limits.workloads = Arc::clone(&self.rows);
     }
 }

@@ -101,6 +101,10 @@ pub struct CgroupLimit {
     /// The cgroup v2 path (`/kubepods.slice/…`), as `/proc/<pid>/cgroup`
     /// gives it.
     pub cgroup: Arc<str>,
+    /// The directory the limit is set on: the process's own or the
+    /// nearest ancestor that has one (the lowest, for `dmem`, whose limits
+    /// nest). A workload's processes under one such directory share it.
+    pub at: Arc<str>,
     pub uuid: Arc<str>,
     pub source: LimitSource,
     pub kind: LimitKind,

@@ -178,6 +178,26 @@ struct DeviceFile {
     /// [`Gpu::used_timeline`].
     #[serde(default)]
     used_timeline: Option<Vec<(f64, u64)>>,
+    /// `{"/sys/fs/cgroup/…": {soft, hard, used}}`: see [`Gpu::memory_limits`].
+    #[serde(default)]
+    memory_limits: std::collections::BTreeMap<String, MemoryLimits>,
+}
+
+/// What nvmlDeviceGetMemoryLimits_v1 answers for one cgroup directory.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryLimits {
+    #[serde(default)]
+    pub soft: u64,
+    /// Absent: no hard limit (`NVML_DEVICE_MEMORY_LIMIT_MAX`, all ones).
+    #[serde(default = "no_hard_limit")]
+    pub hard: u64,
+    #[serde(default)]
+    pub used: u64,
+}
+
+fn no_hard_limit() -> u64 {
+    u64::MAX
 }
 
 /// nvmlDeviceGetVirtualizationMode's answer.
@@ -516,6 +536,9 @@ pub struct Gpu {
     /// GPU (the time is the process's clock, so a test may run the
     /// exporter under `faketime` to play minutes in seconds).
     pub used_timeline: Option<Vec<(f64, u64)>>,
+    /// nvmlDeviceGetMemoryLimits_v1's answers, by the cgroup directory's
+    /// full path as asked (`nameSpace`); any other path is `NOT_FOUND`.
+    pub memory_limits: std::collections::BTreeMap<String, MemoryLimits>,
 }
 
 impl Gpu {
@@ -904,6 +927,7 @@ fn validate(file: ScenarioFile) -> Result<Scenario, String> {
             gpm,
             gpm_stale: d.gpm_stale,
             used_timeline: d.used_timeline,
+            memory_limits: d.memory_limits,
             telemetry,
             health,
             xid_events: d.xid_events,
