@@ -305,9 +305,10 @@ struct LimitsCache {
 
 impl LimitsCache {
     fn join(&mut self, s: &mut Snapshot, history: &mut History) {
-        s.limits
-            .sources
-            .set(crate::model::LimitSource::Torch, s.torch.is_some());
+        if s.torch.is_some() {
+            // The bridge is on: a process's own limit can be read.
+            s.limits.sources.set(crate::model::LimitSource::Torch, true);
+        }
         let same = Arc::ptr_eq(&self.pods, &s.limits.pods)
             && Arc::ptr_eq(&self.cgroups, &s.limits.cgroups)
             && self.processes.len() == s.devices.len()

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use super::device::DeviceState;
 use super::errors::Errors;
+use crate::attribute::cgroupfs::CgroupFs;
 use crate::gpu::{ErrorKind, GpuSource};
 use crate::model::{CgroupLimit, LimitKind, LimitSource, LimitSources};
 
@@ -51,7 +52,7 @@ impl CgroupLimits {
     pub(crate) fn new(every: Duration, cgroupfs: PathBuf) -> Self {
         CgroupLimits {
             every,
-            cgroupfs,
+            cgroupfs: v2_top(cgroupfs),
             read_at: None,
             rows: Arc::default(),
             sources: LimitSources::default(),
@@ -61,6 +62,7 @@ impl CgroupLimits {
 
     /// A reload may change the interval and the cgroup root.
     pub(crate) fn configure(&mut self, every: Duration, cgroupfs: PathBuf) {
+        let cgroupfs = v2_top(cgroupfs);
         if cgroupfs != self.cgroupfs {
             self.read_at = None;
         }
@@ -205,7 +207,7 @@ impl CgroupLimits {
         }
     }
 
-    /// Directory `dir` (a cgroup path) under the cgroup root.
+    /// Directory `dir` (a cgroup v2 path) in the v2 hierarchy.
     fn full(&self, dir: &str) -> PathBuf {
         self.cgroupfs.join(dir.trim_start_matches('/'))
     }
@@ -247,6 +249,14 @@ fn ancestors(cg: &str) -> impl Iterator<Item = &str> {
         Some(here)
     })
     .take(MAX_DEPTH)
+}
+
+/// The top of the cgroup v2 hierarchy under the cgroup root: the root
+/// itself where it is a cgroup2 mount, else `unified/` (systemd's hybrid
+/// layout), as attribution places a `0::` line.
+fn v2_top(cgroupfs: PathBuf) -> PathBuf {
+    let top = CgroupFs::new(cgroupfs.clone()).hierarchy("");
+    top.unwrap_or(cgroupfs)
 }
 
 /// Whether the cgroup v2 root under `cgroupfs` lists the `dmem` controller.

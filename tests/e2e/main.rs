@@ -11,6 +11,9 @@
 //!   the API and on the page.
 //! - `idle`: idle holders: a process whose utilisation samples stop, the
 //!   GPU's utilisation where the driver has none; idle byte-seconds.
+//! - `limits`: each workload's own limits: the driver's per-cgroup limits
+//!   and dmem for root-owned cgroups only, a driver without the call, the
+//!   limit forecast under faketime.
 //! - `forecast`: the table of histories (steady, ramps, steps, sawtooth)
 //!   under faketime at 10x real speed: when the GPU is forecast full.
 //! - `tenant`: hostile tenants on a shared node: forged cgroups, fds,
@@ -106,6 +109,7 @@ mod fuzz;
 mod golden;
 mod idle;
 mod kube_watch;
+mod limits; // faketime (external-tools) for the limit forecast
 mod ops_artifacts;
 mod page;
 mod peaks;

@@ -442,6 +442,10 @@ struct ProcessFile {
     used: Option<u64>,
     #[serde(default, rename = "type")]
     kind: ProcessKind,
+    /// `[[unix_seconds, used], ...]`: the process's bytes over time, as a
+    /// GPU's `used_timeline`; overrides `used`.
+    #[serde(default)]
+    used_timeline: Option<Vec<(f64, u64)>>,
 }
 
 #[derive(Deserialize)]
@@ -646,11 +650,26 @@ impl Memory {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Process {
     pub pid: u32,
     pub used: u64,
     pub kind: ProcessKind,
+    /// Its bytes over the process's clock (see [`Gpu::used_timeline`]).
+    pub used_timeline: Option<Vec<(f64, u64)>>,
+}
+
+impl Process {
+    /// Its bytes now: from the timeline where it has one.
+    pub fn used_now(&self) -> u64 {
+        let Some(t) = &self.used_timeline else {
+            return self.used;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        Gpu::used_at(t, now).unwrap_or(self.used)
+    }
 }
 
 impl Gpu {
@@ -719,7 +738,7 @@ impl<'a> Target<'a> {
     pub fn processes(&self, query: Query) -> Vec<nvmlProcessInfo_t> {
         let entry = |p: &Process, gi: u32, ci: u32| nvmlProcessInfo_t {
             pid: p.pid,
-            usedGpuMemory: p.used,
+            usedGpuMemory: p.used_now(),
             gpuInstanceId: gi,
             computeInstanceId: ci,
         };
@@ -1098,6 +1117,7 @@ fn processes(list: Vec<ProcessFile>) -> Vec<Process> {
             pid: p.pid,
             used: p.used.unwrap_or(VALUE_NOT_AVAILABLE),
             kind: p.kind,
+            used_timeline: p.used_timeline,
         })
         .collect()
 }
