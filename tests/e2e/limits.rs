@@ -13,6 +13,7 @@
 //! - a driver without the call (a copy of the fake with the symbol's name
 //!   patched, so `dlsym` finds nothing): no driver series, driver 0, no
 //!   error counted, dmem unaffected.
+//!
 //! The forecast of a limit (flat, then growing toward it) is in
 //! `limits::forecast`.
 
