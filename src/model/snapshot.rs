@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use super::Forecast;
 use super::{
     Accounts, ContainerLookups, DeviceSample, DriverInfo, ExporterCounters, JobMappingState,
     KubeState, PodResourcesState, TorchCounters,
@@ -138,19 +139,6 @@ pub struct TorchForecast {
     pub pid: u32,
     /// `full_in_seconds`: until reserved reaches the limit.
     pub forecast: Forecast,
-}
-
-/// "Full in about N minutes at the present growth", from the exporter's
-/// one-second history (see `history`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Forecast {
-    /// Seconds until the figure reaches its ceiling (free memory 0, or the
-    /// torch limit) at `growth_bytes_per_second`.
-    pub full_in_seconds: f64,
-    /// Least-squares slope of the present regime, bytes per second.
-    pub growth_bytes_per_second: f64,
-    /// Seconds of history the regime covers.
-    pub window_seconds: u64,
 }
 
 impl Snapshot {

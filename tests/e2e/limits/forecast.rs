@@ -81,7 +81,9 @@ fn a_workload_growing_toward_its_limit_is_forecast() {
             ex.get("/metrics")
                 .body
                 .lines()
-                .filter(|l| l.contains("limit") || l.contains("process_memory_used") || l.contains("timestamp"))
+                .filter(|l| l.contains("limit")
+                    || l.contains("process_memory_used")
+                    || l.contains("timestamp"))
                 .collect::<Vec<_>>()
                 .join("\n")
         );
@@ -98,7 +100,10 @@ fn a_workload_growing_toward_its_limit_is_forecast() {
             at,
             used,
             m.get("gpu_workload_memory_limit_in_seconds", &pod),
-            m.get("gpu_memory_full_in_seconds", &[("gpu", "0"), ("uuid", UUID)]),
+            m.get(
+                "gpu_memory_full_in_seconds",
+                &[("gpu", "0"), ("uuid", UUID)],
+            ),
         ));
         if used >= LIMIT || at > reach {
             break;
