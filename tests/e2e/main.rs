@@ -33,6 +33,9 @@
 //!   2,000 series) and `processes.series` (pid, workload, off) by SIGHUP.
 //! - `allocation`: gpu_allocation_info from a fake kubelet's pod-resources
 //!   API (whole GPUs, MIG devices, time-slicing replicas).
+//! - `pod_limits`: the limits the Kubernetes API states for a pod (HAMi's
+//!   and KAI's annotations, a DRA claim's consumed capacity), each on its
+//!   own pod only.
 //! - `torch`: the torch bridge with real Python processes and a stub torch.
 //! - `slurm`: Slurm jobs and steps per process, and GPU → job allocations
 //!   from the shipped prolog/epilog, against a real slurmctld/slurmd.
@@ -113,6 +116,7 @@ mod limits; // faketime (external-tools) for the limit forecast
 mod ops_artifacts;
 mod page;
 mod peaks;
+mod pod_limits;
 mod record;
 mod stale;
 mod web;
