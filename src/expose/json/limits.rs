@@ -175,7 +175,8 @@ mod tests {
     fn each_workloads_limits_hard_headroom_and_forecast() {
         use LimitKind::*;
         use LimitSource::*;
-        let cases: Vec<(Workload, u64, Vec<Limit>, Option<f64>, Value)> = vec![
+        type Case = (Workload, u64, Vec<Limit>, Option<f64>, Value);
+        let cases: Vec<Case> = vec![
             // Two hard limits: the lowest counts; a soft one beside them.
             (
                 pod("team-a", "trainer-0", "uid-a"),
