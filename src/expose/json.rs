@@ -28,6 +28,7 @@ use crate::model::{
     DeviceSample, Forecast, Idle, MemoryInfo, ProcessSample, Readings, Snapshot, Stale,
     Unattributed, Workload, WorkloadTotals,
 };
+use limits::{OnGpu, Sources};
 
 /// `schema_version` of both documents; bumped on any incompatible change
 /// (a field removed, renamed or retyped). New fields may appear within a
@@ -39,6 +40,8 @@ pub(crate) const SCHEMA_VERSION: u32 = 1;
 pub(crate) const MAX_PROCESSES_PER_GPU: usize = 512;
 
 pub(crate) const JSON_CONTENT_TYPE: &str = "application/json";
+
+mod limits;
 
 fn seconds(t: SystemTime) -> f64 {
     // Millisecond resolution, so the text is short and exact.
@@ -60,6 +63,8 @@ struct SnapshotDoc<'a> {
     nvml_reinit_attempts: u64,
     kubernetes: Option<Kubernetes>,
     workloads: Workloads,
+    /// Which limit sources were looked for (keys) and found (values).
+    limit_sources: Sources,
     /// The collectors with a key in each GPU's object (registry order),
     /// so the page shows each one's figures without knowing it.
     collectors: Vec<CollectorDoc>,
@@ -229,6 +234,8 @@ struct Gpu<'a> {
     /// Memory held by idle processes; `null` where the processes were not
     /// read.
     memory_idle_held_bytes: Option<u64>,
+    /// Its workloads with a limit of their own.
+    limits: OnGpu<'a>,
 }
 
 #[derive(Serialize, Default)]
@@ -558,6 +565,7 @@ fn gpu<'a>(
     forecast: Option<Forecast>,
     procs: &'a KeptProcesses,
     registry: &'static [Def],
+    limits: OnGpu<'a>,
 ) -> Gpu<'a> {
     let i = &d.info;
     let processes = &*procs.json;
@@ -616,6 +624,7 @@ fn gpu<'a>(
             growth_bytes_per_second: f.growth_bytes_per_second,
             window_seconds: f.window_seconds,
         }),
+        limits,
     }
 }
 
@@ -682,7 +691,13 @@ fn encode_snapshot(
             .iter()
             .zip(parts)
             .enumerate()
-            .map(|(i, (d, p))| gpu(d, s.forecasts.gpu(i), p, registry))
+            .map(|(i, (d, p))| {
+                let limits = OnGpu {
+                    rows: &s.limits.workloads,
+                    gpu: i,
+                };
+                gpu(d, s.forecasts.gpu(i), p, registry, limits)
+            })
             .collect(),
         nvml_errors: s
             .nvml_errors
@@ -706,6 +721,7 @@ fn encode_snapshot(
                 since_start: ranked(since),
             }
         },
+        limit_sources: Sources(s.limits.sources),
         collectors: registry
             .iter()
             .filter(|d| d.json.is_some_and(|j| j.gpu.is_some()))
