@@ -662,6 +662,34 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
         // Job 4242's step and bob's zombie are idle after 20 s, but hold
         // 7 GB together and for seconds, not hours.
         "GpuMemoryHeldIdle" => Expect::SelectorsOnly("needs 2 hours of idle memory"),
+        // Each workload's own limit. The trainer's PyTorch fraction (0.5 of
+        // GPU 0, a `torch` hard limit) is below the 50 GB NVML counts for
+        // it, and KAI granted it the same half (gpu-fraction 0.5): near (over)
+        // its hard limit, and over its granted share.
+        "GpuWorkloadMemoryNearLimit" | "GpuWorkloadMemoryOverGrantedShare" => {
+            Expect::Now(vec![vec![
+                i(&t.main),
+                ("gpu", "0".into()),
+                ("uuid", GPU0.into()),
+                ("namespace", "team-a".into()),
+                ("pod", "trainer-0".into()),
+            ]])
+        }
+        // The inference server (4102) grows toward its HAMi limit, which it
+        // reaches within 10 minutes.
+        "GpuWorkloadMemoryLimitFillingFast" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "0".into()),
+            ("uuid", GPU0.into()),
+            ("namespace", "team-b".into()),
+            ("pod", "infer-7f9c".into()),
+        ]]),
+        // GPU 0: the trainer's half and the inference server's 0.6.
+        "GpuMemoryGrantsExceedTotal" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "0".into()),
+            ("uuid", GPU0.into()),
+        ]]),
         other => panic!(
             "rules.yml has a new alert {other}: add what the scenario shows for it to \
              `expectation` in tests/e2e/prometheus.rs"

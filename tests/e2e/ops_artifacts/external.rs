@@ -970,6 +970,9 @@ fn grafana_dashboard_is_valid_and_complete() {
         "gpu_memory_idle_held_bytes",
         "gpu_process_idle_seconds",
         "gpu_workload_memory_idle_byte_seconds_total",
+        "gpu_workload_memory_limit_bytes",
+        "gpu_workload_memory_used_bytes",
+        "gpumem_exporter_limit_sources",
     ] {
         assert!(
             exprs
