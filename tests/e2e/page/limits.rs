@@ -89,9 +89,11 @@ fn a_limited_workload_gets_its_ticks_and_headroom_and_a_shared_gpu_without_limit
     ] {
         cluster::write_proc(root, pid, comm, uid, &cgroup, &[]);
     }
+    // The fake cgroup filesystem is a hybrid layout: cgroup v2 at
+    // `unified/`, where the exporter asks the driver about a v2 path.
     let trainer_dir = format!(
         "{}{}",
-        cgroupfs_of(root).display(),
+        cgroupfs_of(root).join("unified").display(),
         v2_path(&cgroup_containerd('a'))
     );
     let yaml = format!(
