@@ -70,11 +70,9 @@ impl Sources {
 
     /// The pod-keyed limits (HAMi's and KAI's annotations, DRA claims)
     /// and which of their sources were found; the sampler's own sources
-    /// already in `s` are kept.
+    /// already in `s` are kept. Without either source the list is an
+    /// empty one, the same in every snapshot.
     fn copy_limits(&self, s: &mut Snapshot) {
-        if self.pods.is_none() && self.claims.is_none() {
-            return;
-        }
         let mut found = LimitSources::default();
         let mut lists = Vec::with_capacity(2);
         for (list, sources) in [
@@ -389,6 +387,15 @@ mod tests {
         assert_eq!(s.limits.pods.len(), 1);
         assert!(Arc::ptr_eq(&s.limits.pods, &pods.limits().0));
         assert_eq!(s.limits.sources.get(LimitSource::Dra), Some(false));
+
+        // Neither source on: the same empty list every time, no source set.
+        let none = Sources::default();
+        let (mut a, mut b) = (Snapshot::empty(UNIX_EPOCH), Snapshot::empty(UNIX_EPOCH));
+        none.copy_into(&mut a);
+        none.copy_into(&mut b);
+        assert!(a.limits.pods.is_empty());
+        assert!(Arc::ptr_eq(&a.limits.pods, &b.limits.pods));
+        assert_eq!(a.limits.sources, LimitSources::default());
     }
 
     #[test]
