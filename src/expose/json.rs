@@ -120,8 +120,54 @@ struct RankedWorkload {
     totals: RankedTotals,
 }
 
-fn some(s: &str) -> Option<String> {
-    (!s.is_empty()).then(|| s.to_string())
+/// A workload's kind and ids as the API names them (a row each in the
+/// ranking and in each GPU's limits); an empty name is null.
+pub(super) struct WorkloadIds<'a> {
+    /// `pod`, `slurm_job`, `container` or `user`.
+    pub(super) kind: &'static str,
+    pub(super) namespace: Option<&'a str>,
+    pub(super) pod: Option<&'a str>,
+    pub(super) pod_uid: Option<&'a str>,
+    pub(super) slurm_job: Option<&'a str>,
+    pub(super) container_id: Option<&'a str>,
+    pub(super) user: Option<&'a str>,
+}
+
+impl<'a> WorkloadIds<'a> {
+    pub(super) fn of(w: &'a Workload) -> Self {
+        let some = |s: &'a str| (!s.is_empty()).then_some(s);
+        let mut ids = WorkloadIds {
+            kind: "user",
+            namespace: None,
+            pod: None,
+            pod_uid: None,
+            slurm_job: None,
+            container_id: None,
+            user: None,
+        };
+        match w {
+            Workload::Pod {
+                namespace,
+                pod,
+                pod_uid,
+            } => {
+                ids.kind = "pod";
+                ids.namespace = some(namespace);
+                ids.pod = some(pod);
+                ids.pod_uid = some(pod_uid);
+            }
+            Workload::SlurmJob { job } => {
+                ids.kind = "slurm_job";
+                ids.slurm_job = some(job);
+            }
+            Workload::Container { container_id } => {
+                ids.kind = "container";
+                ids.container_id = some(container_id);
+            }
+            Workload::User { user } => ids.user = some(user),
+        }
+        ids
+    }
 }
 
 fn ranked(r: Ranked) -> RankedDoc {
@@ -131,38 +177,18 @@ fn ranked(r: Ranked) -> RankedDoc {
             .workloads
             .into_iter()
             .map(|(w, t)| {
-                let mut out = RankedWorkload {
-                    kind: "user",
-                    namespace: None,
-                    pod: None,
-                    pod_uid: None,
-                    slurm_job: None,
-                    container_id: None,
-                    user: None,
+                let ids = WorkloadIds::of(&w);
+                let own = |v: Option<&str>| v.map(str::to_string);
+                RankedWorkload {
+                    kind: ids.kind,
+                    namespace: own(ids.namespace),
+                    pod: own(ids.pod),
+                    pod_uid: own(ids.pod_uid),
+                    slurm_job: own(ids.slurm_job),
+                    container_id: own(ids.container_id),
+                    user: own(ids.user),
                     totals: t.into(),
-                };
-                match &w {
-                    Workload::Pod {
-                        namespace,
-                        pod,
-                        pod_uid,
-                    } => {
-                        out.kind = "pod";
-                        out.namespace = some(namespace);
-                        out.pod = some(pod);
-                        out.pod_uid = some(pod_uid);
-                    }
-                    Workload::SlurmJob { job } => {
-                        out.kind = "slurm_job";
-                        out.slurm_job = some(job);
-                    }
-                    Workload::Container { container_id } => {
-                        out.kind = "container";
-                        out.container_id = some(container_id);
-                    }
-                    Workload::User { user } => out.user = some(user),
                 }
-                out
             })
             .collect(),
         omitted: (r.omitted != WorkloadTotals::default()).then(|| r.omitted.into()),

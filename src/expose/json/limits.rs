@@ -7,7 +7,7 @@
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 
-use crate::model::{Limit, LimitSource, LimitSources, Workload, WorkloadLimits};
+use crate::model::{Limit, LimitSource, LimitSources, WorkloadLimits};
 
 /// `gpus[].limits`: the rows of the GPU at position `gpu`.
 pub(super) struct OnGpu<'a> {
@@ -38,48 +38,23 @@ struct Row<'a> {
     limit_in_seconds: Option<f64>,
 }
 
-fn some(s: &str) -> Option<&str> {
-    (!s.is_empty()).then_some(s)
-}
-
 impl<'a> Row<'a> {
     fn of(w: &'a WorkloadLimits) -> Self {
         let hard = w.hard();
-        let mut row = Row {
-            kind: "user",
-            namespace: None,
-            pod: None,
-            pod_uid: None,
-            slurm_job: None,
-            container_id: None,
+        let ids = super::WorkloadIds::of(&w.workload);
+        Row {
+            kind: ids.kind,
+            namespace: ids.namespace,
+            pod: ids.pod,
+            pod_uid: ids.pod_uid,
+            slurm_job: ids.slurm_job,
+            container_id: ids.container_id,
             used_bytes: w.used,
             limits: Limits(&w.limits),
             hard_limit_bytes: hard,
             to_limit_bytes: hard.map(|h| h.saturating_sub(w.used)),
             limit_in_seconds: w.limit_in.map(|f| f.full_in_seconds),
-        };
-        match &w.workload {
-            Workload::Pod {
-                namespace,
-                pod,
-                pod_uid,
-            } => {
-                row.kind = "pod";
-                row.namespace = some(namespace);
-                row.pod = some(pod);
-                row.pod_uid = some(pod_uid);
-            }
-            Workload::SlurmJob { job } => {
-                row.kind = "slurm_job";
-                row.slurm_job = some(job);
-            }
-            Workload::Container { container_id } => {
-                row.kind = "container";
-                row.container_id = some(container_id);
-            }
-            Workload::User { .. } => {}
         }
-        row
     }
 }
 
