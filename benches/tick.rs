@@ -43,6 +43,7 @@ const TIMING: Timing = Timing {
     memory_sample_interval: Duration::from_millis(100),
     peak_window: Duration::from_secs(30),
     mig_rescan_interval: Duration::from_secs(10),
+    limits_interval: Duration::from_secs(10),
 };
 
 fn main() {
@@ -105,6 +106,7 @@ fn main() {
         selection: Default::default(),
         collectors: Default::default(),
         procfs: "/proc".into(),
+        cgroupfs: "/sys/fs/cgroup".into(),
     };
     let mut sampler = Sampler::new(gpu, ProcCache::new(ProcRoot::default()), config);
     let t = Instant::now();

@@ -197,6 +197,7 @@ impl Operation {
     pub const SYSTEM_NVML_VERSION: Operation = Operation::new("system_nvml_version");
     pub const SYSTEM_CUDA_DRIVER_VERSION: Operation = Operation::new("system_cuda_driver_version");
     pub const DEVICE_COUNT: Operation = Operation::new("device_count");
+    pub const MEMORY_LIMITS: Operation = Operation::new("memory_limits");
     pub const DEVICE_BY_INDEX: Operation = Operation::new("device_by_index");
     pub const DEVICE_UUID: Operation = Operation::new("device_uuid");
     pub const DEVICE_NAME: Operation = Operation::new("device_name");

@@ -24,11 +24,13 @@
 //! Fed by [`crate::publish::Shared::publish`]: the history is of what was
 //! published, so it does not depend on who reads it or how often.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::model::{Forecast, Forecasts, ProcessSample, Snapshot, TorchForecast};
+use crate::model::{
+    Forecast, Forecasts, ProcessSample, Snapshot, TorchForecast, Workload, WorkloadLimits,
+};
 use crate::trend::regime::{Finder, Regime};
 
 /// Points kept per GPU: 10 minutes at one point per second.
@@ -143,6 +145,9 @@ pub struct History {
     gpus: Vec<Ring>,
     /// By (GPU position, pid).
     torch: BTreeMap<(usize, u32), Series>,
+    /// Per workload with a hard limit on a GPU, its used bytes, by
+    /// (workload, GPU UUID).
+    workloads: HashMap<(Workload, Arc<str>), Series>,
 }
 
 impl History {
@@ -202,6 +207,25 @@ impl History {
     pub fn forecast(&mut self, index: usize, now: f64, used: u64, free: u64) -> Option<Forecast> {
         let ring = self.gpus.get_mut(index)?;
         ring.used.forecast(now, used, used.saturating_add(free))
+    }
+
+    /// Add the used bytes of each workload of `rows` that has a hard
+    /// limit, at the time of `s`, and say when each reaches its lowest
+    /// hard limit at its present growth (`limit_in`). A workload that left
+    /// (or lost its limit) is forgotten.
+    pub fn limits(&mut self, s: &Snapshot, rows: &mut [WorkloadLimits]) {
+        let second = unix_seconds(s.taken_at);
+        let now = unix_seconds_f64(s.taken_at);
+        let mut live = HashSet::new();
+        for w in rows.iter_mut() {
+            let Some(hard) = w.hard() else { continue };
+            let key = (w.workload.clone(), Arc::clone(&w.uuid));
+            let series = self.workloads.entry(key.clone()).or_default();
+            series.add(second, w.used);
+            w.limit_in = series.forecast(now, w.used, hard);
+            live.insert(key);
+        }
+        self.workloads.retain(|k, _| live.contains(k));
     }
 
     /// The forecasts of every GPU of `s` (which was recorded), and of each

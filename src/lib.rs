@@ -36,6 +36,7 @@ pub(crate) mod history;
 pub(crate) mod http;
 pub(crate) mod jobmap;
 pub(crate) mod kube;
+pub(crate) mod limits;
 pub(crate) mod logging;
 pub(crate) mod model;
 pub(crate) mod pipeline;

@@ -82,6 +82,9 @@ struct Cli {
     /// The container engine's Unix socket (Docker, or `podman system service`), for container names, images and compose labels; empty: off [default: off]
     #[arg(long = "containers.engine-socket", global = true, value_name = "PATH")]
     engine_socket: Option<String>,
+    /// The driver's per-cgroup memory limits and the kernel's dmem limits are read this often [default: 10s]
+    #[arg(long = "limits.interval", global = true, value_name = "DURATION")]
+    limits_interval: Option<String>,
     /// A process holding GPU memory that ran no kernel this long is idle (gpu_process_idle_seconds) [default: 30m]
     #[arg(long = "processes.idle-after", global = true, value_name = "DURATION")]
     idle_after: Option<String>,
@@ -219,6 +222,7 @@ impl Cli {
             job_mapping_format: self.job_mapping_format.clone(),
             engine_socket: self.engine_socket.clone(),
             idle_after: self.idle_after.clone(),
+            limits_interval: self.limits_interval.clone(),
             collectors: Vec::new(),
         }
     }

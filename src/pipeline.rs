@@ -2,10 +2,11 @@
 //! start the same [`Pipeline`] — the sampler thread with attribution (the
 //! pod index when the pod watcher is on, the container-engine lookup
 //! thread when `containers.engine_socket` is set), the pod watcher, the
-//! ResourceSlice watcher (with both the pod watcher and the pod-resources
-//! client), the pod-resources client, the Slurm job-mapping reader (its own thread,
-//! started with the sampler), and the config reload on SIGHUP — and differ only
-//! in where snapshots go (the HTTP server, or a file through the sink).
+//! ResourceSlice watcher and the DRA claim reader (with both the pod
+//! watcher and the pod-resources client), the pod-resources client, the
+//! Slurm job-mapping reader (its own thread, started with the sampler), and
+//! the config reload on SIGHUP — and differ only in where snapshots go
+//! (the HTTP server, or a file through the sink).
 //!
 //! [`Pipeline::start`] runs on the caller's thread (the sampler opens NVML
 //! on its own thread and reports a fatal error back);
@@ -23,7 +24,7 @@ use crate::config::{self, Config, Overrides};
 use crate::containers::{self, ContainerCache};
 use crate::gpu::GpuSource;
 use crate::jobmap::{self, JobMap};
-use crate::kube::{self, PodIndex, SliceIndex};
+use crate::kube::{self, ClaimLimits, PodIndex, SliceIndex};
 use crate::model::Snapshot;
 use crate::podres::{self, PodResources};
 use crate::publish::{Shared, Sources};
@@ -53,6 +54,8 @@ pub struct Pipeline {
     /// This node's ResourceSlices, when both the pod watcher and the
     /// pod-resources client are on (DRA devices → GPUs).
     slices: Option<Arc<SliceIndex>>,
+    /// The DRA claims' limits, with the slices.
+    claims: Option<Arc<ClaimLimits>>,
 }
 
 impl Pipeline {
@@ -121,6 +124,7 @@ impl Pipeline {
         sources.bridge = bridge.as_ref().map(|b| b.bridge());
         let slices = (sources.pods.is_some() && sources.pod_resources.is_some())
             .then(|| Arc::new(SliceIndex::new()));
+        sources.claims = slices.as_ref().map(|_| Arc::new(ClaimLimits::new()));
         let mut lookup = ProcCache::from_config(&config.attribution, sources.pods.clone());
         if let Some(store) = &sources.job_mapping {
             // A Slurm job's owner from the mapping, where it gives one.
@@ -137,6 +141,7 @@ impl Pipeline {
         let Sources {
             pods,
             pod_resources,
+            claims,
             ..
         } = sources;
         Ok(Pipeline {
@@ -149,6 +154,7 @@ impl Pipeline {
             pods,
             pod_resources,
             slices,
+            claims,
         })
     }
 
@@ -179,9 +185,21 @@ impl Pipeline {
         if let (Some(k), Some(slices)) = (&self.config.kubernetes, &self.slices) {
             tokio::spawn(kube::run_slice_watcher(k.clone(), Arc::clone(slices)));
         }
+        let claims = match (&self.config.kubernetes, &self.claims) {
+            (Some(k), Some(store)) => {
+                let (requests, answers) = kube::claim_channel();
+                tokio::spawn(kube::run_claim_reader(
+                    k.clone(),
+                    Arc::clone(store),
+                    answers,
+                ));
+                Some(requests)
+            }
+            _ => None,
+        };
         if let (Some(p), Some(store)) = (&self.config.pod_resources, &self.pod_resources) {
             let resolver = podres::Resolver::new(self.slices.clone(), self.pods.clone());
-            tokio::spawn(podres::run(p.clone(), Arc::clone(store), resolver));
+            tokio::spawn(podres::run(p.clone(), Arc::clone(store), resolver, claims));
         }
         tokio::spawn(reload_on_sighup(
             self.reload.clone(),
@@ -239,7 +257,7 @@ async fn reload_on_sighup(
                         "config reloaded; these changed keys take effect only after a restart"
                     );
                 }
-                let _ = control.send(Control::Reconfigure(new.sampler()));
+                let _ = control.send(Control::Reconfigure(Box::new(new.sampler())));
                 tracing::info!("config reloaded");
                 current = new;
             }

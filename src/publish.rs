@@ -4,8 +4,8 @@
 //! readers (HTTP handlers) load it without blocking and never see a
 //! half-built one. Before publishing, the exporter's own counters
 //! ([`Telemetry`]) and every source's state ([`Sources`]: the pod watcher,
-//! the kubelet's pod-resources, the Slurm job map, the container engine,
-//! the torch bridge) are copied into the snapshot, so one snapshot is
+//! the kubelet's pod-resources, the DRA claim reader, the Slurm job map,
+//! the container engine, the torch bridge) are copied into the snapshot, so one snapshot is
 //! everything a scrape shows, in every format.
 //!
 //! Architecture invariant: **this is the one route from a source into the
@@ -30,8 +30,8 @@ use crate::bridge::Bridge;
 use crate::containers::ContainerCache;
 use crate::history::History;
 use crate::jobmap::JobMap;
-use crate::kube::PodIndex;
-use crate::model::Snapshot;
+use crate::kube::{ClaimLimits, PodIndex};
+use crate::model::{LimitSources, PodLimit, Snapshot};
 use crate::podres::PodResources;
 use crate::telemetry::Telemetry;
 
@@ -44,12 +44,17 @@ pub(crate) struct Sources {
     pub(crate) pods: Option<Arc<PodIndex>>,
     /// The kubelet's pod-resources answers.
     pub(crate) pod_resources: Option<Arc<PodResources>>,
+    /// The limits the DRA claims of those answers state.
+    pub(crate) claims: Option<Arc<ClaimLimits>>,
     /// The Slurm job-mapping reader's latest read.
     pub(crate) job_mapping: Option<Arc<JobMap>>,
     /// The container engine's lookups (attribution reads the names).
     pub(crate) containers: Option<Arc<ContainerCache>>,
     /// The torch bridge (the sampler reads its per-process figures).
     pub(crate) bridge: Option<Arc<Bridge>>,
+    /// Not a source: the pod limits of the pod watcher and the claim
+    /// reader as one list, the last snapshot's while neither changed.
+    pub(crate) pod_limits: Arc<Mutex<PodLimitsMerge>>,
 }
 
 impl Sources {
@@ -60,6 +65,61 @@ impl Sources {
         s.job_mapping = self.job_mapping.as_ref().map(|j| j.state());
         s.containers = self.containers.as_ref().map(|c| c.lookups());
         s.torch = self.bridge.as_ref().map(|b| b.state());
+        self.copy_limits(s);
+    }
+
+    /// The pod-keyed limits (HAMi's and KAI's annotations, DRA claims)
+    /// and which of their sources were found; the sampler's own sources
+    /// already in `s` are kept. Without either source the list is an
+    /// empty one, the same in every snapshot.
+    fn copy_limits(&self, s: &mut Snapshot) {
+        let mut found = LimitSources::default();
+        let mut lists = Vec::with_capacity(2);
+        for (list, sources) in [
+            self.pods.as_ref().map(|p| p.limits()),
+            self.claims.as_ref().map(|c| c.limits()),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            lists.push(list);
+            found.merge(&sources);
+        }
+        // Only publish locks it: a panic there left a whole list.
+        let mut merge = self.pod_limits.lock().unwrap_or_else(|e| e.into_inner());
+        s.limits.pods = merge.of(lists);
+        s.limits.sources.merge(&found);
+    }
+}
+
+/// The sources' pod limits as one sorted list, made again only when one
+/// of them changed: each source keeps its list while its limits stay the
+/// same, and so does this, so a snapshot can tell by the pointer.
+#[derive(Debug, Default)]
+pub(crate) struct PodLimitsMerge {
+    from: Vec<Arc<Vec<PodLimit>>>,
+    merged: Arc<Vec<PodLimit>>,
+}
+
+impl PodLimitsMerge {
+    fn of(&mut self, lists: Vec<Arc<Vec<PodLimit>>>) -> Arc<Vec<PodLimit>> {
+        let same = lists.len() == self.from.len()
+            && lists.iter().zip(&self.from).all(|(a, b)| Arc::ptr_eq(a, b));
+        if !same {
+            let mut nonempty = lists.iter().filter(|l| !l.is_empty());
+            self.merged = match (nonempty.next(), nonempty.next()) {
+                (None, _) => Arc::default(),
+                (Some(one), None) => Arc::clone(one),
+                (Some(_), Some(_)) => {
+                    let mut all: Vec<PodLimit> =
+                        lists.iter().flat_map(|l| l.iter().cloned()).collect();
+                    crate::kube::sort_limits(&mut all);
+                    Arc::new(all)
+                }
+            };
+            self.from = lists;
+        }
+        Arc::clone(&self.merged)
     }
 }
 
@@ -86,6 +146,9 @@ pub struct Shared {
     sources: OnceLock<Sources>,
     /// The last 10 minutes of used memory per GPU, fed by [`Self::publish`].
     history: Mutex<History>,
+    /// The last per-workload limits, joined again only when a process
+    /// list or a source's limits changed (a full sample, a source's read).
+    limits: Mutex<LimitsCache>,
     /// The memory-time and allocation ledger, fed by [`Self::publish`]
     /// (the only one who locks it).
     ledger: Mutex<Ledger>,
@@ -103,6 +166,7 @@ impl Shared {
             sink_dropped: AtomicU64::new(0),
             sources: OnceLock::new(),
             history: Mutex::new(History::new()),
+            limits: Mutex::new(LimitsCache::default()),
             ledger: Mutex::new(Ledger::new()),
         }
     }
@@ -190,6 +254,8 @@ impl Shared {
             let mut history = self.history();
             history.record(&s);
             s.forecasts = history.forecasts(&s);
+            let mut limits = self.limits.lock().unwrap_or_else(|e| e.into_inner());
+            limits.join(&mut s, &mut history);
         }
         self.last_tick_ms
             .store(unix_ms(s.taken_at), Ordering::Release);
@@ -260,7 +326,83 @@ fn unix_ms(t: SystemTime) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{Amount, LimitKind, LimitSource};
     use std::sync::mpsc::sync_channel;
+
+    /// The pod watcher's and the claim reader's limits reach the snapshot
+    /// as one sorted list, the same one while neither changed, and their
+    /// sources join those the sampler found.
+    #[test]
+    fn pod_limits_are_merged_into_the_snapshot() {
+        const GPU: &str = "GPU-00000000-0000-0000-0000-000000000000";
+        let pods = Arc::new(PodIndex::new());
+        pods.insert_annotated(
+            "uid-b",
+            "b",
+            &[(
+                "hami.io/vgpu-devices-allocated",
+                &format!("{GPU},NVIDIA,1024,0:;"),
+            )],
+        );
+        let claims = Arc::new(ClaimLimits::new());
+        let dra = |uid: &str, gib: u64| PodLimit {
+            pod_uid: Arc::from(uid),
+            uuid: Some(Arc::from(GPU)),
+            source: LimitSource::Dra,
+            kind: LimitKind::Hard,
+            amount: Amount::Bytes(gib << 30),
+        };
+        claims.set(vec![dra("uid-c", 2), dra("uid-a", 1)], true);
+        let sources = Sources {
+            pods: Some(Arc::clone(&pods)),
+            claims: Some(Arc::clone(&claims)),
+            ..Sources::default()
+        };
+        let snapshot = || {
+            let mut s = Snapshot::empty(UNIX_EPOCH);
+            s.limits.sources.set(LimitSource::Driver, false);
+            sources.copy_into(&mut s);
+            s
+        };
+        let s = snapshot();
+        let got: Vec<(&str, LimitSource)> = s
+            .limits
+            .pods
+            .iter()
+            .map(|l| (&*l.pod_uid, l.source))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("uid-a", LimitSource::Dra),
+                ("uid-b", LimitSource::Hami),
+                ("uid-c", LimitSource::Dra)
+            ]
+        );
+        let found = s.limits.sources;
+        assert_eq!(found.get(LimitSource::Driver), Some(false), "the sampler's");
+        assert_eq!(found.get(LimitSource::Hami), Some(true));
+        assert_eq!(found.get(LimitSource::Kai), Some(false));
+        assert_eq!(found.get(LimitSource::Dra), Some(true));
+        assert_eq!(found.get(LimitSource::Torch), None);
+        assert!(Arc::ptr_eq(&s.limits.pods, &snapshot().limits.pods));
+
+        // One source changes: a new list; one left alone: its own list.
+        claims.set(vec![], false);
+        let s = snapshot();
+        assert_eq!(s.limits.pods.len(), 1);
+        assert!(Arc::ptr_eq(&s.limits.pods, &pods.limits().0));
+        assert_eq!(s.limits.sources.get(LimitSource::Dra), Some(false));
+
+        // Neither source on: the same empty list every time, no source set.
+        let none = Sources::default();
+        let (mut a, mut b) = (Snapshot::empty(UNIX_EPOCH), Snapshot::empty(UNIX_EPOCH));
+        none.copy_into(&mut a);
+        none.copy_into(&mut b);
+        assert!(a.limits.pods.is_empty());
+        assert!(Arc::ptr_eq(&a.limits.pods, &b.limits.pods));
+        assert_eq!(a.limits.sources, LimitSources::default());
+    }
 
     #[test]
     fn the_sink_gets_every_snapshot_and_counts_what_did_not_fit() {
@@ -288,5 +430,43 @@ mod tests {
             rx.recv().is_err(),
             "disconnected once the sink is taken away"
         );
+    }
+}
+
+/// The per-workload limits of the last full sample: a memory-only sample
+/// shares its process lists, so the join (and the limit forecasts, whose
+/// figures change only with the lists) is made again only when one of
+/// them, or a source's limits, changed.
+#[derive(Debug, Default)]
+struct LimitsCache {
+    processes: Vec<Arc<[crate::model::ProcessSample]>>,
+    pods: Arc<Vec<crate::model::PodLimit>>,
+    cgroups: Arc<Vec<crate::model::CgroupLimit>>,
+    rows: Arc<Vec<crate::model::WorkloadLimits>>,
+}
+
+impl LimitsCache {
+    fn join(&mut self, s: &mut Snapshot, history: &mut History) {
+        if s.torch.is_some() {
+            // The bridge is on: a process's own limit can be read.
+            s.limits.sources.set(crate::model::LimitSource::Torch, true);
+        }
+        let same = Arc::ptr_eq(&self.pods, &s.limits.pods)
+            && Arc::ptr_eq(&self.cgroups, &s.limits.cgroups)
+            && self.processes.len() == s.devices.len()
+            && self
+                .processes
+                .iter()
+                .zip(&s.devices)
+                .all(|(p, d)| Arc::ptr_eq(p, &d.processes));
+        if !same {
+            let mut rows = crate::limits::assemble(s);
+            history.limits(s, &mut rows);
+            self.rows = Arc::new(rows);
+            self.pods = Arc::clone(&s.limits.pods);
+            self.cgroups = Arc::clone(&s.limits.cgroups);
+            self.processes = s.devices.iter().map(|d| Arc::clone(&d.processes)).collect();
+        }
+        s.limits.workloads = Arc::clone(&self.rows);
     }
 }

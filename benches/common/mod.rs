@@ -89,6 +89,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
             }),
             slurm: None,
             cmdline: None,
+            cgroup: None,
             namespace: Arc::from(if pods { "ml-training" } else { "" }),
             pod: Arc::from(if pods {
                 format!("trainer-7d9f8c6b5-{n:05}")
@@ -168,6 +169,7 @@ pub fn snapshot(pods: bool) -> Snapshot {
         exporter: Default::default(),
         forecasts: Default::default(),
         accounting: Default::default(),
+        limits: Default::default(),
         series: Default::default(),
     }
 }

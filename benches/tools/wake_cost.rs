@@ -197,12 +197,14 @@ fn main() {
         memory_sample_interval: SPACING,
         peak_window: Duration::from_secs(30),
         mig_rescan_interval: Duration::from_secs(10),
+        limits_interval: Duration::from_secs(10),
     };
     let config = SamplerConfig {
         timing,
         selection: Default::default(),
         collectors: Default::default(),
         procfs: "/proc".into(),
+        cgroupfs: "/sys/fs/cgroup".into(),
     };
     let mut raw = NvmlSource::open(lib.as_deref()).expect("open NVML");
     let gpus = raw.device_count();

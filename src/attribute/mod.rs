@@ -399,13 +399,25 @@ impl ProcCache {
         }
     }
 
+    /// The cgroup v2 path of a `/proc/<pid>/cgroup`, where every directory
+    /// on it is root's: the cgroup-keyed limits are asked about it alone,
+    /// so a tenant's own (delegated) cgroup gets no limit from them.
+    fn trusted_v2_path(&self, text: &str) -> Option<Arc<str>> {
+        let line = cgroup::lines(text).find(|l| l.controllers.is_empty())?;
+        let path = line.path.trim();
+        (path.starts_with('/') && self.cgroupfs.check(line) == Ownership::Trusted)
+            .then(|| Arc::from(path))
+    }
+
     fn read(&mut self, pid: u32) -> Read {
         let s = |v: String| -> Arc<str> { Arc::from(v) };
         let uid = self.root.uid(pid);
-        let vetted = self
-            .cgroup(pid)
-            .map(|text| self.vet(&text, uid))
+        let text = self.cgroup(pid);
+        let vetted = text
+            .as_deref()
+            .map(|text| self.vet(text, uid))
             .unwrap_or_default();
+        let own_cgroup = text.as_deref().and_then(|t| self.trusted_v2_path(t));
         let cg = vetted.cgroup;
         let slurm = vetted.slurm.map(|j| SlurmJob {
             job: Arc::from(j.job),
@@ -427,6 +439,7 @@ impl ProcCache {
             container: Arc::from(""),
             engine: None,
             start_time: None,
+            cgroup: own_cgroup,
         };
         Read {
             ident,

@@ -1686,23 +1686,33 @@ mod tests {
         let store = Arc::new(Store::default());
         let listener = bind_with(&path, false).unwrap();
         assert!(!listener.refuses_fds);
-        let _t = spawn(listener, ProcRoot::default(), CGROUPFS, &store).unwrap();
         let me = std::process::id();
         let start = ProcRoot::default().start_time(me).unwrap();
-        let victim = connect(&path);
         let msg = |n: u64| {
             format!(
                 "gpumem-bridge 1\n{}",
                 DOC.replace("\"allocated\":1", &format!("\"allocated\":{n}"))
             )
         };
+        // Both send before the listener thread runs, and this test closes
+        // its own copy of the socket while the passed one is still in
+        // flight: the last close, the lingering one, is then surely the
+        // exporter's (were the listener quicker than this thread's close,
+        // this thread would linger instead, as a run on a loaded machine
+        // once did).
+        let victim = connect(&path);
         send(&victim, msg(1).as_bytes());
-        wait_for("the first document", || store.get(me, start).is_some());
-
         let attacker = connect(&path);
         let (tcp, peer) = lingering_tcp();
         send_fds(&attacker, msg(2).as_bytes(), &[tcp.as_raw_fd()]).unwrap();
+        let closed = Instant::now();
         drop(tcp);
+        assert!(
+            closed.elapsed() < Duration::from_secs(1),
+            "not the last close"
+        );
+        let _t = spawn(listener, ProcRoot::default(), CGROUPFS, &store).unwrap();
+        wait_for("the first document", || store.get(me, start).is_some());
         wait_for("the fds counted", || {
             store.counters.limited_fds.load(Ordering::Relaxed) == 1
         });

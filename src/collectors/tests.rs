@@ -176,6 +176,7 @@ fn config(collectors: Collectors) -> SamplerConfig {
         selection: Selection::default(),
         collectors,
         procfs: "/proc".into(),
+        cgroupfs: "/sys/fs/cgroup".into(),
     }
 }
 

@@ -33,6 +33,9 @@ pub struct Timing {
     /// Each GPU's MIG mode and instances are read again this often (and
     /// whenever a MIG call says the layout changed).
     pub mig_rescan_interval: Duration,
+    /// The cgroup-keyed limits (the driver's, `dmem`) are read this often
+    /// (`limits.interval`).
+    pub limits_interval: Duration,
 }
 
 impl Timing {
@@ -42,6 +45,7 @@ impl Timing {
             memory_sample_interval: sample_interval,
             peak_window: sample_interval,
             mig_rescan_interval: sample_interval,
+            limits_interval: sample_interval,
         }
     }
 }
@@ -180,4 +184,6 @@ pub struct SamplerConfig {
     pub collectors: Collectors,
     /// `path.procfs`: a unified-memory GPU's figures are its `meminfo`.
     pub procfs: PathBuf,
+    /// `path.cgroupfs`: where the cgroup-keyed limits are read.
+    pub cgroupfs: PathBuf,
 }

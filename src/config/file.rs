@@ -30,6 +30,14 @@ pub(super) struct FileConfig {
     pub(super) collectors: FileCollectors,
     pub(super) slurm: FileSlurm,
     pub(super) containers: FileContainers,
+    pub(super) limits: FileLimits,
+}
+
+/// `limits:` — the cgroup-keyed limit sources' reads.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileLimits {
+    pub(super) interval: Option<Interval>,
 }
 
 /// `collectors:` — each collector on (true) or off (false), by its name in

@@ -52,6 +52,9 @@ pub(crate) const DEFAULT_PEAK_WINDOW: Duration = Duration::from_secs(30);
 /// Layout changes that matter sooner are seen at once (a process on an
 /// unknown instance, a stale instance handle); see docs/configuration.md.
 pub(crate) const DEFAULT_MIG_RESCAN_INTERVAL: Duration = Duration::from_secs(30);
+/// `limits.interval`'s default: the driver's and `dmem`'s limits change
+/// when an operator or scheduler sets them, not per sample.
+pub(crate) const DEFAULT_LIMITS_INTERVAL: Duration = Duration::from_secs(10);
 /// Larger config files are refused before parsing.
 pub(crate) const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -136,6 +139,7 @@ impl Config {
             selection: self.selection,
             collectors: self.collectors.clone(),
             procfs: PathBuf::from(&self.attribution.procfs),
+            cgroupfs: PathBuf::from(&self.attribution.cgroupfs),
         }
     }
 }
@@ -153,6 +157,7 @@ impl Default for Config {
                 memory_sample_interval: DEFAULT_MEMORY_SAMPLE_INTERVAL,
                 peak_window: DEFAULT_PEAK_WINDOW,
                 mig_rescan_interval: DEFAULT_MIG_RESCAN_INTERVAL,
+                limits_interval: DEFAULT_LIMITS_INTERVAL,
             },
             selection: Selection::default(),
             collectors: Collectors::default(),
@@ -184,6 +189,8 @@ pub struct Overrides {
     pub memory_sample_interval: Option<String>,
     pub peak_window: Option<String>,
     pub mig_rescan_interval: Option<String>,
+    /// `--limits.interval`.
+    pub limits_interval: Option<String>,
     pub nvml_library: Option<String>,
     pub log_level: Option<String>,
     pub log_format: Option<String>,
@@ -320,11 +327,19 @@ fn timing(file: &FileConfig, o: &Overrides, d: &Timing) -> Result<Timing, Locate
         interval,
         "MIG layouts are read in full samples, so it must be at least one sample interval",
     )?;
+    let limits_interval = not_below_interval(
+        ("limits.interval", &o.limits_interval),
+        ("limits.interval", file.limits.interval),
+        d.limits_interval,
+        interval,
+        "the limits are read in full samples, so it must be at least one sample interval",
+    )?;
     Ok(Timing {
         sample_interval: interval,
         memory_sample_interval: memory_interval,
         peak_window,
         mig_rescan_interval,
+        limits_interval,
     })
 }
 

@@ -430,5 +430,5 @@ pub(super) fn families(enc: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), 
     for family in FAMILIES {
         family.encode(enc, s)?;
     }
-    Ok(())
+    super::limits::sources(enc, s)
 }

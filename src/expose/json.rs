@@ -28,6 +28,7 @@ use crate::model::{
     DeviceSample, Forecast, Idle, MemoryInfo, ProcessSample, Readings, Snapshot, Stale,
     Unattributed, Workload, WorkloadTotals,
 };
+use limits::{OnGpu, Sources};
 
 /// `schema_version` of both documents; bumped on any incompatible change
 /// (a field removed, renamed or retyped). New fields may appear within a
@@ -39,6 +40,8 @@ pub(crate) const SCHEMA_VERSION: u32 = 1;
 pub(crate) const MAX_PROCESSES_PER_GPU: usize = 512;
 
 pub(crate) const JSON_CONTENT_TYPE: &str = "application/json";
+
+mod limits;
 
 fn seconds(t: SystemTime) -> f64 {
     // Millisecond resolution, so the text is short and exact.
@@ -60,6 +63,8 @@ struct SnapshotDoc<'a> {
     nvml_reinit_attempts: u64,
     kubernetes: Option<Kubernetes>,
     workloads: Workloads,
+    /// Which limit sources were looked for (keys) and found (values).
+    limit_sources: Sources,
     /// The collectors with a key in each GPU's object (registry order),
     /// so the page shows each one's figures without knowing it.
     collectors: Vec<CollectorDoc>,
@@ -115,8 +120,54 @@ struct RankedWorkload {
     totals: RankedTotals,
 }
 
-fn some(s: &str) -> Option<String> {
-    (!s.is_empty()).then(|| s.to_string())
+/// A workload's kind and ids as the API names them (a row each in the
+/// ranking and in each GPU's limits); an empty name is null.
+pub(super) struct WorkloadIds<'a> {
+    /// `pod`, `slurm_job`, `container` or `user`.
+    pub(super) kind: &'static str,
+    pub(super) namespace: Option<&'a str>,
+    pub(super) pod: Option<&'a str>,
+    pub(super) pod_uid: Option<&'a str>,
+    pub(super) slurm_job: Option<&'a str>,
+    pub(super) container_id: Option<&'a str>,
+    pub(super) user: Option<&'a str>,
+}
+
+impl<'a> WorkloadIds<'a> {
+    pub(super) fn of(w: &'a Workload) -> Self {
+        let some = |s: &'a str| (!s.is_empty()).then_some(s);
+        let mut ids = WorkloadIds {
+            kind: "user",
+            namespace: None,
+            pod: None,
+            pod_uid: None,
+            slurm_job: None,
+            container_id: None,
+            user: None,
+        };
+        match w {
+            Workload::Pod {
+                namespace,
+                pod,
+                pod_uid,
+            } => {
+                ids.kind = "pod";
+                ids.namespace = some(namespace);
+                ids.pod = some(pod);
+                ids.pod_uid = some(pod_uid);
+            }
+            Workload::SlurmJob { job } => {
+                ids.kind = "slurm_job";
+                ids.slurm_job = some(job);
+            }
+            Workload::Container { container_id } => {
+                ids.kind = "container";
+                ids.container_id = some(container_id);
+            }
+            Workload::User { user } => ids.user = some(user),
+        }
+        ids
+    }
 }
 
 fn ranked(r: Ranked) -> RankedDoc {
@@ -126,38 +177,18 @@ fn ranked(r: Ranked) -> RankedDoc {
             .workloads
             .into_iter()
             .map(|(w, t)| {
-                let mut out = RankedWorkload {
-                    kind: "user",
-                    namespace: None,
-                    pod: None,
-                    pod_uid: None,
-                    slurm_job: None,
-                    container_id: None,
-                    user: None,
+                let ids = WorkloadIds::of(&w);
+                let own = |v: Option<&str>| v.map(str::to_string);
+                RankedWorkload {
+                    kind: ids.kind,
+                    namespace: own(ids.namespace),
+                    pod: own(ids.pod),
+                    pod_uid: own(ids.pod_uid),
+                    slurm_job: own(ids.slurm_job),
+                    container_id: own(ids.container_id),
+                    user: own(ids.user),
                     totals: t.into(),
-                };
-                match &w {
-                    Workload::Pod {
-                        namespace,
-                        pod,
-                        pod_uid,
-                    } => {
-                        out.kind = "pod";
-                        out.namespace = some(namespace);
-                        out.pod = some(pod);
-                        out.pod_uid = some(pod_uid);
-                    }
-                    Workload::SlurmJob { job } => {
-                        out.kind = "slurm_job";
-                        out.slurm_job = some(job);
-                    }
-                    Workload::Container { container_id } => {
-                        out.kind = "container";
-                        out.container_id = some(container_id);
-                    }
-                    Workload::User { user } => out.user = some(user),
                 }
-                out
             })
             .collect(),
         omitted: (r.omitted != WorkloadTotals::default()).then(|| r.omitted.into()),
@@ -229,6 +260,8 @@ struct Gpu<'a> {
     /// Memory held by idle processes; `null` where the processes were not
     /// read.
     memory_idle_held_bytes: Option<u64>,
+    /// Its workloads with a limit of their own.
+    limits: OnGpu<'a>,
 }
 
 #[derive(Serialize, Default)]
@@ -563,6 +596,7 @@ fn gpu<'a>(
     forecast: Option<Forecast>,
     procs: &'a KeptProcesses,
     registry: &'static [Def],
+    limits: OnGpu<'a>,
 ) -> Gpu<'a> {
     let i = &d.info;
     let processes = &*procs.json;
@@ -621,6 +655,7 @@ fn gpu<'a>(
             growth_bytes_per_second: f.growth_bytes_per_second,
             window_seconds: f.window_seconds,
         }),
+        limits,
     }
 }
 
@@ -696,7 +731,13 @@ fn encode_snapshot(
             .iter()
             .zip(parts)
             .enumerate()
-            .map(|(i, (d, p))| gpu(d, s.forecasts.gpu(i), p, registry))
+            .map(|(i, (d, p))| {
+                let limits = OnGpu {
+                    rows: &s.limits.workloads,
+                    gpu: i,
+                };
+                gpu(d, s.forecasts.gpu(i), p, registry, limits)
+            })
             .collect(),
         nvml_errors: s
             .nvml_errors
@@ -720,6 +761,7 @@ fn encode_snapshot(
                 since_start: ranked(since),
             }
         },
+        limit_sources: Sources(s.limits.sources),
         collectors: registry
             .iter()
             .filter(|d| d.json.is_some_and(|j| j.gpu.is_some()))

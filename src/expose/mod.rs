@@ -25,6 +25,7 @@ mod forecast;
 mod format;
 mod gpu;
 pub(crate) mod json;
+mod limits;
 mod mig;
 mod process;
 mod segments;

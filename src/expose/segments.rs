@@ -30,7 +30,7 @@ use prometheus_client::registry::Registry;
 
 use super::budget::{self, Counts};
 use super::format::Format;
-use super::{accounting, allocation, exporter, forecast, gpu, mig, process, stale, torch};
+use super::{accounting, allocation, exporter, forecast, gpu, limits, mig, process, stale, torch};
 use crate::collectors::{Def, REGISTRY};
 use crate::model::{
     DeviceInfo, MigSample, OtherProcesses, ProcessSample, Readings, SeriesMode, SeriesPolicy,
@@ -96,7 +96,10 @@ pub(super) fn encode_group(
             mig::families(enc, s)?;
             stale::families(enc, s)
         }
-        Group::Allocation => allocation::families(enc, s),
+        Group::Allocation => {
+            allocation::families(enc, s)?;
+            limits::families(enc, s)
+        }
         Group::Accounting => {
             accounting::families(enc, s, whole)?;
             allocation::counters(enc, s)

@@ -18,6 +18,7 @@ pub(crate) mod error;
 #[cfg(test)]
 pub(crate) mod fake;
 mod handle;
+pub(crate) mod limits;
 pub(crate) mod nvml;
 
 use crate::model::{DeviceInfo, DriverInfo, MemoryInfo, MigInfo};
@@ -26,6 +27,7 @@ pub(crate) use handle::{Handle, keep};
 
 pub(crate) use error::GpuError;
 pub use error::{ErrorKind, Operation};
+pub(crate) use limits::DriverLimits;
 
 /// One process as the driver lists it, before /proc lookups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +83,24 @@ pub trait GpuSource {
         device: Option<usize>,
         operation: Operation,
     ) -> Result<Handle<'_>, GpuError>;
+    /// Whether the driver has per-cgroup memory limits
+    /// (`nvmlDeviceGetMemoryLimits_v1`); `false` while closed.
+    fn has_memory_limits(&self) -> bool {
+        false
+    }
+    /// The driver's memory limits of cgroup directory `path` (its full
+    /// sysfs path) on GPU `device`; `function_not_found` where the driver
+    /// has no such call.
+    fn memory_limits(
+        &mut self,
+        _device: usize,
+        _path: &std::ffi::CStr,
+    ) -> Result<DriverLimits, GpuError> {
+        Err(GpuError::new(
+            Operation::MEMORY_LIMITS,
+            ErrorKind::FunctionNotFound,
+        ))
+    }
     /// Let go of the driver (handles, and the library itself), so that the
     /// next open loads it afresh, e.g. after a driver upgrade. Every call
     /// after this fails with [`ErrorKind::Uninitialized`].

@@ -86,6 +86,8 @@ struct Opened {
     /// event set): kept here, not in the collectors, because they are
     /// freed through the library and must go before `nvml` does.
     state: State,
+    /// `nvmlDeviceGetMemoryLimits_v1`, where this driver has it.
+    memory_limits: Option<super::limits::MemoryLimitsCall>,
     nvml: Box<Nvml>,
 }
 
@@ -167,6 +169,9 @@ impl NvmlSource {
                 mig_handles: (0..count).map(|_| Vec::new()).collect(),
                 mig_gis: (0..count).map(|_| Vec::new()).collect(),
                 state: State::default(),
+                memory_limits: super::limits::MemoryLimitsCall::resolve(
+                    library.unwrap_or(DEFAULT_LIBRARY),
+                ),
                 nvml: Box::new(nvml),
             }),
             driver,
@@ -381,6 +386,32 @@ impl GpuSource for NvmlSource {
             Ok(_) => Ok(Virtualization::None),
             Err(e) => Err(gpu_err(OP)(e)),
         }
+    }
+
+    fn has_memory_limits(&self) -> bool {
+        self.opened
+            .as_ref()
+            .is_some_and(|o| o.memory_limits.is_some())
+    }
+
+    fn memory_limits(
+        &mut self,
+        device: usize,
+        path: &std::ffi::CStr,
+    ) -> Result<super::DriverLimits, GpuError> {
+        let op = Operation::MEMORY_LIMITS;
+        let opened = self.opened(op)?;
+        let handle = opened
+            .handles
+            .get(device)
+            .and_then(Option::as_ref)
+            .ok_or(GpuError::new(op, ErrorKind::InvalidDeviceIndex))?;
+        let call = opened
+            .memory_limits
+            .as_ref()
+            .ok_or(GpuError::new(op, ErrorKind::FunctionNotFound))?;
+        // SAFETY: the handle is this instance's, alive while `opened` is.
+        unsafe { call.call(handle.handle(), path) }.map_err(|e| GpuError::nvml(op, &e))
     }
 
     fn handle(

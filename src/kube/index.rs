@@ -5,6 +5,10 @@
 //! (`attribute → kube::index` is the one edge between them), and it
 //! imports nothing of attribution, so the container id's form
 //! ([`is_container_id`]) is defined here.
+//!
+//! Beside the names, each pod keeps the memory limits its own annotations
+//! state (HAMi's, KAI's: [`super::annotations`]), keyed by its UID, and
+//! every publish lists them all for the snapshot ([`PodIndex::limits`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,7 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use k8s_openapi::api::core::v1 as k8s;
 
-use crate::model::KubeState;
+use super::annotations::{self, Problem};
+use crate::model::{KubeState, LimitSource, LimitSources, PodLimit};
 
 /// Who a process belongs to in Kubernetes terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,7 +118,19 @@ impl PodIndex {
             .map(|p| p.uid.clone())
     }
 
-    /// Pods currently indexed.
+    /// The limits this node's pods' annotations state (sorted), and which
+    /// of their sources were found: HAMi's and KAI's, once the first LIST
+    /// is in (before it, not known).
+    pub(crate) fn limits(&self) -> (Arc<Vec<PodLimit>>, LimitSources) {
+        let data = self.data.load();
+        let mut sources = LimitSources::default();
+        if self.synced.load(Ordering::Acquire) {
+            sources.set(LimitSource::Hami, data.limits.hami);
+            sources.set(LimitSource::Kai, data.limits.kai);
+        }
+        (Arc::clone(&data.limits.all), sources)
+    }
+
     /// Whether the API deleted the pod of this UID (a tombstone is kept
     /// for [`TOMBSTONE_SECONDS`], at most [`MAX_TOMBSTONES`]).
     pub fn is_deleted(&self, pod_uid: &str) -> bool {
@@ -121,6 +138,7 @@ impl PodIndex {
         data.tombstones.contains_key(pod_uid) && !data.pods.contains_key(pod_uid)
     }
 
+    /// Pods currently indexed.
     pub fn pods(&self) -> usize {
         self.data.load().pods.len()
     }
@@ -157,12 +175,40 @@ impl PodIndex {
                     })
                 })
                 .collect(),
+            limits: Vec::new(),
+            problems: Vec::new(),
         });
-        self.data.store(Arc::new(data));
+        self.publish(&data);
     }
 
+    /// For tests outside this module: pod `uid` (namespace `team`) with
+    /// `annotations`, as if a LIST had brought it.
+    #[cfg(test)]
+    pub(crate) fn insert_annotated(&self, uid: &str, name: &str, annotations: &[(&str, &str)]) {
+        let api: k8s::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "team", "uid": uid,
+                "annotations": annotations.iter().copied().collect::<HashMap<_, _>>()},
+        }))
+        .unwrap_or_default();
+        let mut data = IndexData::clone(&self.data.load());
+        if let Ok(pod) = Pod::from_api(&api) {
+            data.upsert(pod);
+        }
+        self.publish(&data);
+        self.synced.store(true, Ordering::Release);
+    }
+
+    /// Make `data` what readers see, with its pods' limits listed afresh
+    /// (the list published before is kept when they did not change, so a
+    /// snapshot can tell that they did not by the pointer).
     pub(super) fn publish(&self, data: &IndexData) {
-        self.data.store(Arc::new(data.clone()));
+        let mut data = data.clone();
+        let old = self.data.load();
+        data.limits = PodLimits::of(&data.pods);
+        if data.limits.all == old.limits.all {
+            data.limits.all = Arc::clone(&old.limits.all);
+        }
+        self.data.store(Arc::new(data));
     }
 
     pub(super) fn count(counter: &AtomicU64) {
@@ -182,12 +228,35 @@ pub(crate) const MAX_TOMBSTONES: usize = 4096;
 pub(crate) const TOMBSTONE_SECONDS: u64 = 24 * 3600;
 
 /// The published state: pods by UID and container ids pointing at them,
-/// and the UIDs of pods deleted since (with when).
+/// and the UIDs of pods deleted since (with when); and, made when
+/// published, the limits of all the pods.
 #[derive(Debug, Clone, Default)]
 pub(super) struct IndexData {
     pub(super) pods: HashMap<String, Arc<Pod>>,
     pub(super) containers: HashMap<String, ContainerSlot>,
     pub(super) tombstones: HashMap<String, u64>,
+    pub(super) limits: PodLimits,
+}
+
+/// Every indexed pod's limits, and whether any came from each source.
+#[derive(Debug, Clone, Default)]
+pub(super) struct PodLimits {
+    /// Sorted ([`super::sort_limits`]).
+    pub(super) all: Arc<Vec<PodLimit>>,
+    pub(super) hami: bool,
+    pub(super) kai: bool,
+}
+
+impl PodLimits {
+    fn of(pods: &HashMap<String, Arc<Pod>>) -> PodLimits {
+        let mut all: Vec<PodLimit> = pods.values().flat_map(|p| p.limits.clone()).collect();
+        super::sort_limits(&mut all);
+        PodLimits {
+            hami: all.iter().any(|l| l.source == LimitSource::Hami),
+            kai: all.iter().any(|l| l.source == LimitSource::Kai),
+            all: Arc::new(all),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -269,7 +338,7 @@ impl IndexData {
 }
 
 /// The fields of a pod this module uses.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct Pod {
     pub(super) uid: String,
     pub(super) namespace: String,
@@ -278,6 +347,10 @@ pub(super) struct Pod {
     /// Containers that have an id (started at least once), init and
     /// ephemeral containers included.
     pub(super) containers: Vec<Container>,
+    /// What its own annotations state, keyed by its own UID.
+    pub(super) limits: Vec<PodLimit>,
+    /// Its annotations that gave no limit, and why (the watcher logs them).
+    pub(super) problems: Vec<Problem>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -321,7 +394,8 @@ pub(super) struct MissingField(&'static str);
 impl Pod {
     /// The fields used, from the API's pod object: name, namespace and UID
     /// are required; containers (init and ephemeral ones included) count
-    /// once they have an id.
+    /// once they have an id; the limits are its annotations', under its
+    /// UID.
     pub(super) fn from_api(pod: &k8s::Pod) -> Result<Pod, MissingField> {
         let meta = &pod.metadata;
         let required = |v: &Option<String>, what| {
@@ -349,8 +423,12 @@ impl Pod {
                 })
             })
             .collect();
+        let uid = required(&meta.uid, "metadata.uid")?;
+        let annotated = annotations::limits_of(&Arc::from(uid.as_str()), |name| {
+            meta.annotations.as_ref()?.get(name).map(String::as_str)
+        });
         Ok(Pod {
-            uid: required(&meta.uid, "metadata.uid")?,
+            uid,
             namespace: required(&meta.namespace, "metadata.namespace")?,
             name: required(&meta.name, "metadata.name")?,
             node_name: pod
@@ -359,6 +437,8 @@ impl Pod {
                 .and_then(|s| s.node_name.clone())
                 .unwrap_or_default(),
             containers,
+            limits: annotated.limits,
+            problems: annotated.problems,
         })
     }
 }
@@ -431,6 +511,8 @@ mod tests {
                         id: ID_B.into()
                     },
                 ],
+                limits: vec![],
+                problems: vec![],
             })
         );
         let mut no_uid = api.clone();
@@ -442,6 +524,138 @@ mod tests {
             Pod::from_api(&empty_ns),
             Err(MissingField("metadata.namespace"))
         );
+    }
+
+    const GPU_A: &str = "GPU-aaaaaaaa-0000-0000-0000-000000000000";
+    const GPU_B: &str = "GPU-bbbbbbbb-0000-0000-0000-000000000000";
+
+    /// A pod on `gpu-node-1` as the API has it, with `annotations`.
+    fn annotated(uid: &str, name: &str, annotations: serde_json::Value) -> k8s::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "team", "uid": uid,
+                "annotations": annotations},
+            "spec": {"nodeName": "gpu-node-1", "containers": []},
+        }))
+        .unwrap()
+    }
+
+    fn index_of(pods: &[k8s::Pod]) -> PodIndex {
+        let index = PodIndex::new();
+        let mut data = IndexData::default();
+        for p in pods {
+            data.upsert(Pod::from_api(p).unwrap());
+        }
+        index.publish(&data);
+        index
+    }
+
+    /// A tenant's annotation speaks only of its own pod: pod A's naming
+    /// the GPU that pod B holds gives A a limit on that GPU and B, which
+    /// carries none, nothing; A's naming B's UID where a UUID goes is no
+    /// limit at all.
+    #[test]
+    fn an_annotation_names_only_its_own_pod() {
+        let b = || annotated("uid-b", "b", serde_json::json!({}));
+        let index = index_of(&[
+            annotated(
+                "uid-a",
+                "a",
+                serde_json::json!({
+                    annotations::HAMI: format!("{GPU_B},NVIDIA,1,0:;"),
+                    annotations::KAI_MEMORY: "1",
+                }),
+            ),
+            b(),
+        ]);
+        let (limits, _) = index.limits();
+        assert_eq!(limits.len(), 2, "{limits:?}");
+        assert!(limits.iter().all(|l| &*l.pod_uid == "uid-a"), "{limits:?}");
+        assert_eq!(
+            limits.iter().map(|l| l.uuid.as_deref()).collect::<Vec<_>>(),
+            [None, Some(GPU_B)],
+            "KAI's names no GPU, HAMi's the one it names"
+        );
+
+        let index = index_of(&[
+            annotated(
+                "uid-a",
+                "a",
+                serde_json::json!({annotations::HAMI: "uid-b,NVIDIA,1,0:;"}),
+            ),
+            b(),
+        ]);
+        assert!(index.limits().0.is_empty());
+    }
+
+    /// Every pod's limits, sorted; which sources were found (once synced);
+    /// the same list (the same pointer) while nothing changed; a broken
+    /// annotation kept as a problem of its pod.
+    #[test]
+    fn the_index_lists_its_pods_limits() {
+        let mut data = IndexData::default();
+        for p in [
+            annotated(
+                "uid-b",
+                "b",
+                serde_json::json!({annotations::HAMI: format!("{GPU_A},NVIDIA,2048,0:;")}),
+            ),
+            annotated(
+                "uid-a",
+                "a",
+                serde_json::json!({annotations::HAMI: format!("{GPU_B},NVIDIA,1024,0:{GPU_A},NVIDIA,512,0:;")}),
+            ),
+            annotated(
+                "uid-c",
+                "c",
+                serde_json::json!({annotations::KAI_MEMORY: "-1"}),
+            ),
+        ] {
+            data.upsert(Pod::from_api(&p).unwrap());
+        }
+        let index = PodIndex::new();
+        index.publish(&data);
+        let (limits, sources) = index.limits();
+        let got: Vec<(&str, &str, u64)> = limits
+            .iter()
+            .map(|l| match l.amount {
+                crate::model::Amount::Bytes(b) => {
+                    (&*l.pod_uid, l.uuid.as_deref().unwrap_or(""), b >> 20)
+                }
+                crate::model::Amount::Fraction(_) => unreachable!(),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("uid-a", GPU_A, 512),
+                ("uid-a", GPU_B, 1024),
+                ("uid-b", GPU_A, 2048)
+            ]
+        );
+        assert_eq!(sources, LimitSources::default(), "not synced yet");
+        index.synced.store(true, Ordering::Release);
+        let (again, sources) = index.limits();
+        assert!(Arc::ptr_eq(&limits, &again));
+        assert_eq!(sources.get(LimitSource::Hami), Some(true));
+        assert_eq!(sources.get(LimitSource::Kai), Some(false));
+        assert_eq!(sources.get(LimitSource::Dra), None);
+
+        // Published again with the same pods: the same list.
+        index.publish(&data);
+        assert!(Arc::ptr_eq(&limits, &index.limits().0));
+        assert_eq!(
+            data.pods["uid-c"].problems,
+            [Problem {
+                annotation: annotations::KAI_MEMORY,
+                error: annotations::AnnotationError::NotMebibytes("-1".into()),
+            }]
+        );
+        // A pod gone: a new list without it.
+        data.delete("uid-b");
+        index.publish(&data);
+        let (after, _) = index.limits();
+        assert_eq!(after.len(), 2);
+        assert!(after.iter().all(|l| &*l.pod_uid == "uid-a"));
     }
 
     /// A container id resolves only with its own pod's UID.

@@ -42,22 +42,49 @@
 //! (`resource.k8s.io/v1`) the same way, so the pod-resources client can
 //! tell which GPU a Dynamic Resource Allocation device is.
 //!
+//! Beside the names, the index keeps what each pod's own annotations say
+//! of its GPU memory limit ([`annotations`]: HAMi's, KAI's), and
+//! [`claims`] reads the DRA claims the kubelet names for theirs.
+//!
 //! Its settings are its own ([`KubeConfig`], which `crate::config` builds
 //! and re-exports); it imports neither `config` nor `attribute`, which sees
 //! only [`index`]. (`kube::` in these files is kube-rs; this is
 //! `crate::kube`.)
 
+mod annotations;
 mod bearer;
+pub(crate) mod claims;
 mod client;
 mod config;
 pub(crate) mod discovery;
 pub(crate) mod index;
 mod limits;
+mod quantity;
 pub(crate) mod slices;
 mod watch;
 
+pub(crate) use claims::{ClaimLimits, ClaimRequests, claim_channel, run_claim_reader};
 pub use config::KubeConfig;
 pub use index::{PodIndex, PodRef};
 pub(crate) use slices::SliceIndex;
 pub(crate) use slices::run_slice_watcher;
 pub use watch::run_watcher;
+
+use crate::model::{Amount, PodLimit};
+
+/// The one order of a list of pod limits: by pod, GPU, source, kind and
+/// amount (the snapshot's lists compare equal when their limits do).
+pub(crate) fn sort_limits(limits: &mut [PodLimit]) {
+    let amount = |a: &Amount| match *a {
+        Amount::Bytes(b) => (0, b, 0.0),
+        Amount::Fraction(f) => (1, 0, f),
+    };
+    limits.sort_by(|x, y| {
+        (&x.pod_uid, &x.uuid, x.source, x.kind)
+            .cmp(&(&y.pod_uid, &y.uuid, y.source, y.kind))
+            .then_with(|| {
+                let (xa, ya) = (amount(&x.amount), amount(&y.amount));
+                (xa.0, xa.1).cmp(&(ya.0, ya.1)).then(xa.2.total_cmp(&ya.2))
+            })
+    });
+}

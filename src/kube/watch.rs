@@ -1,7 +1,9 @@
 //! The pod watcher: kube-rs's `watcher` over this node's pods, feeding the
 //! [`PodIndex`], with backoff after errors and counters for
-//! `gpumem_exporter_kubernetes_*`.
+//! `gpumem_exporter_kubernetes_*`. A pod annotation that gives no limit
+//! (`super::annotations`) is said once per pod and annotation.
 
+use std::collections::HashSet;
 use std::fmt::Display;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -23,6 +25,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// the number left out in between, so a flapping API server or a stream of
 /// bad lines does not flood the log.
 const WARN_INTERVAL: Duration = Duration::from_secs(60);
+/// The (pod, annotation) pairs remembered as said; past this many, the
+/// memory starts over (a pod may then be said again).
+const MAX_SAID: usize = 4096;
 
 /// Runs forever on the current tokio runtime: builds the client, then
 /// LISTs and WATCHes this node's pods, publishing into `index`. Errors are
@@ -41,6 +46,7 @@ pub async fn run_watcher(cfg: KubeConfig, index: Arc<PodIndex>) {
         fresh: None,
         backoff: Backoff::jittered(BACKOFF_MIN, BACKOFF_MAX),
         warnings: LogLimiter::every(WARN_INTERVAL),
+        said: HashSet::new(),
     };
     loop {
         let index = Arc::clone(&w.index);
@@ -75,6 +81,8 @@ struct Watcher {
     backoff: Backoff,
     /// Per kind of error.
     warnings: LogLimiter<&'static str>,
+    /// (pod UID, annotation) whose problem was logged.
+    said: HashSet<(String, &'static str)>,
 }
 
 impl Watcher {
@@ -172,11 +180,34 @@ impl Watcher {
     /// node; this does not rely on it).
     fn ours(&mut self, p: &ApiPod) -> Option<Pod> {
         match Pod::from_api(p) {
-            Ok(pod) if pod.node_name == self.cfg.node_name => Some(pod),
+            Ok(pod) if pod.node_name == self.cfg.node_name => {
+                self.say_problems(&pod);
+                Some(pod)
+            }
             Ok(_) => None,
             Err(e) => {
                 self.error("pod object", &e);
                 None
+            }
+        }
+    }
+
+    /// One line per pod and annotation that gives it no limit, naming
+    /// both and what is wrong (the pod's own series then carry no limit
+    /// from it; nothing else changes).
+    fn say_problems(&mut self, pod: &Pod) {
+        for p in &pod.problems {
+            if self.said.len() >= MAX_SAID {
+                self.said.clear();
+            }
+            if self.said.insert((pod.uid.clone(), p.annotation)) {
+                tracing::warn!(
+                    namespace = %pod.namespace,
+                    pod = %pod.name,
+                    annotation = p.annotation,
+                    error = %p.error,
+                    "pod annotation ignored: it gives this pod no GPU memory limit (said once per pod)"
+                );
             }
         }
     }

@@ -35,6 +35,11 @@ pub struct ProcIdentity {
     /// pid, which process this is (a reused pid has another); `None` when
     /// /proc does not show the process.
     pub start_time: Option<u64>,
+    /// The process's cgroup v2 path (`0::` line of `/proc/<pid>/cgroup`),
+    /// only where every directory on it is root's (`attribute::cgroupfs`):
+    /// what the cgroup-keyed limit sources (driver, dmem) are asked about.
+    /// `None` in a delegated, unverifiable or v1-only cgroup.
+    pub cgroup: Option<Arc<str>>,
 }
 
 /// A container as the Docker Engine API (Docker, Podman) describes it:

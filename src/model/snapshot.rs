@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use super::Forecast;
 use super::{
     Accounts, ContainerLookups, DeviceSample, DriverInfo, ExporterCounters, JobMappingState,
     KubeState, PodResourcesState, TorchCounters,
@@ -97,6 +98,10 @@ pub struct Snapshot {
     /// Memory-time, busy-time and allocated time integrated since start
     /// (`accounting`), as of this snapshot. Computed when published.
     pub accounting: Accounts,
+    /// Each workload's own limits on each GPU beside its use: the sources'
+    /// limits copied in when published, joined to the workloads there
+    /// (`crate::limits`).
+    pub limits: super::Limits,
     /// The series budget and per-process mode in force when the sampler
     /// built it (`processes.series`, `series_budget`).
     pub series: super::SeriesPolicy,
@@ -136,19 +141,6 @@ pub struct TorchForecast {
     pub forecast: Forecast,
 }
 
-/// "Full in about N minutes at the present growth", from the exporter's
-/// one-second history (see `history`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Forecast {
-    /// Seconds until the figure reaches its ceiling (free memory 0, or the
-    /// torch limit) at `growth_bytes_per_second`.
-    pub full_in_seconds: f64,
-    /// Least-squares slope of the present regime, bytes per second.
-    pub growth_bytes_per_second: f64,
-    /// Seconds of history the regime covers.
-    pub window_seconds: u64,
-}
-
 impl Snapshot {
     /// A snapshot of no GPU, taken at `taken_at`.
     pub fn empty(taken_at: SystemTime) -> Snapshot {
@@ -171,6 +163,7 @@ impl Snapshot {
             exporter: ExporterCounters::default(),
             forecasts: Forecasts::default(),
             accounting: Accounts::default(),
+            limits: super::Limits::default(),
             series: super::SeriesPolicy::default(),
         }
     }

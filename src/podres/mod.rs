@@ -25,6 +25,8 @@
 //!   (ResourceClaims) become DRA allocations in [`dra`], resolved to GPUs
 //!   through this node's ResourceSlices (`kube::slices`) or by the index in
 //!   the device's name: no call of their own, no timer of their own.
+//!   Each answer's DRA devices also go to the claim reader
+//!   (`kube::claims`), whose task reads their claims' consumed memory.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,6 +37,7 @@ use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::config::PodResourcesConfig;
+use crate::kube::ClaimRequests;
 use crate::model::{AllocatedDevice, Allocation, DraAllocation, PodResourcesState};
 use crate::ratelimit::LogLimiter;
 
@@ -138,8 +141,14 @@ impl ListError {
 
 /// Runs forever on the current tokio runtime: `List` every
 /// `cfg.interval`, publishing into `store`; DRA devices are resolved with
-/// `resolver`.
-pub(crate) async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>, mut resolver: Resolver) {
+/// `resolver`, and each answer's (also an empty one, once answers went
+/// stale) handed to `claims` when the claim reader runs.
+pub(crate) async fn run(
+    cfg: PodResourcesConfig,
+    store: Arc<PodResources>,
+    mut resolver: Resolver,
+    claims: Option<ClaimRequests>,
+) {
     tracing::info!(
         socket = %cfg.socket.display(),
         interval = ?cfg.interval,
@@ -191,6 +200,10 @@ pub(crate) async fn run(cfg: PodResourcesConfig, store: Arc<PodResources>, mut r
                     tracing::warn!(error = %e, hint, suppressed, "kubelet pod-resources List failed");
                 }
             }
+        }
+        if let Some(c) = &claims {
+            // Never waits: the reader takes the latest when it is ready.
+            c.send_replace(store.state().dra);
         }
     }
 }

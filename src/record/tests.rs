@@ -68,12 +68,14 @@ fn sampler() -> Sampler<FakeGpu, Names> {
         memory_sample_interval: Duration::from_millis(100),
         peak_window: Duration::from_secs(30),
         mig_rescan_interval: Duration::from_secs(30),
+        limits_interval: Duration::from_secs(30),
     };
     let config = SamplerConfig {
         timing: t,
         selection: Default::default(),
         collectors: Default::default(),
         procfs: "/proc".into(),
+        cgroupfs: "/sys/fs/cgroup".into(),
     };
     Sampler::new(FakeGpu::new(vec![d]), Names, config).with_bridge(Some(Box::new(Torch7)))
 }

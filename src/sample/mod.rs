@@ -13,6 +13,7 @@
 mod device;
 mod errors;
 mod host_memory;
+mod limits;
 mod peaks;
 mod processes;
 mod select;

@@ -50,7 +50,7 @@ pub(crate) enum Control {
     Stop,
     /// New intervals, selection and collectors from a reloaded config
     /// (SIGHUP).
-    Reconfigure(SamplerConfig),
+    Reconfigure(Box<SamplerConfig>),
 }
 
 /// Waits between NVML (re)initialisation attempts: 1 s doubling to 30 s.
@@ -263,7 +263,7 @@ fn run_loop<G, P, E, F>(
     loop {
         match run.wait(control) {
             Some(Control::Stop) => return,
-            Some(Control::Reconfigure(config)) => run.reconfigure(config),
+            Some(Control::Reconfigure(config)) => run.reconfigure(*config),
             None => run.step(Instant::now()),
         }
     }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::device::DeviceState;
 use super::errors::Errors;
+use super::limits::CgroupLimits;
 use super::processes;
 use crate::attribute::ProcessLookup;
 use crate::bridge::Figures;
@@ -44,6 +45,8 @@ pub struct Sampler<G: GpuSource, P: ProcessLookup> {
     reinit_attempts: u64,
     /// The process list of the GPU being read (reused between GPUs).
     listed: Vec<RawProcess>,
+    /// The cgroup-keyed limits (driver, dmem), on their own interval.
+    limits: CgroupLimits,
 }
 
 impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
@@ -66,6 +69,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             procs,
             bridge: None,
             collectors: Running::new(registry, &config.collectors),
+            limits: CgroupLimits::new(config.timing.limits_interval, config.cgroupfs.clone()),
             config,
             errors: Errors::new(),
             durations: Arc::new(DurationHistogram::new(SAMPLE_DURATION_BUCKETS)),
@@ -92,6 +96,8 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
     /// the next tick (a collector switched off takes its state with it).
     pub fn reconfigure(&mut self, config: SamplerConfig) {
         self.collectors.switch(&config.collectors);
+        self.limits
+            .configure(config.timing.limits_interval, config.cgroupfs.clone());
         self.config = config;
     }
 
@@ -187,6 +193,12 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             for (def, c) in self.collectors.each_with_def() {
                 c.finish(&mut cx, if def.vgpu_guest { &answering } else { &hosted });
             }
+            in_nvml += t.elapsed();
+        }
+        if self.errors.driver_gone.is_none() && self.config.collectors.processes() {
+            let t = Instant::now();
+            self.limits
+                .read_if_due(&mut self.gpu, &self.devices, &mut self.errors, started);
             in_nvml += t.elapsed();
         }
         self.errors.flush_unsupported();
@@ -346,6 +358,13 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             exporter: Default::default(),
             forecasts: Default::default(),
             accounting: Default::default(),
+            // The pod-level sources and the per-workload rows are added
+            // when published.
+            limits: crate::model::Limits {
+                cgroups: self.limits.rows(),
+                sources: self.limits.sources(),
+                ..Default::default()
+            },
             series: self.config.selection.series,
         }
     }

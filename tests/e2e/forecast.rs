@@ -23,8 +23,9 @@ use table::{Expect, Row};
 const SPEED: u32 = 10;
 /// The fake clock at the exporter's start: 2030-01-01T00:00:00Z.
 const FAKE_START: f64 = 1_893_456_000.0;
-/// The rows start this long after it, each flat at its first value until
-/// then. The exporter must be sampling before a row begins: its start
+/// The plain ramps (three knots: steady, then a line to full) start this
+/// long after it, each flat at its first value until then. The exporter
+/// must be sampling before such a row begins: its start
 /// (exec, the fake NVML parsing this scenario's knots in a debug build,
 /// the first sample) is real time, ten times longer in fake time: about
 /// 11 fake seconds on an idle 2-core machine, and more under the load of
@@ -33,8 +34,16 @@ const FAKE_START: f64 = 1_893_456_000.0;
 /// 12.5 s in, a regime needs 7 seconds). The test checks that the first
 /// sample came before this lead; the rows "after 0 min steady" are
 /// therefore a minute steady here, and the unit test of `src/history.rs`
-/// plays them from second 0.
+/// plays them from second 0. The other rows (steps, sawtooth, noise)
+/// start with the exporter, as in the unit test: a flat minute before a
+/// sawtooth is a step below its mean, which moves its leak's regime, and
+/// none of them is read in its first minute.
 const LEAD: f64 = 60.0;
+
+/// When row `r` begins, in fake seconds after the exporter's start.
+fn lead(r: &Row) -> f64 {
+    if r.knots.len() <= 3 { LEAD } else { 0.0 }
+}
 
 fn scenario(rows: &[Row]) -> String {
     let mut y = String::from("devices:\n");
@@ -42,7 +51,7 @@ fn scenario(rows: &[Row]) -> String {
         let knots: Vec<String> = r
             .knots
             .iter()
-            .map(|&(t, v)| format!("[{:.3}, {v}]", FAKE_START + LEAD + t))
+            .map(|&(t, v)| format!("[{:.3}, {v}]", FAKE_START + lead(r) + t))
             .collect();
         y += &format!(
             "  - uuid: GPU-f0{i:06x}-0000-0000-0000-000000000000\n    memory: {{total: {}, reserved: {}, used: {}}}\n    used_timeline: [{}]\n",
@@ -118,23 +127,24 @@ fn the_table_of_histories_on_the_fake_nvml() {
     });
     assert!(
         served - FAKE_START < LEAD,
-        "the exporter served its first sample {:.1} fake s after its start, after the rows began ({LEAD} s)",
+        "the exporter served its first sample {:.1} fake s after its start, after the plain ramps began ({LEAD} s)",
         served - FAKE_START
     );
     println!(
-        "first sample served {:.1} fake s after the start; rows begin at {LEAD} s",
+        "first sample served {:.1} fake s after the start; the plain ramps begin at {LEAD} s",
         served - FAKE_START
     );
-    let end = rows.iter().map(until).fold(0.0, f64::max);
+    let end = rows.iter().map(|r| lead(r) + until(r)).fold(0.0, f64::max);
     let mut seen: Vec<Seen> = rows.iter().map(|_| Seen::default()).collect();
-    // Every scrape: (row seconds of its sample, each GPU's forecast).
+    // Every scrape: (fake seconds of its sample since the exporter's
+    // start, each GPU's forecast).
     let mut scrapes: Vec<(f64, Vec<Option<f64>>)> = Vec::new();
     let started = Instant::now();
-    let mut t = f64::NEG_INFINITY;
-    while t < end {
+    let mut t0 = f64::NEG_INFINITY;
+    while t0 < end {
         assert!(
-            started.elapsed() < Duration::from_secs_f64((LEAD + end) / f64::from(SPEED) + 60.0),
-            "the fake clock does not run at {SPEED}x: at {t} of {end} s"
+            started.elapsed() < Duration::from_secs_f64(end / f64::from(SPEED) + 60.0),
+            "the fake clock does not run at {SPEED}x: at {t0} of {end} s"
         );
         std::thread::sleep(Duration::from_millis(20));
         // A scan of the two families, not a parse of the body: a scrape is
@@ -142,10 +152,12 @@ fn the_table_of_histories_on_the_fake_nvml() {
         let Some((ts, forecasts)) = scan(&ex.get("/metrics").body, rows.len()) else {
             continue;
         };
-        t = ts - FAKE_START - LEAD;
-        scrapes.push((t, forecasts.clone()));
+        t0 = ts - FAKE_START;
+        scrapes.push((t0, forecasts.clone()));
         for (i, (r, s)) in rows.iter().zip(&mut seen).enumerate() {
             let f = forecasts[i];
+            // The row's own second.
+            let t = t0 - lead(r);
             match r.expect {
                 Expect::Ramp {
                     start,
@@ -191,6 +203,7 @@ fn the_table_of_histories_on_the_fake_nvml() {
         for (q, at, _) in r.reads() {
             let near = scrapes
                 .iter()
+                .map(|x| (x.0 - lead(r), &x.1))
                 .filter(|x| x.0 >= at - 2.0 && x.0 < full - 0.5)
                 .min_by(|a, b| (a.0 - at).abs().total_cmp(&(b.0 - at).abs()));
             if let Some((t, f)) = near {

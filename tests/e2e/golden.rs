@@ -63,6 +63,7 @@ fn ident(
         container: Arc::from(container),
         engine: None,
         start_time: None,
+        cgroup: None,
     })
 }
 
@@ -440,6 +441,7 @@ fn fixed_snapshot() -> Snapshot {
         exporter: ExporterCounters::default(),
         forecasts: Default::default(),
         accounting: Default::default(),
+        limits: Default::default(),
         series: Default::default(),
     };
     // The ledger's counters: this snapshot held for 10 s, exact in binary

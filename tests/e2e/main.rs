@@ -11,6 +11,9 @@
 //!   the API and on the page.
 //! - `idle`: idle holders: a process whose utilisation samples stop, the
 //!   GPU's utilisation where the driver has none; idle byte-seconds.
+//! - `limits`: each workload's own limits: the driver's per-cgroup limits
+//!   and dmem for root-owned cgroups only, a driver without the call, the
+//!   limit forecast under faketime.
 //! - `forecast`: the table of histories (steady, ramps, steps, sawtooth)
 //!   under faketime at 10x real speed: when the GPU is forecast full.
 //! - `tenant`: hostile tenants on a shared node: forged cgroups, fds,
@@ -30,6 +33,9 @@
 //!   2,000 series) and `processes.series` (pid, workload, off) by SIGHUP.
 //! - `allocation`: gpu_allocation_info from a fake kubelet's pod-resources
 //!   API (whole GPUs, MIG devices, time-slicing replicas).
+//! - `pod_limits`: the limits the Kubernetes API states for a pod (HAMi's
+//!   and KAI's annotations, a DRA claim's consumed capacity), each on its
+//!   own pod only.
 //! - `torch`: the torch bridge with real Python processes and a stub torch.
 //! - `slurm`: Slurm jobs and steps per process, and GPU → job allocations
 //!   from the shipped prolog/epilog, against a real slurmctld/slurmd.
@@ -106,9 +112,11 @@ mod fuzz;
 mod golden;
 mod idle;
 mod kube_watch;
+mod limits; // faketime (external-tools) for the limit forecast
 mod ops_artifacts;
 mod page;
 mod peaks;
+mod pod_limits;
 mod record;
 mod stale;
 mod web;

@@ -26,7 +26,7 @@ use crate::harness::{BIN, repo_file};
 #[cfg(feature = "external-tools")]
 mod external;
 
-const ALERTS: [&str; 23] = [
+const ALERTS: [&str; 27] = [
     "GpuMemoryHigh",
     "GpuMemoryExhaustionPredicted",
     "GpuMemoryWillFillSoon",
@@ -50,6 +50,10 @@ const ALERTS: [&str; 23] = [
     "GpuMemoryHeldByOrphans",
     "GpuMemoryUnattributed",
     "GpuMemoryHeldIdle",
+    "GpuWorkloadMemoryNearLimit",
+    "GpuWorkloadMemoryLimitFillingFast",
+    "GpuWorkloadMemoryOverGrantedShare",
+    "GpuMemoryGrantsExceedTotal",
 ];
 
 // ------------------------------------------------------------------ helpers

@@ -18,6 +18,8 @@ use crate::harness::*;
 
 #[cfg(feature = "external-tools")]
 mod external;
+#[cfg(feature = "external-tools")]
+mod limits;
 
 const GPU0: &str = "GPU-aaaaaaaa-0000-0000-0000-000000000000";
 const GPU1: &str = "GPU-bbbbbbbb-1111-1111-1111-111111111111";

@@ -46,6 +46,12 @@
 //!   byte-seconds of their workloads); the trainer and the inference pod
 //!   have samples at every rewrite (every 2 s; read every 10 s), so they
 //!   never are.
+//!   Each workload's own limit: KAI granted the trainer half of GPU 0
+//!   (`gpu-fraction: 0.5`, below its 50 GB: over its share) and the
+//!   inference server 0.6 of it (the shares sum past GPU 0's total); HAMi
+//!   limits the inference server to 30000 MiB on GPU 0, which it holds
+//!   more than 90 % of and grows toward at 5 MB/s (its forecast under 10
+//!   minutes); the trainer's PyTorch fraction is a `torch` hard limit.
 //! - `stale`: an exporter whose GPU calls hang (fake NVML `delay_ms`) after
 //!   its first sample, so the sample it serves ages
 //!   (GpuMemExporterSamplesStale).
@@ -231,6 +237,30 @@ pub(super) fn job_mapping(dir: &Path) {
 /// GPU 0's used memory when the test starts.
 const GPU0_USED: u64 = 80_000_000_000;
 
+/// The inference server's memory at the start, its growth (bytes per
+/// second) and its HAMi limit (MiB) on GPU 0.
+const INFER_USED: u64 = 29_000_000_000;
+const INFER_GROWTH: f64 = 5e6;
+const INFER_HAMI_MIB: u64 = 30_000;
+
+/// The pods of [`team_pods`] with the limits their schedulers wrote: KAI's
+/// shares of GPU 0 for the trainer (0.5) and the inference server (0.6),
+/// and HAMi's memory for the inference server on GPU 0.
+fn limited_team_pods() -> Vec<Value> {
+    let mut pods = team_pods();
+    for p in &mut pods {
+        p["metadata"]["annotations"] = match p["metadata"]["name"].as_str() {
+            Some("trainer-0") => json!({"gpu-fraction": "0.5"}),
+            Some("infer-7f9c") => json!({
+                "gpu-fraction": "0.6",
+                "hami.io/vgpu-devices-allocated": format!("{GPU0},NVIDIA,{INFER_HAMI_MIB},100:;"),
+            }),
+            _ => continue,
+        };
+    }
+    pods
+}
+
 /// When GPU 0's used memory starts growing: the first time a scenario is
 /// written (Unix seconds).
 /// The main exporter's GPUs; GPU 2 is lost (every call on it fails).
@@ -255,6 +285,9 @@ pub(super) fn main_scenario(
     let start = ramp_start;
     let (from, to) = (GPU0_USED, GPU0_USED + 250 * 20_000_000);
     let gpu0_timeline = format!("[[{start}, {from}], [{}, {to}]]", start + 250.0);
+    // The inference server (4102) grows 5 MB/s from the same start toward
+    // its HAMi limit (INFER_HAMI_MIB): 2.46 GB away, 8 minutes at the start.
+    let infer_used = INFER_USED + ((unix_now() - ramp_start).max(0.0) * INFER_GROWTH) as u64;
     format!(
         "devices:
   - uuid: {GPU0}
@@ -262,7 +295,7 @@ pub(super) fn main_scenario(
     used_timeline: {gpu0_timeline}
     processes:
       - {{pid: {trainer_pid}, used: {TRAINER_USED}}}
-      - {{pid: 4102, used: 29000000000}}
+      - {{pid: 4102, used: {infer_used}}}
       - {{pid: 4105, used: 5000000000}}
       - {{pid: 4107, used: 2000000000}}
       - {{pid: 4104, used: 300000000}}
@@ -662,6 +695,32 @@ fn expectation(alert: &str, t: &Targets) -> Expect {
         // Job 4242's step and bob's zombie are idle after 20 s, but hold
         // 7 GB together and for seconds, not hours.
         "GpuMemoryHeldIdle" => Expect::SelectorsOnly("needs 2 hours of idle memory"),
+        // Each workload's own limit: the inference server holds more
+        // than 90 % of its HAMi limit and grows toward it within minutes.
+        "GpuWorkloadMemoryNearLimit" | "GpuWorkloadMemoryLimitFillingFast" => {
+            Expect::Now(vec![vec![
+                i(&t.main),
+                ("gpu", "0".into()),
+                ("uuid", GPU0.into()),
+                ("namespace", "team-b".into()),
+                ("pod", "infer-7f9c".into()),
+            ]])
+        }
+        // The trainer's 50 GB against the half of GPU 0 KAI granted it (its
+        // PyTorch limit is half of the stub's 150 GB: far).
+        "GpuWorkloadMemoryOverGrantedShare" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "0".into()),
+            ("uuid", GPU0.into()),
+            ("namespace", "team-a".into()),
+            ("pod", "trainer-0".into()),
+        ]]),
+        // GPU 0: the trainer's 0.5 and the inference server's 0.6.
+        "GpuMemoryGrantsExceedTotal" => Expect::Now(vec![vec![
+            i(&t.main),
+            ("gpu", "0".into()),
+            ("uuid", GPU0.into()),
+        ]]),
         other => panic!(
             "rules.yml has a new alert {other}: add what the scenario shows for it to \
              `expectation` in tests/e2e/prometheus.rs"
@@ -1112,7 +1171,8 @@ impl Checks<'_> {
         let want: BTreeMap<String, Option<f64>> = [
             ("trainer-0/ A", TRAINER_USED as f64),
             ("trainer-0/ B", 1.0),
-            ("infer-7f9c/ A", 29_000_000_000.0),
+            // Grown since the start (checked below, then set to its start).
+            ("infer-7f9c/ A", INFER_USED as f64),
             ("infer-7f9c/ B", 1.0),
             (&format!("notebook/{MIG1} A") as &str, 5_000_000_000.0),
             (&format!("notebook/{MIG1} B"), 1.0),
@@ -1130,6 +1190,13 @@ impl Checks<'_> {
         .into_iter()
         .map(|(k, v)| (k.to_string(), Some(v)))
         .collect();
+        // The inference server grows INFER_GROWTH from the start: its
+        // bytes, within what a test's minutes add, count as its start.
+        if let Some(Some(v)) = got.get_mut("infer-7f9c/ A")
+            && (INFER_USED as f64..INFER_USED as f64 + INFER_GROWTH * 900.0).contains(v)
+        {
+            *v = INFER_USED as f64;
+        }
         rows.push(Row {
             kind: "table",
             name: format!("{ALLOCATED}: bytes (A) and processes (B) per allocated device"),
@@ -1276,7 +1343,7 @@ impl World {
 
         // The Kubernetes API, the kubelet and the fake /proc root of the
         // main exporter.
-        let node = FakeNode::start(team_pods());
+        let node = FakeNode::start(limited_team_pods());
         let kubelet = FakeKubelet::start(kubelet_pods());
         let trainer = Trainer::start();
         fake_proc(node.proc_root.path(), trainer.py.pid);

@@ -5,6 +5,7 @@
 'use strict';
 (function () {
   const MIB = 1048576;
+  const GIB = 1073741824;
   const SVG_NS = 'http://www.w3.org/2000/svg';
   const HISTORY_SECONDS = 600;
   // Growth per step below this (64 KiB) is read as steady, not a leak.
@@ -47,6 +48,9 @@
   // With one decimal: the per-step growth is often a few MiB.
   function mibs(bytes) {
     return (bytes / MIB).toFixed(1) + ' MiB';
+  }
+  function gib(bytes) {
+    return (bytes / GIB).toFixed(1) + ' GiB';
   }
   function pct(ratio) {
     return Math.round(ratio * 100) + ' %';
@@ -269,6 +273,8 @@
         el('span', 'key unattributed', 'unattributed ' + (seg.unattributed === null ? 'n/a' : mib(seg.unattributed))), ' ',
         el('span', 'key stale', 'stale ' + mib(seg.stale))));
     }
+    const lim = limits(g, m.total_bytes);
+    if (lim) card.append(lim);
     const u = g.utilization;
     if (u) {
       const parts = [];
@@ -320,6 +326,76 @@
     const unattributed = g.memory_unattributed_bytes;
     const attributed = Math.max(0, g.memory.used_bytes - stale - (unattributed || 0));
     return { attributed, stale, unattributed };
+  }
+
+  // The workload a process belongs to, as the ledger keys it: its pod,
+  // else its Slurm job, else its container, else its user; null when
+  // nothing is known of it.
+  function workloadOf(p) {
+    if (p.pod_uid || p.pod) return 'pod ' + p.namespace + '/' + p.pod + '/' + p.pod_uid;
+    if (p.slurm_job) return 'slurm ' + p.slurm_job;
+    if (p.container_id) return 'container ' + p.container_id;
+    if (p.user) return 'user ' + p.user;
+    return null;
+  }
+
+  // Each workload's own limits on this GPU (the API's limits): a bar of its
+  // used memory, scaled to the GPU's total like the GPU's bar, with a tick at
+  // each limit (hard solid, soft dashed, granted dotted, torch's with its own
+  // mark; the tick's title names the source and kind), and how far it is from
+  // its lowest hard limit. A GPU shared by several workloads none of which
+  // has a limit gets a sentence instead.
+  const LIMIT_KIND = { hard: 'hard limit', soft: 'soft limit', granted: 'granted share' };
+  function tickClass(l) {
+    return l.source === 'torch' ? 'torch' : l.kind;
+  }
+  function limitText(l) {
+    return l.source + ' ' + (LIMIT_KIND[l.kind] || l.kind) + ' ' + gib(l.bytes);
+  }
+  function limits(g, total) {
+    const rows = g.limits || [];
+    if (!rows.length) {
+      const shared = new Set(g.processes.map(workloadOf).filter(Boolean)).size;
+      if (shared < 2) return null;
+      return el('p', 'nolimit', 'Shared by ' + shared +
+        ' workloads, each with no limit of its own: neighbours can take it all.');
+    }
+    return el('div', 'limits', ...rows.map((w) => limitRow(w, total)));
+  }
+  function limitRow(w, total) {
+    const [kind, name] = who(w);
+    const row = el('div', 'workload-limit');
+    row.dataset.workload = kind + ' ' + name;
+    const head = el('p', 'limit-head', el('span', 'who', kind + ' ' + name), ' ',
+      el('span', 'dim', gib(w.used_bytes) + ' used'));
+    if (w.to_limit_bytes !== null) head.append(' · ', el('span', 'to-limit', gib(w.to_limit_bytes) + ' to its limit'));
+    if (w.limit_in_seconds !== null) {
+      head.append(' · ', el('span', 'limit-in', 'reaches it in about ' + ago(w.limit_in_seconds) + ' at its present growth'));
+    }
+    const keys = el('p', 'legend limit-keys');
+    for (const l of w.limits) keys.append(el('span', 'key ' + tickClass(l), limitText(l)), ' ');
+    row.append(head, limitBar(w, total), keys);
+    return row;
+  }
+  function limitBar(w, total) {
+    const W = 1000;
+    const H = 14;
+    const top = Math.max(total || 0, w.used_bytes, ...w.limits.map((l) => l.bytes));
+    const x = (b) => (top > 0 ? clamp((b / top) * W, 0, W) : 0);
+    const s = svg('svg', { class: 'bar wbar', viewBox: '0 0 ' + W + ' ' + H, preserveAspectRatio: 'none', role: 'img' });
+    s.append(svg('title', {}));
+    s.firstChild.textContent = 'used ' + gib(w.used_bytes) + '; ' + w.limits.map(limitText).join(', ');
+    s.append(svg('rect', { class: 'free', x: 0, y: 0, width: W, height: H }));
+    s.append(svg('rect', { class: 'used', x: 0, y: 0, width: x(w.used_bytes), height: H }));
+    for (const l of w.limits) {
+      const px = clamp(x(l.bytes), 2, W - 2);
+      const t = svg('g', { class: 'tick ' + tickClass(l), 'data-source': l.source, 'data-kind': l.kind, 'data-bytes': l.bytes });
+      t.append(svg('title', {}), svg('line', { x1: px, x2: px, y1: 0, y2: H }));
+      t.firstChild.textContent = limitText(l);
+      if (l.source === 'torch') t.append(svg('polygon', { points: (px - 9) + ',0 ' + (px + 9) + ',0 ' + px + ',7' }));
+      s.append(t);
+    }
+    return s;
   }
 
   // The idle marker of a process that ran no kernel for at least

@@ -68,6 +68,7 @@ fn timing() -> Timing {
         memory_sample_interval: Duration::from_millis(100),
         peak_window: Duration::from_secs(30),
         mig_rescan_interval: Duration::from_secs(10),
+        limits_interval: Duration::from_secs(10),
     }
 }
 
@@ -82,6 +83,7 @@ fn with(timing: Timing) -> SamplerConfig {
         selection: Selection::default(),
         collectors: Collectors::default(),
         procfs: "/proc".into(),
+        cgroupfs: "/sys/fs/cgroup".into(),
     }
 }
 
@@ -725,6 +727,7 @@ fn a_unified_memory_gpu_reports_the_hosts_memory_without_nvml_errors() {
     spark.processes = Ok(vec![process(7, GIB)]);
     let config = SamplerConfig {
         procfs: dir.path().to_path_buf(),
+        cgroupfs: dir.path().to_path_buf(),
         ..switched(Collectors::default())
     };
     let mut s = Sampler::new(FakeGpu::new(vec![spark]), Recorder::default(), config);

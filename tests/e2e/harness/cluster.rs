@@ -1,7 +1,8 @@
 //! A fake node: a /proc root laid out like the kernel's, pods as the API
 //! server serialises them, and a local HTTPS server speaking the Kubernetes
 //! list/watch wire format as kube-rs uses it (paged PodList JSON, then
-//! watch streams of newline-delimited events that the test writes to), with
+//! watch streams of newline-delimited events that the test writes to;
+//! ResourceSlices listed and watched, ResourceClaims read by name), with
 //! a CA of its own and, when asked, bearer-token or client-certificate
 //! authentication.
 
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Query, RawQuery, State};
+use axum::extract::{Path as UrlPath, Query, RawQuery, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -309,6 +310,14 @@ pub struct ApiState {
     pub slice_requests: Vec<Request>,
     /// Open ResourceSlice watch streams (silent; kept so they stay open).
     pub slice_watches: Vec<WatchStream>,
+    /// ResourceClaims (`resource.k8s.io/v1`), each served by GET at
+    /// `/apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>`
+    /// (404 for any other name).
+    pub claims: Vec<Value>,
+    /// Refuse every ResourceClaim request with 403 Forbidden (no RBAC).
+    pub claims_forbidden: bool,
+    /// ResourceClaim requests as `<ns>/<name>`, refused ones included.
+    pub claim_requests: Vec<String>,
 }
 
 /// The body of one watch response: what the test sends is what the
@@ -491,6 +500,87 @@ async fn slices_handler(
     .into_response()
 }
 
+/// A ResourceClaim in `ns`, allocated on this node's pool of `driver`
+/// with DRA consumable capacity: per result, the device and the memory it
+/// consumed (`None`: no `consumedCapacity`, an exclusive device).
+pub fn resource_claim(
+    ns: &str,
+    name: &str,
+    driver: &str,
+    results: &[(&str, Option<&str>)],
+) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": "7c1a0000-0000-4000-8000-000000000001",
+            "resourceVersion": "12",
+            "creationTimestamp": "2025-06-01T09:59:50Z"
+        },
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": driver,
+            "allocationMode": "ExactCount",
+            "count": 1,
+            "capacity": {"requests": {"memory": "20Gi"}}
+        }}]}},
+        "status": {
+            "allocation": {
+                "devices": {"results": results.iter().enumerate().map(|(i, (device, memory))| {
+                    let mut r = json!({
+                        "request": "gpu", "driver": driver, "pool": NODE, "device": device,
+                        "shareID": format!("0e5c0000-0000-4000-8000-00000000000{i}")
+                    });
+                    if let Some(m) = memory {
+                        r["consumedCapacity"] = json!({"memory": m});
+                    }
+                    r
+                }).collect::<Vec<_>>()},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
+                "allocationTimestamp": "2025-06-01T09:59:55Z"
+            },
+            "reservedFor": [{"resource": "pods", "name": "x", "uid": "0000"}]
+        }
+    })
+}
+
+async fn claims_handler(
+    State(api): State<Shared>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+) -> Response {
+    let mut state = api.state.lock().unwrap();
+    state.claim_requests.push(format!("{ns}/{name}"));
+    if state.claims_forbidden {
+        return (
+            StatusCode::FORBIDDEN,
+            axum::Json(json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": format!("resourceclaims.resource.k8s.io \"{name}\" is forbidden: User \"system:serviceaccount:monitoring:gpumem-exporter\" cannot get resource \"resourceclaims\" in API group \"resource.k8s.io\" in the namespace \"{ns}\""),
+                "reason": "Forbidden", "details": {"name": name, "group": "resource.k8s.io", "kind": "resourceclaims"}, "code": 403
+            })),
+        )
+            .into_response();
+    }
+    match state
+        .claims
+        .iter()
+        .find(|c| c["metadata"]["namespace"] == ns.as_str() && c["metadata"]["name"] == name.as_str())
+    {
+        Some(c) => axum::Json(c.clone()).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": format!("resourceclaims.resource.k8s.io \"{name}\" not found"),
+                "reason": "NotFound", "details": {"name": name, "group": "resource.k8s.io", "kind": "resourceclaims"}, "code": 404
+            })),
+        )
+            .into_response(),
+    }
+}
+
 /// A CA made for one test, and what it signs: the API server's certificate
 /// (localhost, 127.0.0.1) and client certificates.
 pub struct Pki {
@@ -656,6 +746,10 @@ impl FakeApi {
             .route(
                 "/apis/resource.k8s.io/v1/resourceslices",
                 get(slices_handler),
+            )
+            .route(
+                "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}",
+                get(claims_handler),
             )
             .with_state(Shared {
                 state: Arc::clone(&state),

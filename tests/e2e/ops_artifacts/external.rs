@@ -493,19 +493,21 @@ fn check_daemonset(objects: &[Value], variant: Variant) {
     assert_eq!(account["metadata"]["name"].as_str(), Some(sa));
     assert_eq!(account["metadata"]["namespace"].as_str(), Some(NAMESPACE));
 
-    // RBAC: get/list/watch on pods and on ResourceSlices (DRA), nothing
-    // else.
+    // RBAC: get/list/watch on pods and on ResourceSlices (DRA), get on
+    // ResourceClaims (their consumed memory), nothing else.
     assert!(!kinds(objects).contains("Role") && !kinds(objects).contains("RoleBinding"));
     let role = only(objects, "ClusterRole");
     let rules = list(&role["rules"]);
-    assert_eq!(rules.len(), 2, "two RBAC rules");
-    for (rule, (group, resource)) in rules
-        .iter()
-        .zip([("", "pods"), ("resource.k8s.io", "resourceslices")])
-    {
+    assert_eq!(rules.len(), 3, "three RBAC rules");
+    let watch: &[&str] = &["get", "list", "watch"];
+    for (rule, (group, resource, verbs)) in rules.iter().zip([
+        ("", "pods", watch),
+        ("resource.k8s.io", "resourceslices", watch),
+        ("resource.k8s.io", "resourceclaims", &["get"][..]),
+    ]) {
         assert_eq!(strings(rule.get("apiGroups")), [group]);
         assert_eq!(strings(rule.get("resources")), [resource]);
-        assert_eq!(strings(rule.get("verbs")), ["get", "list", "watch"]);
+        assert_eq!(strings(rule.get("verbs")), verbs);
         assert!(rule.get("resourceNames").is_none() && rule.get("nonResourceURLs").is_none());
     }
     let binding = only(objects, "ClusterRoleBinding");
@@ -968,6 +970,9 @@ fn grafana_dashboard_is_valid_and_complete() {
         "gpu_memory_idle_held_bytes",
         "gpu_process_idle_seconds",
         "gpu_workload_memory_idle_byte_seconds_total",
+        "gpu_workload_memory_limit_bytes",
+        "gpu_workload_memory_used_bytes",
+        "gpumem_exporter_limit_sources",
     ] {
         assert!(
             exprs

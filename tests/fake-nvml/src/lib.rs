@@ -124,6 +124,12 @@
 //!   total) as real NVML does, so free is the same figure as in v2.
 //!   `nvmlDeviceGetMemoryInfo_v2` requires `version == nvmlMemory_v2`
 //!   (`NVML_ERROR_ARGUMENT_VERSION_MISMATCH` otherwise).
+//! - `nvmlDeviceGetMemoryLimits_v1` (drivers R615 and later) answers from the
+//!   GPU's `memory_limits: {"/sys/fs/cgroup/<path>": {soft, hard, used}}`
+//!   by the cgroup directory asked (`NOT_FOUND` for any other, a hard limit
+//!   left out is all ones: no limit); a MIG handle is `NOT_SUPPORTED`. A
+//!   test that needs a driver without the call patches the symbol's name
+//!   in a copy of this library.
 //! - Handles encode indices (GPU index + 1 in bits 0..16, MIG index + 1 in bits
 //!   16..32, a tag of the MIG UUID in bits 32..48); a handle that does not
 //!   resolve against the current scenario is `NVML_ERROR_INVALID_ARGUMENT`, as
@@ -588,6 +594,52 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
             used: m.used,
         };
         unsafe { put(memory, info) }
+    })
+}
+
+/// `nvmlGetMemoryLimits_v1_t`: the cgroup directory asked about, and
+/// its limits and use.
+#[repr(C)]
+#[allow(non_snake_case)]
+pub struct nvmlGetMemoryLimits_v1_t {
+    pub nameSpace: *const std::ffi::c_char,
+    pub softLimit: u64,
+    pub hardLimit: u64,
+    pub currentUsed: u64,
+}
+
+/// The driver's per-cgroup limits (R615 and later), from the GPU's
+/// `memory_limits` by the path asked; `NOT_FOUND` for any other path,
+/// `NOT_SUPPORTED` on a MIG handle (as NVIDIA documents).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryLimits_v1(
+    device: nvmlDevice_t,
+    limits: *mut nvmlGetMemoryLimits_v1_t,
+) -> nvmlReturn_t {
+    with_device("nvmlDeviceGetMemoryLimits_v1", device, |_, t| {
+        let Target::Gpu { gpu, .. } = t else {
+            return NOT_SUPPORTED;
+        };
+        if limits.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        // SAFETY: non-null, points at the caller's struct.
+        let path = unsafe { std::ptr::addr_of!((*limits).nameSpace).read() };
+        if path.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        // SAFETY: the caller passes a NUL-terminated string.
+        let path = unsafe { std::ffi::CStr::from_ptr(path) }.to_string_lossy();
+        let Some(l) = gpu.memory_limits.get(path.as_ref()) else {
+            return NOT_FOUND;
+        };
+        // SAFETY: as above; the caller's struct, written field by field.
+        unsafe {
+            std::ptr::addr_of_mut!((*limits).softLimit).write(l.soft);
+            std::ptr::addr_of_mut!((*limits).hardLimit).write(l.hard);
+            std::ptr::addr_of_mut!((*limits).currentUsed).write(l.used);
+        }
+        SUCCESS
     })
 }
 

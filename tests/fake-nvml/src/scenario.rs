@@ -178,6 +178,26 @@ struct DeviceFile {
     /// [`Gpu::used_timeline`].
     #[serde(default)]
     used_timeline: Option<Vec<(f64, u64)>>,
+    /// `{"/sys/fs/cgroup/…": {soft, hard, used}}`: see [`Gpu::memory_limits`].
+    #[serde(default)]
+    memory_limits: std::collections::BTreeMap<String, MemoryLimits>,
+}
+
+/// What nvmlDeviceGetMemoryLimits_v1 answers for one cgroup directory.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryLimits {
+    #[serde(default)]
+    pub soft: u64,
+    /// Absent: no hard limit (`NVML_DEVICE_MEMORY_LIMIT_MAX`, all ones).
+    #[serde(default = "no_hard_limit")]
+    pub hard: u64,
+    #[serde(default)]
+    pub used: u64,
+}
+
+fn no_hard_limit() -> u64 {
+    u64::MAX
 }
 
 /// nvmlDeviceGetVirtualizationMode's answer.
@@ -422,6 +442,10 @@ struct ProcessFile {
     used: Option<u64>,
     #[serde(default, rename = "type")]
     kind: ProcessKind,
+    /// `[[unix_seconds, used], ...]`: the process's bytes over time, as a
+    /// GPU's `used_timeline`; overrides `used`.
+    #[serde(default)]
+    used_timeline: Option<Vec<(f64, u64)>>,
 }
 
 #[derive(Deserialize)]
@@ -516,6 +540,9 @@ pub struct Gpu {
     /// GPU (the time is the process's clock, so a test may run the
     /// exporter under `faketime` to play minutes in seconds).
     pub used_timeline: Option<Vec<(f64, u64)>>,
+    /// nvmlDeviceGetMemoryLimits_v1's answers, by the cgroup directory's
+    /// full path as asked (`nameSpace`); any other path is `NOT_FOUND`.
+    pub memory_limits: std::collections::BTreeMap<String, MemoryLimits>,
 }
 
 impl Gpu {
@@ -623,11 +650,26 @@ impl Memory {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Process {
     pub pid: u32,
     pub used: u64,
     pub kind: ProcessKind,
+    /// Its bytes over the process's clock (see [`Gpu::used_timeline`]).
+    pub used_timeline: Option<Vec<(f64, u64)>>,
+}
+
+impl Process {
+    /// Its bytes now: from the timeline where it has one.
+    pub fn used_now(&self) -> u64 {
+        let Some(t) = &self.used_timeline else {
+            return self.used;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        Gpu::used_at(t, now).unwrap_or(self.used)
+    }
 }
 
 impl Gpu {
@@ -696,7 +738,7 @@ impl<'a> Target<'a> {
     pub fn processes(&self, query: Query) -> Vec<nvmlProcessInfo_t> {
         let entry = |p: &Process, gi: u32, ci: u32| nvmlProcessInfo_t {
             pid: p.pid,
-            usedGpuMemory: p.used,
+            usedGpuMemory: p.used_now(),
             gpuInstanceId: gi,
             computeInstanceId: ci,
         };
@@ -904,6 +946,7 @@ fn validate(file: ScenarioFile) -> Result<Scenario, String> {
             gpm,
             gpm_stale: d.gpm_stale,
             used_timeline: d.used_timeline,
+            memory_limits: d.memory_limits,
             telemetry,
             health,
             xid_events: d.xid_events,
@@ -1074,6 +1117,7 @@ fn processes(list: Vec<ProcessFile>) -> Vec<Process> {
             pid: p.pid,
             used: p.used.unwrap_or(VALUE_NOT_AVAILABLE),
             kind: p.kind,
+            used_timeline: p.used_timeline,
         })
         .collect()
 }
