@@ -28,83 +28,17 @@ same library for every build. Markdown to stdout (and $OUT/defaults.md).
 
 import argparse
 import http.client
-import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from h200 import cpu_seconds, free_port, get, pct, proc_status, scenario  # noqa: E402  (the bench helpers)
+
 EXAMPLE = os.path.join(ROOT, "tests/fake-nvml/scenarios/example.yaml")
-
-
-def pct(values, q):
-    """q-th percentile (0-100), nearest rank."""
-    s = sorted(values)
-    return s[max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def get(port, path):
-    """One GET on a new connection: (ms, status, body)."""
-    t = time.perf_counter()
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        c.request("GET", path)
-        r = c.getresponse()
-        body = r.read()
-    finally:
-        c.close()
-    return (time.perf_counter() - t) * 1000, r.status, body
-
-
-def status_kib(pid, key):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def cpu_ns(pid):
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
-
-
-def scenario(pids, gpus=8):
-    """The scrape bench's 8 x 256 scenario with these pids on every GPU."""
-    lines = ["devices:"]
-    for g in range(gpus):
-        used = 8 << 20
-        procs = []
-        for k, pid in enumerate(pids):
-            b = (256 << 20) + k * (256 << 10)
-            used += b
-            procs.append(f"      - {{pid: {pid}, used: {b}, type: compute}}")
-        lines.append(f"  - uuid: GPU-6f1c2a9e-4b1d-8c3e-9a7f-{g:012x}")
-        lines.append(f"    memory: {{total: 150754820096, reserved: 644939776, used: {used}}}")
-        lines.append("    processes:")
-        lines += procs
-    fd, path = tempfile.mkstemp(suffix=".yaml")
-    with os.fdopen(fd, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    return path
 
 
 class Exporter:
@@ -177,11 +111,11 @@ def rss(builds, lib, scrapes, out):
             e = Exporter(binary, lib, yaml)
             time.sleep(2)
             pid = e.proc.pid
-            warm = (status_kib(pid, "VmHWM") / 1024, status_kib(pid, "VmRSS") / 1024)
+            warm = proc_status(pid)
             for _ in range(scrapes):
                 get(e.port, "/metrics")
                 time.sleep(0.05)
-            after = (status_kib(pid, "VmHWM") / 1024, status_kib(pid, "VmRSS") / 1024)
+            after = proc_status(pid)
             e.stop()
             out.append(f"| {name} | {warm[0]:.1f} / {warm[1]:.1f} | **{after[0]:.1f}** / {after[1]:.1f} |")
     finally:
@@ -212,7 +146,7 @@ def snapshot(builds, lib, rounds, pairs, out):
                 ratios.append(ratio)
                 out.append(f"| {name} | {r + 1} | {pct(m, 50):.3f} / {pct(m, 99):.3f} | "
                            f"{pct(h, 50):.3f} / {pct(h, 99):.3f} | {ratio:.2f} | "
-                           f"{status_kib(e.proc.pid, 'VmHWM') / 1024:.1f} |")
+                           f"{proc_status(e.proc.pid)[0]:.1f} |")
             e.stop()
             out.append(f"| {name} | best | | | **{min(ratios):.2f}** | |")
     finally:
@@ -230,12 +164,12 @@ def idle(builds, lib, rounds, seconds, out):
     try:
         time.sleep(3)
         for _ in range(rounds):
-            c0 = {(n, st): cpu_ns(e.proc.pid) for n, st, e in exporters}
+            c0 = {(n, st): cpu_seconds(e.proc.pid)[1] for n, st, e in exporters}
             t0 = time.monotonic()
             time.sleep(seconds)
             span = time.monotonic() - t0
             for n, st, e in exporters:
-                got[(n, st)].append(100 * (cpu_ns(e.proc.pid) - c0[(n, st)]) / (span * 1e9))
+                got[(n, st)].append(100 * (cpu_seconds(e.proc.pid)[1] - c0[(n, st)]) / span)
     finally:
         for _, _, e in exporters:
             e.stop()

@@ -385,18 +385,26 @@ fn nvml_utilisation_samples_are_counted_once_per_read_instead_of_the_gauge() {
     close(w[&user].1, 5.0);
 }
 
-#[test]
-fn a_pod_named_after_its_first_samples_stays_one_workload() {
+/// One pod as its first samples know it (by uid only) and as its later
+/// ones do (named).
+fn one_pod_two_ways() -> (Arc<ProcIdentity>, Arc<ProcIdentity>) {
+    let uid: Arc<str> = Arc::from("aaaaaaaa-0000-0000-0000-000000000001");
     let by_uid = Arc::new(ProcIdentity {
-        pod_uid: Arc::from("aaaaaaaa-0000-0000-0000-000000000001"),
+        pod_uid: Arc::clone(&uid),
         ..Default::default()
     });
     let named = Arc::new(ProcIdentity {
         namespace: Arc::from("team-a"),
         pod: Arc::from("trainer-0"),
-        pod_uid: Arc::from("aaaaaaaa-0000-0000-0000-000000000001"),
+        pod_uid: uid,
         ..Default::default()
     });
+    (by_uid, named)
+}
+
+#[test]
+fn a_pod_named_after_its_first_samples_stays_one_workload() {
+    let (by_uid, named) = one_pod_two_ways();
     let mut l = Ledger::new();
     let t0 = Instant::now();
     let at = |ms| t0 + Duration::from_millis(ms);
@@ -590,16 +598,7 @@ fn live_workloads_sum_each_workload_once() {
     use crate::model::Idle;
     let alice = ident("alice", None);
     let bob = ident("bob", None);
-    let by_uid = Arc::new(ProcIdentity {
-        pod_uid: Arc::from("aaaaaaaa-0000-0000-0000-000000000001"),
-        ..Default::default()
-    });
-    let named = Arc::new(ProcIdentity {
-        namespace: Arc::from("team-a"),
-        pod: Arc::from("trainer-0"),
-        pod_uid: Arc::from("aaaaaaaa-0000-0000-0000-000000000001"),
-        ..Default::default()
-    });
+    let (by_uid, named) = one_pod_two_ways();
     let mut idle = proc(4, 5, &bob);
     idle.readings = Readings::default().with(Idle { since: UNIX_EPOCH });
     let nobody = proc(6, 1000, &Arc::new(ProcIdentity::default()));
