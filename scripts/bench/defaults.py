@@ -18,7 +18,7 @@ by side (BEFORE). No GPU needed; standard library only.
      seconds; the ratio to BEFORE per window, and what the nine
      memory-only samples a second cost (the difference of the settings).
 
-    scripts/bench/defaults.py BIN [--before BIN] [--lib libfake_nvml.so]
+    scripts/bench/defaults.py BIN [--before BIN] [--also NAME=BIN ...] [--lib libfake_nvml.so]
         [--only body,rss,snapshot,idle] [--rounds 4] [--seconds 45]
 
 BIN and --before are release builds; --lib defaults to
@@ -185,17 +185,22 @@ def idle(builds, lib, rounds, seconds, out):
                    f"{med[(n, 'defaults')] - med[(n, 'memory 1s')]:.3f} % of a core (medians), "
                    f"{statistics.median(per):.1f} µs of CPU each (median of the windows: "
                    + ", ".join(f"{x:.1f}" for x in per) + ")")
-    if len(builds) == 2:
-        (a, _), (b, _) = builds
-        ratios = [x / y for x, y in zip(got[(a, "defaults")], got[(b, "defaults")])]
-        out.append(f"- at the defaults, {a} / {b}: " + ", ".join(f"{r:.2f}" for r in ratios)
-                   + f" per window; medians {med[(a, 'defaults')] / med[(b, 'defaults')]:.2f}")
+    names = [n for n, _ in builds]
+    if "before" in names:
+        for a in names:
+            if a == "before":
+                continue
+            ratios = [x / y for x, y in zip(got[(a, "defaults")], got[("before", "defaults")])]
+            out.append(f"- at the defaults, {a} / before: " + ", ".join(f"{r:.2f}" for r in ratios)
+                       + f" per window; medians {med[(a, 'defaults')] / med[('before', 'defaults')]:.2f}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binary")
     ap.add_argument("--before", default=None)
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=BIN",
+                    help="another build beside them (repeatable; the idle table compares each with --before)")
     ap.add_argument("--lib", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")),
                                                   "release/libfake_nvml.so"))
     ap.add_argument("--only", default="body,rss,snapshot,idle")
@@ -205,12 +210,17 @@ def main():
     ap.add_argument("--snapshot-rounds", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=300)
     a = ap.parse_args()
-    builds = [("this", a.binary)] + ([("before", a.before)] if a.before else [])
+    also = []
+    for spec in a.also:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path or name in ("this", "before"):
+            ap.error(f"--also {spec!r}: want NAME=BIN, NAME neither 'this' nor 'before'")
+        also.append((name, path))
+    builds = [("this", a.binary)] + also + ([("before", a.before)] if a.before else [])
     only = set(a.only.split(","))
     out = [f"### At the defaults, fake NVML, {os.cpu_count()} cores", ""]
-    for b in [a.binary, a.before]:
-        if b:
-            out.append(f"- `{b}`")
+    for name, b in builds:
+        out.append(f"- {name}: `{b}`")
     out.append("")
     if "body" in only:
         out += ["#### /metrics body, 8 GPUs x 256 processes", ""]
