@@ -8,19 +8,32 @@
 //! the /proc lookups read real files: 2048 lookups per tick, one read of
 //! /proc/<pid>/stat per pid, so 256), and opens the fake
 //! through the production `NvmlSource`.
+//!
+//! Under `cargo bench` it then prints each stage of a full and of a
+//! memory-only sample, as the sampler thread runs them (the tick, then
+//! `Shared::publish`: the ledger, the ranking at a whole minute, the
+//! history and its forecasts), and the series count of the bodies a
+//! scrape would encode: 130 simulated seconds of samples at the defaults
+//! (a full sample each second, nine memory-only ones between), each stage
+//! timed on its own.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench/test: a panic is the failure report
 
 mod common;
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
+use gpumem_exporter::testing::accounting::Ledger;
 use gpumem_exporter::testing::attribute::procfs::ProcRoot;
 use gpumem_exporter::testing::attribute::{ProcCache, ProcessLookup};
 use gpumem_exporter::testing::config::{SamplerConfig, Timing};
+use gpumem_exporter::testing::expose::{self, Format, Reuse};
 use gpumem_exporter::testing::gpu::NvmlSource;
 use gpumem_exporter::testing::gpu::{GpuSource, RawProcess};
-use gpumem_exporter::testing::model::DurationHistogram;
+use gpumem_exporter::testing::history::History;
+use gpumem_exporter::testing::model::{DurationHistogram, Snapshot};
+use gpumem_exporter::testing::publish::{Shared, Telemetry};
 use gpumem_exporter::testing::sample::Sampler;
 use nvml_wrapper::Nvml;
 
@@ -179,7 +192,180 @@ fn main() {
             tick_mean / nvml_mean
         );
     }
+    if common::benching() {
+        stages(
+            &mut sampler,
+            &mut source_full,
+            &mut proc_lookups,
+            &driver_memory,
+        );
+    }
     drop(sleepers);
+}
+
+/// Times of one stage, µs: in full samples and in memory-only ones.
+#[derive(Default)]
+struct Stage {
+    full: Vec<f64>,
+    memory: Vec<f64>,
+}
+
+impl Stage {
+    fn push(&mut self, full: bool, d: Duration) {
+        let v = d.as_secs_f64() * 1e6;
+        if full {
+            self.full.push(v);
+        } else {
+            self.memory.push(v);
+        }
+    }
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+fn cell(v: Option<f64>) -> String {
+    v.map_or_else(|| "—".to_string(), |v| format!("{v:.1}"))
+}
+
+/// Seconds of samples the stage table covers: two whole minutes of the
+/// ledger's clock, so the ranking runs twice.
+const STAGE_SECONDS: u32 = 130;
+
+/// Each stage of a full sample and of a memory-only one, in the order the
+/// sampler thread runs them, over [`STAGE_SECONDS`] simulated seconds at
+/// the default intervals (the ledger and the history are given the
+/// simulated times; the sampler and `publish` read the real clock), then
+/// what a scrape of each snapshot would encode and count.
+fn stages(
+    sampler: &mut Sampler<NvmlSource, ProcCache>,
+    source_full: &mut dyn FnMut(),
+    proc_lookups: &mut dyn FnMut(),
+    driver_memory: &dyn Fn(),
+) {
+    let mut nvml = Stage::default();
+    let mut attribution = Stage::default();
+    let mut tick = Stage::default();
+    let mut ledger = Stage::default();
+    let mut ranking = Stage::default();
+    let mut history_forecast = Stage::default();
+    let mut publish = Stage::default();
+    let mut encode = Stage::default();
+    let mut count = Stage::default();
+    let shared = Shared::new(Duration::from_secs(1), Arc::new(Telemetry::new()));
+    let mut led = Ledger::new();
+    let mut history = History::new();
+    let reuse = Reuse::new();
+    let (t0, wall0) = (Instant::now(), SystemTime::now());
+    for step in 0..STAGE_SECONDS * 10 {
+        let full = step % 10 == 0;
+        let at = Duration::from_millis(100 * u64::from(step));
+        // The NVML calls and the /proc lookups alone, beside the tick.
+        if full {
+            nvml.push(true, time(&mut *source_full));
+            attribution.push(true, time(&mut *proc_lookups));
+        } else {
+            nvml.push(false, time(driver_memory));
+        }
+        let t = Instant::now();
+        let mut s: Snapshot = if full {
+            sampler.tick()
+        } else {
+            sampler.tick_memory()
+        };
+        tick.push(full, t.elapsed());
+        s.taken_at = wall0 + at;
+        let t = Instant::now();
+        let accounts = led.record(&s, t0 + at);
+        let spent = t.elapsed();
+        // The ledger's first sample at or after a whole minute ranks.
+        if step % 600 == 0 && step > 0 {
+            ranking.push(full, spent);
+        } else {
+            ledger.push(full, spent);
+        }
+        s.accounting = accounts;
+        let t = Instant::now();
+        history.record(&s);
+        s.forecasts = history.forecasts(&s);
+        let spent = t.elapsed();
+        // A full sample is the first of its second: the regime is found
+        // anew; the nine memory-only ones after it move the kept line.
+        history_forecast.push(full, spent);
+        let published = s.clone();
+        let t = Instant::now();
+        shared.publish(published);
+        publish.push(full, t.elapsed());
+        let s = Arc::new(s);
+        let t = Instant::now();
+        let body = expose::encode_reusing(&s, Format::Text, &reuse).unwrap_or_default();
+        encode.push(full, t.elapsed());
+        if full {
+            count.push(
+                true,
+                time(|| {
+                    black_box(expose::count_series(&body));
+                }),
+            );
+        }
+    }
+    let rows: [(&str, &Stage); 8] = [
+        (
+            "NVML calls (`GpuSource`: memory; on a full sample also the process lists)",
+            &nvml,
+        ),
+        (
+            "attribution: /proc lookups (2048 cached, 256 stat reads) and stale detection",
+            &attribution,
+        ),
+        (
+            "`Sampler::tick` / `tick_memory` whole (NVML, attribution, selection, peaks, idle detection, the snapshot)",
+            &tick,
+        ),
+        ("ledger (`Ledger::record`, within a minute)", &ledger),
+        (
+            "ranking (the ledger at a whole minute, once a minute)",
+            &ranking,
+        ),
+        (
+            "history and forecasts (a full sample is the first of its second: the regime found anew; a memory-only one moves the kept line)",
+            &history_forecast,
+        ),
+        (
+            "`Shared::publish` whole (counters, sources, ledger, ranking, history, forecasts, `Arc` swap)",
+            &publish,
+        ),
+        (
+            "scrape after it: `/metrics` text encode (reusing the full-sample segments)",
+            &encode,
+        ),
+    ];
+    println!("\n## stages ({STAGE_SECONDS} simulated seconds, medians, µs)\n");
+    println!("| stage | full sample | memory-only sample |");
+    println!("|---|---:|---:|");
+    for (name, st) in rows {
+        println!(
+            "| {name} | {} | {} |",
+            cell(median(&st.full)),
+            cell(median(&st.memory))
+        );
+    }
+    println!(
+        "| of that encode: the series count of a whole body (a memory-only sample's body counts only its per-publish segments) | {} | {} |",
+        cell(median(&count.full)),
+        cell(median(&count.memory))
+    );
+    let whole = |st: &Stage| median(&st.full).zip(median(&st.memory));
+    if let (Some((tf, tm)), Some((pf, pm))) = (whole(&tick), whole(&publish)) {
+        println!(
+            "\nA sample as the sampler thread takes it (tick + publish): full {:.1} µs, memory-only {:.1} µs",
+            tf + pf,
+            tm + pm
+        );
+    }
 }
 
 fn time(mut f: impl FnMut()) -> Duration {

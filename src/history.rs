@@ -246,7 +246,11 @@ impl History {
             }) else {
                 continue;
             };
-            let Some((reserved, limit)) = p.torch.and_then(|t| Some((t.reserved, t.limit?))) else {
+            let Some((reserved, limit)) = p
+                .torch
+                .as_deref()
+                .and_then(|t| Some((t.reserved, t.limit?)))
+            else {
                 continue;
             };
             if let Some(forecast) = series.forecast(now, reserved, limit) {
@@ -270,7 +274,7 @@ fn record_torch(
     torch
         .retain(|&(g, pid), _| g != gpu || processes.binary_search_by_key(&pid, |p| p.pid).is_ok());
     for p in processes {
-        if let Some(t) = p.torch.filter(|t| t.limit.is_some()) {
+        if let Some(t) = p.torch.as_deref().filter(|t| t.limit.is_some()) {
             torch
                 .entry((gpu, p.pid))
                 .or_default()
@@ -601,11 +605,11 @@ mod tests {
                 gpu_instance_id: None,
                 compute_instance_id: None,
                 used_peak_bytes: None,
-                torch: Some(TorchStats {
+                torch: Some(Arc::new(TorchStats {
                     reserved: reserved(t),
                     limit,
                     ..TorchStats::default()
-                }),
+                })),
                 readings: Default::default(),
             };
             s.devices[0].processes = Arc::new([p(7, Some(limit)), p(9, None)]);
@@ -642,11 +646,11 @@ mod tests {
         };
         s.devices[0].processes = Arc::new([p.clone()]);
         h.record(&s);
-        p.torch = Some(TorchStats {
+        p.torch = Some(Arc::new(TorchStats {
             reserved: reserved(701),
             limit: Some(limit),
             ..TorchStats::default()
-        });
+        }));
         let mut s = snap(1_000_000 + 702_000, &[Some(40 << 30)]);
         s.devices[0].processes = Arc::new([p]);
         h.record(&s);

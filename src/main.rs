@@ -231,10 +231,16 @@ impl Cli {
 fn main() -> ExitCode {
     // Two malloc arenas are plenty for a sampler and a few HTTP threads;
     // glibc's default (8 per core) keeps freed memory in per-thread arenas
-    // and lets RSS creep up after bursts of concurrent scrapes.
+    // and lets RSS creep up after bursts of concurrent scrapes. Blocks of
+    // 128 KiB and more (a large host's bodies and their segments) are
+    // mapped and unmapped on their own: glibc's default raises that bar to
+    // the largest block freed so far, after which every body is carved
+    // from an arena that keeps the freed room (+1 MiB at 8 GPUs × 256
+    // processes under sequential scrapes, BENCHMARKS.md "At the defaults").
     // SAFETY: mallopt only tunes the allocator; called before any thread.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
     let matches = collector_flags(Cli::command()).get_matches();
     let cli = match Cli::from_arg_matches(&matches) {

@@ -175,6 +175,12 @@ impl Shared {
     /// stop, which disconnects the receiver once no snapshot is in flight).
     /// Set it before the sampler starts to get the first snapshot too.
     pub fn set_sink(&self, sink: Option<SyncSender<Arc<Snapshot>>>) {
+        // A recording wants each process's memory-time (its CSV, its
+        // summary), whether /metrics serves the per-process counter or not.
+        self.ledger
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keep_processes(sink.is_some());
         if let Ok(mut s) = self.sink.lock() {
             *s = sink;
         }

@@ -25,7 +25,9 @@ pub mod history {
 }
 
 pub mod expose {
-    pub use crate::expose::{Format, REVISION, Reuse, VERSION, encode, encode_reusing};
+    pub use crate::expose::{
+        Format, REVISION, Reuse, VERSION, count_series, encode, encode_reusing,
+    };
 }
 
 pub mod gpu {

@@ -29,6 +29,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -104,6 +105,40 @@ def free_port():
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def get(port, path):
+    """One GET on a new connection: (ms, status, body)."""
+    t = time.perf_counter()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        body = r.read()
+    finally:
+        c.close()
+    return (time.perf_counter() - t) * 1000, r.status, body
+
+
+def scenario(pids, gpus=8):
+    """A fake-NVML scenario file (its path) of `gpus` GPUs listing these
+    pids on every one, as the scrape bench's 8 x 256."""
+    lines = ["devices:"]
+    for g in range(gpus):
+        used = 8 << 20
+        procs = []
+        for k, pid in enumerate(pids):
+            b = (256 << 20) + k * (256 << 10)
+            used += b
+            procs.append(f"      - {{pid: {pid}, used: {b}, type: compute}}")
+        lines.append(f"  - uuid: GPU-6f1c2a9e-4b1d-8c3e-9a7f-{g:012x}")
+        lines.append(f"    memory: {{total: 150754820096, reserved: 644939776, used: {used}}}")
+        lines.append("    processes:")
+        lines += procs
+    fd, path = tempfile.mkstemp(suffix=".yaml")
+    with os.fdopen(fd, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return path
 
 
 def proc_status(pid):

@@ -30,13 +30,13 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import h200  # noqa: E402  (the bench helpers: pct, free_port, proc_status, cpu_seconds)
+import h200  # noqa: E402  (the bench helpers: pct, free_port, get, proc_status, cpu_seconds)
 
-from h200 import cpu_seconds, free_port, pct, proc_status  # noqa: E402
+from h200 import cpu_seconds, free_port, get, pct, proc_status  # noqa: E402
+from h200 import scenario as bare_scenario  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -60,19 +60,6 @@ def parse_args(argv=None):
     if a.rounds < 1 or a.pairs < 10 or a.idle <= 0:
         p.error("need --rounds >= 1, --pairs >= 10, --idle > 0")
     return a
-
-
-def get(port, path):
-    """One GET on a new connection: (ms, status, body)."""
-    t = time.perf_counter()
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        c.request("GET", path)
-        r = c.getresponse()
-        body = r.read()
-    finally:
-        c.close()
-    return (time.perf_counter() - t) * 1000, r.status, body
 
 
 class Proc:
@@ -169,21 +156,7 @@ def fake_phase(args, builds, outdir, report):
     /metrics against /healthz, per build of ours."""
     sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(256)]
     try:
-        lines = ["devices:"]
-        for g in range(8):
-            used = 8 << 20
-            procs = []
-            for k, s in enumerate(sleepers):
-                b = (256 << 20) + k * (256 << 10)
-                used += b
-                procs.append(f"      - {{pid: {s.pid}, used: {b}, type: compute}}")
-            lines.append(f"  - uuid: GPU-6f1c2a9e-4b1d-8c3e-9a7f-{g:012x}")
-            lines.append(f"    memory: {{total: 150754820096, reserved: 644939776, used: {used}}}")
-            lines.append("    processes:")
-            lines += procs
-        fd, scenario = tempfile.mkstemp(suffix=".yaml")
-        with os.fdopen(fd, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+        scenario = bare_scenario([p.pid for p in sleepers])
         env = dict(os.environ, FAKE_NVML_CONFIG=scenario)
         for name, binary in builds:
             e = Proc(f"fake-{name}", lambda port, b=binary: [b, "--nvml.library", args.fake_lib,

@@ -5,7 +5,8 @@
     python3 scripts/gpu/accounting.py [path/to/gpumem-exporter]   # default .dev/gpumem-exporter
 
 1. The daemon (`--sample-interval 100ms`, so process lists are read at
-   the memory-sample rate) and a torch process that starts CUDA, waits
+   the memory-sample rate; `processes.byte_seconds: true`, so the
+   per-process counter is served) and a torch process that starts CUDA, waits
    3 s (its context alone), holds 8 GiB for 30 s (times it itself), frees
    it and waits 3 s. Scraped before the 8 GiB and after it is freed, each
    scrape with its snapshot's time: the increase of
@@ -97,7 +98,11 @@ print("```\n")
 holder_py = os.path.join(OUT, "holder.py")
 with open(holder_py, "w") as f:
     f.write(HOLDER)
-exporter = subprocess.Popen([BIN, "--web.listen-address", f"127.0.0.1:{PORT}", "--sample-interval", "100ms"],
+config_yaml = os.path.join(OUT, "byte-seconds.yaml")
+with open(config_yaml, "w") as f:
+    f.write("processes:\n  byte_seconds: true\n")  # the per-process counter is off by default
+exporter = subprocess.Popen([BIN, "--web.listen-address", f"127.0.0.1:{PORT}", "--sample-interval", "100ms",
+                             "--config.file", config_yaml],
                             stderr=subprocess.DEVNULL)
 try:
     deadline = time.time() + 20

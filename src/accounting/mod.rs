@@ -16,17 +16,21 @@
 //!
 //! Per-sample cost: a GPU whose process list is the very same `Arc` as in
 //! the last sample (every memory-only sample) costs two multiplications;
-//! the per-process and per-workload totals are folded only when a list
-//! changes (a full sample), see `model::accounting`. Hand-written: a few
-//! sums over the snapshot, nothing a library would do for us.
+//! the per-workload totals are folded only when a list changes (a full
+//! sample), from the list's processes summed per workload once
+//! (`model::LiveWorkload`); the per-process totals only while they are
+//! asked for (`processes.byte_seconds`, or the recorder), see
+//! `model::accounting`. Hand-written: a few sums over the snapshot,
+//! nothing a library would do for us.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::model::{
-    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceSample, Idle, ProcessSample, Snapshot,
-    Stale, Unattributed, WORKLOAD_GRACE_SECONDS, Workload, WorkloadAccount,
+    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceSample, Idle, LiveWorkload,
+    ProcessSample, Snapshot, Stale, Unattributed, WORKLOAD_GRACE_SECONDS, Workload,
+    WorkloadAccount,
 };
 
 mod ranking;
@@ -36,6 +40,8 @@ pub(crate) use ranking::{Ranked, Ranking, rank};
 /// What one GPU showed at the last sample: held until this one.
 #[derive(Debug)]
 struct Held {
+    /// The GPU's UUID (its totals' key).
+    uuid: Arc<str>,
     used: Option<u64>,
     /// The GPU's busy percentage (a `Busy` reading), held between samples:
     /// only where NVML has no utilisation samples for the GPU.
@@ -46,6 +52,8 @@ struct Held {
     /// Bytes its stale processes hold, by reason; `None` where the
     /// processes were not read (computed once per process list).
     stale: Option<[u64; 5]>,
+    /// In the sample being taken in (the GPUs not in it leave).
+    seen: bool,
 }
 
 /// The bytes `d`'s stale processes hold, by reason (`None` where its
@@ -61,13 +69,57 @@ fn stale_bytes(d: &DeviceSample) -> Option<[u64; 5]> {
     Some(by_reason)
 }
 
+/// `list`'s processes summed per workload, in workload order (processes
+/// of no known workload left out). A pod's entry carries its names where
+/// any of its processes has them.
+fn live_workloads(list: &[ProcessSample]) -> Vec<LiveWorkload> {
+    let mut out: Vec<LiveWorkload> = Vec::new();
+    let mut at: HashMap<Workload, usize> = HashMap::new();
+    for p in list {
+        let Some(w) = Workload::of(&p.ident) else {
+            continue;
+        };
+        let bytes = p.used_bytes.unwrap_or(0);
+        let idle = p.readings.get::<Idle>().is_some();
+        // A workload's processes are often next to each other (by pid).
+        let i = match out.last() {
+            Some(last) if last.workload == w => Some(out.len() - 1),
+            _ => at.get(&w).copied(),
+        };
+        match i.and_then(|i| out.get_mut(i)) {
+            Some(e) => {
+                e.bytes += bytes;
+                if idle {
+                    e.idle_bytes += bytes;
+                    e.idle = true;
+                }
+                if !e.workload.same_names(&w) && !p.ident.pod.is_empty() {
+                    e.workload = w;
+                }
+            }
+            None => {
+                at.insert(w.clone(), out.len());
+                out.push(LiveWorkload {
+                    workload: w,
+                    bytes,
+                    idle_bytes: if idle { bytes } else { 0 },
+                    idle,
+                });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.workload.cmp(&b.workload));
+    out
+}
+
 /// The integrator. Only `Shared::publish` calls it (one writer).
 #[derive(Debug, Default)]
 pub struct Ledger {
     start: Option<Instant>,
     last: Option<Instant>,
     accounts: Accounts,
-    held: HashMap<Arc<str>, Held>,
+    /// Per GPU of the last sample, in its order.
+    held: Vec<Held>,
     /// The allocation rows of the last sample: which GPU each is on.
     rows_key: Option<RowsKey>,
     /// The workload ranking's minutes.
@@ -76,6 +128,9 @@ pub struct Ledger {
     /// gone: at their next answer, the totals of processes they no longer
     /// list go.
     kept: HashSet<Arc<str>>,
+    /// Keep each process's total whatever the snapshots' series policy
+    /// says (the recorder's CSV and summary read them).
+    processes: bool,
 }
 
 /// The inputs the allocation rows' idle flags were computed from
@@ -92,6 +147,14 @@ impl Ledger {
         Ledger::default()
     }
 
+    /// Keep every process's total (`process_byte_seconds`) from now on,
+    /// not only while a snapshot asks for the per-process counter
+    /// (`processes.byte_seconds`): the recorder's CSV and summary read
+    /// them.
+    pub(crate) fn keep_processes(&mut self, keep: bool) {
+        self.processes = keep;
+    }
+
     /// Integrate from the last sample up to `now`, take in `s`, and
     /// return the totals as of `s`.
     pub fn record(&mut self, s: &Snapshot, now: Instant) -> Accounts {
@@ -102,7 +165,13 @@ impl Ledger {
         self.last = Some(now);
         let t = now.saturating_duration_since(start).as_secs_f64();
         self.integrate(dt);
-        let folded = self.take_in(s, t);
+        let per_process = self.processes || s.series.process_byte_seconds;
+        if !per_process && !self.accounts.processes.is_empty() {
+            // Not asked for any more: each starts from 0 when it is again.
+            self.accounts.processes = Arc::default();
+            self.kept.clear();
+        }
+        let folded = self.take_in(s, t, per_process);
         self.allocations(s, dt, t, folded);
         self.accounts.seconds = t;
         if let Some(base) = self.ranking.minute(t, &self.accounts, &s.devices) {
@@ -117,8 +186,8 @@ impl Ledger {
             return;
         }
         let gpus = Arc::make_mut(&mut self.accounts.gpus);
-        for (uuid, h) in &self.held {
-            let Some(g) = gpus.get_mut(uuid) else {
+        for h in &self.held {
+            let Some(g) = gpus.get_mut(&h.uuid) else {
                 continue;
             };
             if let Some(used) = h.used {
@@ -139,13 +208,20 @@ impl Ledger {
     }
 
     /// Hold `s`'s figures from now on; fold the process lists that
-    /// changed. Returns whether any was folded.
-    fn take_in(&mut self, s: &Snapshot, t: f64) -> bool {
-        let mut seen: HashSet<&str> = HashSet::with_capacity(s.devices.len());
+    /// changed. Returns whether any was folded. A memory-only sample (the
+    /// same GPUs with the very same lists) only replaces the used bytes.
+    fn take_in(&mut self, s: &Snapshot, t: f64, per_process: bool) -> bool {
+        for h in &mut self.held {
+            h.seen = false;
+        }
         let mut folded = false;
-        for d in s.devices.iter().filter(|d| d.info.is_known()) {
+        for (n, d) in s.devices.iter().filter(|d| d.info.is_known()).enumerate() {
             let uuid = d.info.uuid.as_str();
-            seen.insert(uuid);
+            // The same place as last time, unless the GPUs changed.
+            let at = match self.held.get(n) {
+                Some(h) if *h.uuid == *uuid => Some(n),
+                _ => self.held.iter().position(|h| *h.uuid == *uuid),
+            };
             let reading = d.readings.get::<Busy>();
             let sampled = reading.and_then(|b| b.samples);
             // NVML's samples where it has them; else the gauge, held.
@@ -155,16 +231,32 @@ impl Ledger {
                     .and_then(|b| b.percent)
                     .map(|pct| f64::from(pct.min(100)) / 100.0),
             };
-            let prev_read = self.held.get(uuid).and_then(|h| h.samples_read);
             let used = d.memory.map(|m| m.used);
-            let key: Arc<str> = match self.held.get_key_value(uuid) {
-                Some((k, _)) => Arc::clone(k),
+            if let Some(h) = at.and_then(|i| self.held.get_mut(i))
+                && Arc::ptr_eq(&h.processes, &d.processes)
+                && h.busy == busy
+                && sampled.is_none_or(|b| h.samples_read == Some(b.read))
+                && self
+                    .accounts
+                    .gpus
+                    .get(uuid)
+                    .is_some_and(|g| *g.gpu == *d.info.gpu)
+            {
+                h.used = used;
+                h.seen = true;
+                continue;
+            }
+            let key: Arc<str> = match at.and_then(|i| self.held.get(i)) {
+                Some(h) => Arc::clone(&h.uuid),
                 None => Arc::from(uuid),
             };
+            let prev_read = at
+                .and_then(|i| self.held.get(i))
+                .and_then(|h| h.samples_read);
             let gpus = Arc::make_mut(&mut self.accounts.gpus);
             let g = gpus.entry(Arc::clone(&key)).or_default();
-            if g.gpu != d.info.gpu {
-                g.gpu = d.info.gpu.clone();
+            if *g.gpu != *d.info.gpu {
+                g.gpu = Arc::from(d.info.gpu.as_str());
             }
             if (busy.is_some() || sampled.is_some()) && g.busy_seconds.is_none() {
                 g.busy_seconds = Some(0.0);
@@ -179,46 +271,48 @@ impl Ledger {
                 g.pending_busy_seconds += secs;
                 samples_read = Some(b.read);
             }
-            let same = self
-                .held
-                .get(uuid)
+            let old = at.map(|i| self.held.remove(i));
+            let same = old
+                .as_ref()
                 .is_some_and(|h| Arc::ptr_eq(&h.processes, &d.processes));
-            let stale = match self.held.get(uuid) {
+            let stale = match &old {
                 Some(h) if same => h.stale,
                 _ => stale_bytes(d),
             };
             if !same {
-                let old = self.held.remove(uuid).map(|h| h.processes);
                 // A GPU that does not answer lists no process: keep its
                 // processes' totals until it answers without them.
                 let keep = d.memory.is_none();
-                self.fold(&key, old.as_deref().unwrap_or(&[]), &d.processes, keep, t);
+                let old = old.as_ref().map(|h| Arc::clone(&h.processes));
+                self.fold(
+                    &key,
+                    old.as_deref().unwrap_or(&[]),
+                    &d.processes,
+                    keep,
+                    t,
+                    per_process,
+                );
                 folded = true;
             }
-            self.held.insert(
-                key,
-                Held {
-                    used,
-                    busy,
-                    samples_read,
-                    processes: Arc::clone(&d.processes),
-                    stale,
-                },
-            );
+            let h = Held {
+                uuid: key,
+                used,
+                busy,
+                samples_read,
+                processes: Arc::clone(&d.processes),
+                stale,
+                seen: true,
+            };
+            // Back in the place it has in this sample.
+            let i = n.min(self.held.len());
+            self.held.insert(i, h);
         }
         // A GPU that left the snapshot (re-enumerated, not yet identified)
         // holds nothing from now on; its totals stay.
-        let gone: Vec<Arc<str>> = self
-            .held
-            .keys()
-            .filter(|k| !seen.contains(&***k))
-            .cloned()
-            .collect();
-        for key in gone {
-            if let Some(h) = self.held.remove(&key) {
-                self.fold(&key, &h.processes, &[], true, t);
-                folded = true;
-            }
+        while let Some(i) = self.held.iter().position(|h| !h.seen) {
+            let h = self.held.remove(i);
+            self.fold(&h.uuid, &h.processes, &[], true, t, per_process);
+            folded = true;
         }
         if folded {
             self.expire(t);
@@ -227,9 +321,10 @@ impl Ledger {
     }
 
     /// Move GPU `uuid`'s pending seconds into the totals of the processes
-    /// and workloads of `old`, its list until now, and start `new`. A
-    /// process of `old` not in `new` loses its total unless `keep` (the
-    /// GPU is down or gone: it may list the process again).
+    /// (when kept: `per_process`) and workloads of `old`, its list until
+    /// now, and start `new`. A process of `old` not in `new` loses its
+    /// total unless `keep` (the GPU is down or gone: it may list the
+    /// process again).
     fn fold(
         &mut self,
         uuid: &Arc<str>,
@@ -237,6 +332,7 @@ impl Ledger {
         new: &[ProcessSample],
         keep: bool,
         t: f64,
+        per_process: bool,
     ) {
         let gpus = Arc::make_mut(&mut self.accounts.gpus);
         let Some(g) = gpus.get_mut(uuid) else {
@@ -244,31 +340,33 @@ impl Ledger {
         };
         let pending = std::mem::take(&mut g.pending_seconds);
         let pending_busy = std::mem::take(&mut g.pending_busy_seconds);
-        let procs = Arc::make_mut(&mut self.accounts.processes);
-        let loads = Arc::make_mut(&mut self.accounts.workloads);
-        // A GPU that answers again after its totals were kept: drop those
-        // of processes it no longer lists (a pid reused meanwhile too).
-        if keep {
-            self.kept.insert(Arc::clone(uuid));
-        } else if self.kept.remove(uuid) {
-            procs.retain(|(u, pid, start), _| u != uuid || listed(new, *pid, *start));
-        }
-        for p in old {
-            let key = (Arc::clone(uuid), p.pid, p.ident.start_time);
-            let bytes = p.used_bytes.unwrap_or(0) as f64 * pending;
-            let still = listed(new, p.pid, p.ident.start_time);
-            if still || keep {
-                *procs.entry(key).or_insert(0.0) += bytes;
-            } else {
-                procs.remove(&key);
+        let live = Arc::from(live_workloads(new));
+        let was = std::mem::replace(&mut g.live, live);
+        if per_process {
+            let procs = Arc::make_mut(&mut self.accounts.processes);
+            // A GPU that answers again after its totals were kept: drop
+            // those of processes it no longer lists (a pid reused
+            // meanwhile too).
+            if keep {
+                self.kept.insert(Arc::clone(uuid));
+            } else if self.kept.remove(uuid) {
+                procs.retain(|(u, pid, start), _| u != uuid || listed(new, *pid, *start));
             }
-            if let Some(w) = Workload::of(&p.ident)
-                && let Some(a) = loads.get_mut(&(w, Arc::clone(uuid)))
-            {
-                a.used_byte_seconds += bytes;
-                if p.readings.get::<Idle>().is_some() {
-                    a.idle_byte_seconds += bytes;
+            for p in old {
+                let key = (Arc::clone(uuid), p.pid, p.ident.start_time);
+                let still = listed(new, p.pid, p.ident.start_time);
+                if still || keep {
+                    *procs.entry(key).or_insert(0.0) += p.used_bytes.unwrap_or(0) as f64 * pending;
+                } else {
+                    procs.remove(&key);
                 }
+            }
+        }
+        let loads = Arc::make_mut(&mut self.accounts.workloads);
+        for w in was.iter() {
+            if let Some(a) = loads.get_mut(&(w.workload.clone(), Arc::clone(uuid))) {
+                a.used_byte_seconds += w.bytes as f64 * pending;
+                a.idle_byte_seconds += w.idle_bytes as f64 * pending;
                 if a.live {
                     // Once per workload per fold, however many processes.
                     a.busy_seconds += pending_busy;
@@ -277,25 +375,26 @@ impl Ledger {
                 a.last_seen = t;
             }
         }
-        for p in new {
-            if let Some(w) = Workload::of(&p.ident) {
-                let key = (w, Arc::clone(uuid));
-                // A pod first seen by UID alone, named now: the same
-                // account, under its names from now on.
-                if let Some((old, _)) = loads.get_key_value(&key)
-                    && !old.0.same_names(&key.0)
-                    && !p.ident.pod.is_empty()
-                    && let Some(a) = loads.remove(&key)
-                {
-                    loads.insert(key.clone(), a);
-                }
-                let a = loads.entry(key).or_insert_with(|| WorkloadAccount {
-                    since: t,
-                    ..WorkloadAccount::default()
-                });
-                a.live = true;
-                a.last_seen = t;
+        let Some(g) = self.accounts.gpus.get(uuid) else {
+            return;
+        };
+        for w in g.live.iter() {
+            let key = (w.workload.clone(), Arc::clone(uuid));
+            // A pod first seen by UID alone, named now: the same account,
+            // under its names from now on.
+            if let Some((old, _)) = loads.get_key_value(&key)
+                && !old.0.same_names(&key.0)
+                && matches!(&w.workload, Workload::Pod { pod, .. } if !pod.is_empty())
+                && let Some(a) = loads.remove(&key)
+            {
+                loads.insert(key.clone(), a);
             }
+            let a = loads.entry(key).or_insert_with(|| WorkloadAccount {
+                since: t,
+                ..WorkloadAccount::default()
+            });
+            a.live = true;
+            a.last_seen = t;
         }
     }
 
@@ -515,8 +614,8 @@ pub(crate) fn workload_totals(s: &Snapshot) -> BTreeMap<(Workload, Arc<str>), (f
     workload_totals_of(&s.accounting, &s.devices)
 }
 
-/// [`workload_totals`] of the totals `a` with the process lists of
-/// `devices`.
+/// [`workload_totals`] of the totals `a` with the GPUs of `devices`
+/// (their current lists' workloads, [`crate::model::GpuAccount::live`]).
 fn workload_totals_of(
     a: &Accounts,
     devices: &[DeviceSample],
@@ -530,20 +629,13 @@ fn workload_totals_of(
         let Some((uuid, g)) = a.gpus.get_key_value(d.info.uuid.as_str()) else {
             continue;
         };
-        let live: Vec<(Workload, u64)> = d
-            .processes
-            .iter()
-            .filter_map(|p| Some((Workload::of(&p.ident)?, p.used_bytes.unwrap_or(0))))
-            .collect();
-        let mut charged: HashSet<&Workload> = HashSet::new();
-        for (w, bytes) in &live {
+        // One entry per workload: its busy seconds are charged once.
+        for w in g.live.iter() {
             let e = out
-                .entry((w.clone(), Arc::clone(uuid)))
+                .entry((w.workload.clone(), Arc::clone(uuid)))
                 .or_insert((0.0, 0.0));
-            e.0 += *bytes as f64 * g.pending_seconds;
-            if charged.insert(w) {
-                e.1 += g.pending_busy_seconds;
-            }
+            e.0 += w.bytes as f64 * g.pending_seconds;
+            e.1 += g.pending_busy_seconds;
         }
     }
     out
@@ -564,14 +656,9 @@ pub(crate) fn workload_idle_totals(s: &Snapshot) -> BTreeMap<(Workload, Arc<str>
         let Some((uuid, g)) = a.gpus.get_key_value(d.info.uuid.as_str()) else {
             continue;
         };
-        for p in d.processes.iter() {
-            if p.readings.get::<Idle>().is_none() {
-                continue;
-            }
-            if let Some(w) = Workload::of(&p.ident) {
-                *out.entry((w, Arc::clone(uuid))).or_insert(0.0) +=
-                    p.used_bytes.unwrap_or(0) as f64 * g.pending_seconds;
-            }
+        for w in g.live.iter().filter(|w| w.idle) {
+            *out.entry((w.workload.clone(), Arc::clone(uuid)))
+                .or_insert(0.0) += w.idle_bytes as f64 * g.pending_seconds;
         }
     }
     out

@@ -34,9 +34,11 @@ fn proc(pid: u32, used: u64, who: &Arc<ProcIdentity>) -> ProcessSample {
     }
 }
 
-/// One GPU using `used` bytes, busy `busy` %, with `processes`.
+/// One GPU using `used` bytes, busy `busy` %, with `processes`; each
+/// process's total kept (`processes.byte_seconds`).
 fn snap(used: Option<u64>, busy: Option<u32>, processes: &Arc<[ProcessSample]>) -> Snapshot {
     let mut s = Snapshot::empty(UNIX_EPOCH);
+    s.series.process_byte_seconds = true;
     s.devices.push(DeviceSample {
         info: Arc::new(DeviceInfo {
             gpu: "0".into(),
@@ -383,18 +385,26 @@ fn nvml_utilisation_samples_are_counted_once_per_read_instead_of_the_gauge() {
     close(w[&user].1, 5.0);
 }
 
-#[test]
-fn a_pod_named_after_its_first_samples_stays_one_workload() {
+/// One pod as its first samples know it (by uid only) and as its later
+/// ones do (named).
+fn one_pod_two_ways() -> (Arc<ProcIdentity>, Arc<ProcIdentity>) {
+    let uid: Arc<str> = Arc::from("aaaaaaaa-0000-0000-0000-000000000001");
     let by_uid = Arc::new(ProcIdentity {
-        pod_uid: Arc::from("aaaaaaaa-0000-0000-0000-000000000001"),
+        pod_uid: Arc::clone(&uid),
         ..Default::default()
     });
     let named = Arc::new(ProcIdentity {
         namespace: Arc::from("team-a"),
         pod: Arc::from("trainer-0"),
-        pod_uid: Arc::from("aaaaaaaa-0000-0000-0000-000000000001"),
+        pod_uid: uid,
         ..Default::default()
     });
+    (by_uid, named)
+}
+
+#[test]
+fn a_pod_named_after_its_first_samples_stays_one_workload() {
+    let (by_uid, named) = one_pod_two_ways();
     let mut l = Ledger::new();
     let t0 = Instant::now();
     let at = |ms| t0 + Duration::from_millis(ms);
@@ -526,4 +536,103 @@ fn idle_bytes_are_integrated_per_workload() {
     };
     close(of("alice").unwrap_or(0.0), 2.0 * GIB as f64 * 10.0);
     assert_eq!(of("bob"), None, "never idle: no series");
+}
+
+/// Without the per-process counter (the default) no process's total is
+/// kept, and the workloads' totals are the same; asked for again, each
+/// process starts from 0; a recorder keeps them whatever the snapshots say.
+#[test]
+fn process_totals_only_while_asked_for() {
+    let alice = ident("alice", None);
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    let user = (
+        Workload::User {
+            user: Arc::from("alice"),
+        },
+        Arc::from(GPU0),
+    );
+    let run = |l: &mut Ledger, on: bool| -> (Accounts, Snapshot) {
+        let mut last = Snapshot::empty(UNIX_EPOCH);
+        let mut a = Accounts::default();
+        for i in 0..=20u64 {
+            // A new list every second, memory-only samples between.
+            let list: Arc<[ProcessSample]> = Arc::from(vec![proc(10, GIB, &alice)]);
+            for k in 0..10u64 {
+                let mut s = snap(Some(GIB), Some(100), &list);
+                s.series.process_byte_seconds = on;
+                a = l.record(&s, at(1000 * i + 100 * k));
+                s.accounting = a.clone();
+                last = s;
+            }
+        }
+        (a, last)
+    };
+    let (off, s_off) = run(&mut Ledger::new(), false);
+    assert!(off.processes.is_empty(), "{:?}", off.processes);
+    let (on, s_on) = run(&mut Ledger::new(), true);
+    assert_eq!(on.processes.len(), 1);
+    close(
+        process_byte_seconds(&on, GPU0, &s_on.devices[0].processes[0]),
+        20.9 * GIB as f64,
+    );
+    close(workload_totals(&s_off)[&user].0, 20.9 * GIB as f64);
+    close(
+        workload_totals(&s_off)[&user].0,
+        workload_totals(&s_on)[&user].0,
+    );
+    close(
+        workload_totals(&s_off)[&user].1,
+        workload_totals(&s_on)[&user].1,
+    );
+    let mut recorder = Ledger::new();
+    recorder.keep_processes(true);
+    let (kept, _) = run(&mut recorder, false);
+    assert_eq!(kept.processes.len(), 1, "the recorder keeps them");
+}
+
+/// A list's processes summed per workload, one entry each, in workload
+/// order; a pod named by any of its processes carries the names.
+#[test]
+fn live_workloads_sum_each_workload_once() {
+    use crate::model::Idle;
+    let alice = ident("alice", None);
+    let bob = ident("bob", None);
+    let (by_uid, named) = one_pod_two_ways();
+    let mut idle = proc(4, 5, &bob);
+    idle.readings = Readings::default().with(Idle { since: UNIX_EPOCH });
+    let nobody = proc(6, 1000, &Arc::new(ProcIdentity::default()));
+    let list = vec![
+        proc(1, 1, &bob),
+        proc(2, 2, &alice),
+        proc(3, 3, &by_uid),
+        idle,
+        proc(5, 7, &named),
+        nobody,
+        proc(7, 11, &alice),
+    ];
+    /// A workload's labels, bytes, idle bytes and whether it idles.
+    type Row<'a> = (Vec<(&'static str, &'a str)>, u64, u64, bool);
+    let live = live_workloads(&list);
+    let got: Vec<Row<'_>> = live
+        .iter()
+        .map(|w| (w.workload.labels(), w.bytes, w.idle_bytes, w.idle))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                vec![
+                    ("namespace", "team-a"),
+                    ("pod", "trainer-0"),
+                    ("pod_uid", "aaaaaaaa-0000-0000-0000-000000000001")
+                ],
+                10,
+                0,
+                false
+            ),
+            (vec![("user", "alice")], 13, 0, false),
+            (vec![("user", "bob")], 6, 5, true),
+        ]
+    );
 }

@@ -96,6 +96,7 @@ pub(super) struct FileProcesses {
     pub(super) min_bytes: Option<u64>,
     pub(super) top_n: Option<u32>,
     pub(super) series: Option<SeriesModeValue>,
+    pub(super) byte_seconds: Option<bool>,
     pub(super) cmdline: Option<bool>,
     pub(super) cmdline_max_length: Option<CmdlineLength>,
     pub(super) passwd_file: Option<String>,

@@ -553,6 +553,7 @@ fn processes(
         series: crate::model::SeriesPolicy {
             mode: f.series.map_or(s.series.mode, |m| m.0),
             budget: s.series.budget,
+            process_byte_seconds: f.byte_seconds.unwrap_or(s.series.process_byte_seconds),
         },
         idle_after: f.idle_after.map_or(s.idle_after, |i| i.0),
     };
@@ -762,6 +763,19 @@ mod tests {
         let c = build(file, &o, &|_| None).unwrap();
         assert_eq!(c.timing.sample_interval, Duration::from_millis(250));
         assert_eq!(c.log.level, LogLevel::Debug);
+    }
+
+    #[test]
+    fn per_process_byte_seconds_are_off_unless_asked_for() {
+        let c = parse("", "t").unwrap();
+        assert!(!c.selection.series.process_byte_seconds);
+        let c = parse("processes:\n  byte_seconds: true\n", "t").unwrap();
+        assert!(c.selection.series.process_byte_seconds);
+        assert_eq!(c.selection.series.mode, crate::model::SeriesMode::Pid);
+        let e = parse("processes:\n  byte_seconds: 3\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2"), "{e}");
     }
 
     #[test]

@@ -47,7 +47,7 @@ pub(super) fn families(
         )?;
         for (uuid, g) in a.gpus.iter() {
             value(
-                m.encode_family(&Labels([("gpu", g.gpu.as_str()), ("uuid", uuid)]))?,
+                m.encode_family(&Labels([("gpu", &*g.gpu), ("uuid", uuid)]))?,
                 g.used_byte_seconds,
             )?;
         }
@@ -61,7 +61,7 @@ pub(super) fn families(
         for (uuid, g) in a.gpus.iter() {
             if let Some(b) = g.busy_seconds {
                 value(
-                    m.encode_family(&Labels([("gpu", g.gpu.as_str()), ("uuid", uuid)]))?,
+                    m.encode_family(&Labels([("gpu", &*g.gpu), ("uuid", uuid)]))?,
                     b,
                 )?;
             }
@@ -69,8 +69,11 @@ pub(super) fn families(
     }
     stale_byte_seconds(enc, a)?;
     // Per pid only: a sum of per-process counters over processes that come
-    // and go is no counter; the workload's own counter follows.
+    // and go is no counter; the workload's own counter follows. Off unless
+    // asked for (`processes.byte_seconds`): the workload's counter is what
+    // a fleet keeps.
     if s.series.mode == crate::model::SeriesMode::Pid
+        && s.series.process_byte_seconds
         && s.devices.iter().any(|d| !d.processes.is_empty())
     {
         let mut m = counter(
@@ -91,7 +94,7 @@ pub(super) fn families(
     if loads.is_empty() {
         return Ok(());
     }
-    let gpu_of = |uuid: &str| a.gpus.get(uuid).map_or("", |g| g.gpu.as_str());
+    let gpu_of = |uuid: &str| a.gpus.get(uuid).map_or("", |g| &*g.gpu);
     for (name, help, busy) in [
         (
             "gpu_workload_memory_used_byte_seconds",
@@ -129,11 +132,7 @@ fn stale_byte_seconds(enc: &mut DescriptorEncoder, a: &Accounts) -> Result<(), f
                 continue;
             };
             for (reason, v) in crate::model::StaleReason::ALL.iter().zip(by_reason) {
-                let labels = Labels([
-                    ("gpu", g.gpu.as_str()),
-                    ("uuid", uuid),
-                    ("reason", reason.label()),
-                ]);
+                let labels = Labels([("gpu", &*g.gpu), ("uuid", uuid), ("reason", reason.label())]);
                 value(m.encode_family(&labels)?, v)?;
             }
         }
@@ -148,7 +147,7 @@ fn idle_byte_seconds(
     a: &Accounts,
     whole: &Snapshot,
 ) -> Result<(), fmt::Error> {
-    let gpu_of = |uuid: &str| a.gpus.get(uuid).map_or("", |g| g.gpu.as_str());
+    let gpu_of = |uuid: &str| a.gpus.get(uuid).map_or("", |g| &*g.gpu);
     let idle = crate::accounting::workload_idle_totals(whole);
     if !idle.is_empty() {
         let mut m = counter(

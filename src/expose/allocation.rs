@@ -308,7 +308,7 @@ impl<'a> Devices<'a> {
     }
 
     fn place(&self, device: &'a AllocatedDevice) -> Place<'a> {
-        let gpu_of = |uuid: &str| self.gpus.get(uuid).map_or("", |g| g.gpu.as_str());
+        let gpu_of = |uuid: &str| self.gpus.get(uuid).map_or("", |g| &*g.gpu);
         match device {
             AllocatedDevice::Gpu { uuid } => Place {
                 gpu: gpu_of(uuid),

@@ -13,7 +13,7 @@
 //! bounded where they are read (comm 16 bytes, Kubernetes names 253,
 //! the command line by `processes.cmdline_max_length`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -481,7 +481,7 @@ fn process<'a>(p: &'a ProcessSample, registry: &'static [Def]) -> Process<'a> {
             reason: st.reason.label(),
             since: seconds(st.since),
         }),
-        torch: p.torch.map(|t| Torch {
+        torch: p.torch.as_deref().map(|t| Torch {
             allocated_bytes: t.allocated,
             reserved_bytes: t.reserved,
             allocated_peak_bytes: t.allocated_peak,
@@ -546,6 +546,10 @@ struct KeptProcesses {
 #[derive(Debug)]
 pub(crate) struct Reuse {
     kept: Mutex<Vec<KeptProcesses>>,
+    /// Bytes of the last document besides its process lists: the next
+    /// one's room for them, so a document is one allocation that does not
+    /// grow while it is written.
+    rest: AtomicUsize,
     reused: AtomicU64,
     /// The collectors whose JSON steps run.
     registry: &'static [Def],
@@ -562,6 +566,7 @@ impl Reuse {
     pub(crate) fn with_registry(registry: &'static [Def]) -> Self {
         Reuse {
             kept: Mutex::new(Vec::new()),
+            rest: AtomicUsize::new(16 * 1024),
             reused: AtomicU64::new(0),
             registry,
         }
@@ -688,7 +693,15 @@ pub(crate) fn snapshot_reusing(
             _ => parts.push(processes_of(d, reuse.registry)?),
         }
     }
-    let body = encode_snapshot(s, sample_interval, &parts, reuse.registry);
+    let lists: usize = parts.iter().map(|p| p.json.get().len()).sum();
+    // A little more than last time: counters and totals grow digits.
+    let room = lists + reuse.rest.load(Ordering::Relaxed) + 1024;
+    let body = encode_snapshot(s, sample_interval, &parts, reuse.registry, room);
+    if let Ok(b) = &body {
+        reuse
+            .rest
+            .store(b.len().saturating_sub(lists), Ordering::Relaxed);
+    }
     *kept = parts;
     body
 }
@@ -698,6 +711,7 @@ fn encode_snapshot(
     sample_interval: Duration,
     parts: &[KeptProcesses],
     registry: &'static [Def],
+    room: usize,
 ) -> Result<Vec<u8>, serde_json::Error> {
     let doc = SnapshotDoc {
         schema_version: SCHEMA_VERSION,
@@ -759,7 +773,9 @@ fn encode_snapshot(
             })
             .collect(),
     };
-    serde_json::to_vec(&doc)
+    let mut out = Vec::with_capacity(room);
+    serde_json::to_writer(&mut out, &doc)?;
+    Ok(out)
 }
 
 #[derive(Serialize)]
@@ -881,6 +897,27 @@ mod tests {
         assert_eq!(third, second);
     }
 
+    /// After the first document, each is written into one allocation
+    /// sized from the last (no growth while written, little room left).
+    #[test]
+    fn a_document_after_the_first_is_one_allocation_of_about_its_size() {
+        let ps: Vec<ProcessSample> = (1..=300).map(|p| proc(p, Some(u64::from(p)))).collect();
+        let full = one_gpu(ps);
+        let reuse = Reuse::default();
+        let at = Duration::from_secs(1);
+        let first = snapshot_reusing(&full, at, &reuse).unwrap_or_default();
+        for _ in 0..3 {
+            let body = snapshot_reusing(&full, at, &reuse).unwrap_or_default();
+            assert_eq!(body, first);
+            assert!(
+                body.capacity() <= body.len() + 2048,
+                "{} bytes in room for {}",
+                body.len(),
+                body.capacity()
+            );
+        }
+    }
+
     #[test]
     fn at_most_512_processes_the_largest_by_pid_the_rest_summed() {
         // pid p uses p bytes; 600 of them, one without a figure.
@@ -931,7 +968,7 @@ mod tests {
     #[test]
     fn torch_figures_as_the_bridge_gave_them() {
         let mut p = proc(9, Some(11_782 << 20));
-        p.torch = Some(TorchStats {
+        p.torch = Some(Arc::new(TorchStats {
             allocated: 10_240 << 20,
             reserved: 11_264 << 20,
             allocated_peak: 10_300 << 20,
@@ -954,16 +991,16 @@ mod tests {
                 above: true,
             }),
             ..TorchStats::default()
-        });
+        }));
         let mut q = proc(10, Some(1 << 30));
-        q.torch = Some(TorchStats {
+        q.torch = Some(Arc::new(TorchStats {
             steps: Some(TorchSteps {
                 total: 3,
                 window: 3,
                 ..TorchSteps::default()
             }),
             ..TorchStats::default()
-        });
+        }));
         let v = doc(&one_gpu(vec![p, q]));
         assert_eq!(
             v["gpus"][0]["processes"][0]["torch"],

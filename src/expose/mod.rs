@@ -55,6 +55,14 @@ pub fn encode(snapshot: &Arc<Snapshot>, format: Format) -> Result<String, fmt::E
     encode_reusing(snapshot, format, &Reuse::new())
 }
 
+/// The series `text` holds, counted as the series budget counts them
+/// (the tick bench times it).
+pub fn count_series(text: &str) -> u64 {
+    let mut counts = budget::Counts::new();
+    budget::count(text, &mut counts);
+    budget::total(&counts)
+}
+
 /// Which families [`encode_families`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Families {

@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::collector::Collector;
@@ -236,12 +236,21 @@ struct Kept {
     cut_dropped: Counts,
 }
 
+/// Room for a body's per-publish families before one was encoded.
+const REST: usize = 32 * 1024;
+
+/// Room for the full-sample segments before any were encoded.
+const ROOM: (usize, usize) = (8192, 4096);
+
 /// The full-sample segments of the last body encoded, per format, the
 /// series every body left out so far (per family), and the collector
 /// registry the bodies are encoded with.
 #[derive(Debug)]
 pub struct Reuse {
     kept: [Mutex<Option<Kept>>; 2],
+    /// Per format, the bytes of the last body besides its full-sample
+    /// segments: the next body's room for them.
+    rest: [AtomicUsize; 2],
     reused: AtomicU64,
     dropped: Mutex<BTreeMap<Box<str>, u64>>,
     registry: &'static [Def],
@@ -264,6 +273,7 @@ impl Reuse {
     pub(crate) fn with_registry(registry: &'static [Def]) -> Self {
         Reuse {
             kept: Default::default(),
+            rest: [AtomicUsize::new(REST), AtomicUsize::new(REST)],
             reused: AtomicU64::new(0),
             dropped: Mutex::default(),
             registry,
@@ -277,14 +287,16 @@ impl Reuse {
     }
 }
 
-/// The two full-sample segments of `s` (cut from `whole`, or `whole`).
+/// The two full-sample segments of `s` (cut from `whole`, or `whole`),
+/// with room for `room` bytes each to begin with (the last ones' sizes).
 fn full_segments(
     pair: (&Arc<Snapshot>, &Arc<Snapshot>),
     format: Format,
     registry: &'static [Def],
     keep: Option<usize>,
+    room: (usize, usize),
 ) -> Result<Kept, fmt::Error> {
-    let mut processes = String::with_capacity(8192);
+    let mut processes = String::with_capacity(room.0);
     let mut processes_counts = Counts::new();
     append_counted(
         &mut processes,
@@ -294,7 +306,7 @@ fn full_segments(
         &[Group::Processes],
         registry,
     )?;
-    let mut collectors = String::with_capacity(4096);
+    let mut collectors = String::with_capacity(room.1);
     let mut collectors_counts = Counts::new();
     append_counted(
         &mut collectors,
@@ -304,6 +316,13 @@ fn full_segments(
         &[Group::Collectors],
         registry,
     )?;
+    // Kept until the next full sample: no room left over that a grown
+    // string doubled into.
+    for segment in [&mut processes, &mut collectors] {
+        if segment.capacity() - segment.len() > segment.len() / 8 + 4096 {
+            segment.shrink_to_fit();
+        }
+    }
     Ok(Kept {
         key: FullKey::of(pair.1),
         keep,
@@ -316,14 +335,18 @@ fn full_segments(
 }
 
 /// The body up to the exporter's own families, and its series per
-/// family: the per-publish groups of `s` around `k`'s segments.
+/// family: the per-publish groups of `s` around `k`'s segments, in a
+/// string of room for them and `rest` bytes more (what the last body
+/// held besides the segments), so a body is one allocation that does not
+/// grow while it is written.
 fn assemble(
     pair: (&Arc<Snapshot>, &Arc<Snapshot>),
     format: Format,
     k: &Kept,
     registry: &'static [Def],
+    rest: usize,
 ) -> Result<(String, Counts), fmt::Error> {
-    let mut out = String::with_capacity(k.processes.len() + k.collectors.len() + 8192);
+    let mut out = String::with_capacity(k.processes.len() + k.collectors.len() + rest);
     let mut counts =
         Counts::with_capacity(k.processes_counts.len() + k.collectors_counts.len() + 32);
     append_counted(
@@ -369,8 +392,8 @@ fn search(
     let budget = whole.series.budget;
     let trial = |k: usize| -> Result<(Kept, u64), fmt::Error> {
         let view = Arc::new(budget::cut(whole, k));
-        let kept = full_segments((&view, whole), format, registry, Some(k))?;
-        let (_, counts) = assemble((&view, whole), format, &kept, registry)?;
+        let kept = full_segments((&view, whole), format, registry, Some(k), ROOM)?;
+        let (_, counts) = assemble((&view, whole), format, &kept, registry, REST)?;
         Ok((kept, budget::total(&counts)))
     };
     // Invariant: `hi` units do not fit (the whole body did not).
@@ -391,7 +414,7 @@ fn search(
         None => trial(0)?.0,
     };
     let view = Arc::new(budget::cut(whole, kept.keep.unwrap_or(0)));
-    let (_, served) = assemble((&view, whole), format, &kept, registry)?;
+    let (_, served) = assemble((&view, whole), format, &kept, registry, REST)?;
     let served: BTreeMap<&str, u64> = served.iter().map(|(f, n)| (&**f, *n)).collect();
     kept.cut_dropped = uncut
         .iter()
@@ -411,10 +434,13 @@ pub fn encode_reusing(
     format: Format,
     reuse: &Reuse,
 ) -> Result<String, fmt::Error> {
-    let slot = &reuse.kept[match format {
+    let i = match format {
         Format::Text => 0,
         Format::OpenMetrics => 1,
-    }];
+    };
+    let slot = &reuse.kept[i];
+    // A little more than last time: the exporter's counters grow digits.
+    let rest = reuse.rest[i].load(Ordering::Relaxed) + 1024;
     // Held across the encode: two requests for two snapshots at once
     // take turns (each body is already encoded once per snapshot by the
     // body cache), and a poisoned lock only loses the kept segments.
@@ -433,25 +459,32 @@ pub fn encode_reusing(
         _ => true,
     };
     if fresh {
-        *kept = Some(full_segments(whole, format, registry, None)?);
+        // The last segments go first, so two are never held at once; their
+        // sizes are the new ones' room.
+        let room = kept.take().map_or(ROOM, |k| {
+            let more = |n: usize| n + n / 16 + 1024;
+            (more(k.processes.len()), more(k.collectors.len()))
+        });
+        *kept = Some(full_segments(whole, format, registry, None, room)?);
     }
     let Some(k) = kept.as_ref() else {
         return Err(fmt::Error);
     };
     let budget = snapshot.series.budget;
     let (mut out, mut counts) = match k.keep {
-        None => assemble(whole, format, k, registry)?,
+        None => assemble(whole, format, k, registry, rest)?,
         Some(n) => assemble(
             (&Arc::new(budget::cut(snapshot, n)), snapshot),
             format,
             k,
             registry,
+            rest,
         )?,
     };
     if fresh && budget::total(&counts) > budget && snapshot.series.mode != SeriesMode::Off {
         let cut = search(snapshot, format, registry, &counts)?;
         let view = Arc::new(budget::cut(snapshot, cut.keep.unwrap_or(0)));
-        (out, counts) = assemble((&view, snapshot), format, &cut, registry)?;
+        (out, counts) = assemble((&view, snapshot), format, &cut, registry, rest)?;
         *kept = Some(cut);
     }
     let Some(k) = kept.as_ref() else {
@@ -480,6 +513,10 @@ pub fn encode_reusing(
     if format == Format::OpenMetrics {
         prometheus_client::encoding::text::encode_eof(&mut out)?;
     }
+    let segments = kept
+        .as_ref()
+        .map_or(0, |k| k.processes.len() + k.collectors.len());
+    reuse.rest[i].store(out.len().saturating_sub(segments), Ordering::Relaxed);
     Ok(out)
 }
 
@@ -580,6 +617,27 @@ mod tests {
             readings: Default::default(),
         });
         s
+    }
+
+    /// A body after the first is one allocation sized from the last one's
+    /// parts: nothing grown by doubling, kept as long as its snapshot.
+    #[test]
+    fn a_body_after_the_first_is_one_allocation_of_about_its_size() {
+        let s = Arc::new(one_gpu_three_processes());
+        let reuse = Reuse::new();
+        for format in [Format::Text, Format::OpenMetrics] {
+            let first = encode_reusing(&s, format, &reuse).unwrap_or_default();
+            for _ in 0..3 {
+                let body = encode_reusing(&s, format, &reuse).unwrap_or_default();
+                assert_eq!(body, first, "{format:?}");
+                assert!(
+                    body.capacity() <= body.len() + 2048,
+                    "{format:?}: {} bytes in room for {}",
+                    body.len(),
+                    body.capacity()
+                );
+            }
+        }
     }
 
     #[test]

@@ -101,7 +101,11 @@ fn fill(
                 flate2::Compression::fast(),
             );
             std::io::Write::write_all(&mut z, &plain).ok()?;
-            z.finish().ok().map(Bytes::from)
+            // Kept as long as the snapshot: without the room a body that
+            // compressed well did not need.
+            let mut zipped = z.finish().ok()?;
+            zipped.shrink_to_fit();
+            Some(Bytes::from(zipped))
         })
         .clone()
 }

@@ -90,7 +90,7 @@ fn any_torch_limit(s: &Snapshot) -> bool {
     s.devices
         .iter()
         .flat_map(|d| d.processes.iter())
-        .any(|p| p.torch.is_some_and(|t| t.limit.is_some()))
+        .any(|p| p.torch.as_ref().is_some_and(|t| t.limit.is_some()))
 }
 
 /// Driver and dmem: each (source, kind) that limits every process, summed
@@ -153,7 +153,7 @@ fn from_pod(
 fn from_torch(procs: &[&ProcessSample], found: &mut BTreeMap<(LimitSource, LimitKind), u64>) {
     let limits: Option<Vec<u64>> = procs
         .iter()
-        .map(|p| p.torch.and_then(|t| t.limit))
+        .map(|p| p.torch.as_ref().and_then(|t| t.limit))
         .collect();
     if let Some(l) = limits.filter(|l| !l.is_empty()) {
         found.insert((LimitSource::Torch, LimitKind::Hard), l.iter().sum());

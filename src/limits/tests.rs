@@ -37,9 +37,11 @@ fn sample(p: &P) -> ProcessSample {
         gpu_instance_id: None,
         compute_instance_id: None,
         used_peak_bytes: None,
-        torch: p.4.map(|limit| TorchStats {
-            limit: Some(limit),
-            ..Default::default()
+        torch: p.4.map(|limit| {
+            Arc::new(TorchStats {
+                limit: Some(limit),
+                ..Default::default()
+            })
         }),
         readings: Readings::default(),
     }

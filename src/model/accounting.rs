@@ -7,9 +7,11 @@
 //! The per-process and per-workload totals change only when a GPU's
 //! process list changes (a full sample): in between, each GPU carries the
 //! seconds its current list has held since it was folded in
-//! ([`GpuAccount::pending_seconds`]), and a process's total is its folded
-//! total plus its bytes × those seconds, computed when encoded. A memory
-//! sample so costs a few additions per GPU, whatever the process count.
+//! ([`GpuAccount::pending_seconds`]) and its list's bytes summed per
+//! workload ([`GpuAccount::live`]), and a process's (a workload's) total
+//! is its folded total plus its bytes × those seconds, computed when
+//! encoded. A memory sample so costs a few additions per GPU, and an
+//! encode a few per workload, whatever the process count.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -110,7 +112,7 @@ pub const WORKLOAD_GRACE_SECONDS: u64 = 300;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GpuAccount {
     /// The NVML index it had when last seen: the `gpu` label.
-    pub gpu: String,
+    pub gpu: Arc<str>,
     /// ∫ used bytes dt, in byte-seconds.
     pub used_byte_seconds: f64,
     /// ∫ utilisation dt (0–1 × seconds); `None` while its utilisation was
@@ -125,6 +127,22 @@ pub struct GpuAccount {
     /// `StaleReason as usize`); `None` while its processes were never
     /// read.
     pub stale_byte_seconds: Option<[f64; 5]>,
+    /// The workloads of its current process list, each with its
+    /// processes' bytes summed (in workload order): what each workload's
+    /// totals grow by over [`Self::pending_seconds`].
+    pub live: Arc<[LiveWorkload]>,
+}
+
+/// One workload's processes in a GPU's current list, summed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveWorkload {
+    pub workload: Workload,
+    /// Bytes its processes use.
+    pub bytes: u64,
+    /// Of those, the bytes of its idle processes.
+    pub idle_bytes: u64,
+    /// Whether any of its processes is idle (with or without bytes).
+    pub idle: bool,
 }
 
 /// One workload's totals on one GPU.

@@ -262,7 +262,7 @@ impl Encoder for Csv {
             for d in s.devices.iter().filter(|d| d.up()) {
                 for p in d.processes.iter() {
                     let i = &p.ident;
-                    let torch = p.torch;
+                    let torch = p.torch.as_deref();
                     let steps = torch.and_then(|t| t.steps);
                     Row::new(at, "process")
                         .set(Col::Gpu, d.info.gpu.as_str())

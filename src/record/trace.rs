@@ -270,7 +270,7 @@ impl Trace {
             if let Some(bytes) = p.used_bytes {
                 self.counter(out, &used, ts, pid, Bytes { bytes })?;
             }
-            if let Some(t) = p.torch {
+            if let Some(t) = p.torch.as_deref() {
                 self.counter(out, &allocated, ts, pid, Bytes { bytes: t.allocated })?;
                 self.counter(out, &reserved, ts, pid, Bytes { bytes: t.reserved })?;
             }

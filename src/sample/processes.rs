@@ -119,7 +119,7 @@ pub(super) fn update<P: ProcessLookup>(
                 .used_bytes
                 .and_then(|_| dev.process_peaks.get(&p.pid))
                 .and_then(WindowMax::max),
-            torch,
+            torch: torch.map(Arc::new),
             readings: {
                 let mut r = collectors.process_readings(dev.index, p.pid);
                 if let Some(stale) = seen.stale {

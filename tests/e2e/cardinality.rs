@@ -271,11 +271,16 @@ fn node() -> Node {
 }
 
 impl Node {
-    /// Switch `processes.series` by SIGHUP and wait until a body shows it.
+    /// Switch `processes.series` by SIGHUP (with the per-process counter
+    /// asked for, `processes.byte_seconds`) and wait until a body shows it.
     fn switch(&self, mode: &str, shows: impl Fn(&Metrics) -> bool) -> Metrics {
         self.sc.file(
             "config.yaml",
-            format!("{}processes:\n  top_n: 9\n  series: {mode}\n", self.base).as_bytes(),
+            format!(
+                "{}processes:\n  top_n: 9\n  series: {mode}\n  byte_seconds: true\n",
+                self.base
+            )
+            .as_bytes(),
         );
         self.ex.signal_only("HUP");
         let shown = wait_for(Duration::from_secs(10), mode, || {
@@ -364,6 +369,17 @@ fn workload_mode_sums_the_pids_off_mode_has_none_and_the_page_keeps_them() {
     });
     let pids = json_pids(&node.ex);
     assert_eq!(pids.get(&uuid(0)).map(BTreeSet::len), Some(9), "{pids:?}");
+    // At the defaults a process's memory-time is its workload's counter
+    // alone: no counter per pid.
+    assert!(
+        pid.find("gpu_process_memory_used_byte_seconds_total", &[])
+            .is_empty(),
+        "off by default"
+    );
+    assert!(
+        !pid.find("gpu_workload_memory_used_byte_seconds_total", &[])
+            .is_empty()
+    );
 
     let wl = node.switch("workload", |m| {
         !has_pid(m) && !m.find("gpu_process_memory_used_bytes", &[]).is_empty()
@@ -440,5 +456,17 @@ fn workload_mode_sums_the_pids_off_mode_has_none_and_the_page_keeps_them() {
     assert_eq!(
         per_pid_summed(&back, "gpu_process_memory_used_bytes"),
         per_pid_summed(&pid, "gpu_process_memory_used_bytes")
+    );
+    // `processes.byte_seconds`, applied by the same SIGHUP: a counter per
+    // listed pid (the rollup has none).
+    assert_eq!(
+        back.find(
+            "gpu_process_memory_used_byte_seconds_total",
+            &[("uuid", &uuid(0))]
+        )
+        .len(),
+        9,
+        "{}",
+        back.text
     );
 }

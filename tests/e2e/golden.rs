@@ -113,7 +113,7 @@ fn fixed_snapshot() -> Snapshot {
         gpu_instance_id: None,
         compute_instance_id: None,
         used_peak_bytes: Some(12_000 * MIB),
-        torch: Some(TorchStats {
+        torch: Some(Arc::new(TorchStats {
             allocated: 10 * GIB,
             reserved: 11 * GIB,
             allocated_peak: 10 * GIB + 512 * MIB,
@@ -156,7 +156,7 @@ fn fixed_snapshot() -> Snapshot {
                 crossings: 1,
                 above: false,
             }),
-        }),
+        })),
         readings: Readings::default().with(ProcessUtilization {
             sm: 87,
             memory: 41,
@@ -461,7 +461,11 @@ fn fixture(name: &str) -> PathBuf {
 
 /// The encoded body with the build's version and revision made constant.
 fn encoded(format: Format) -> String {
-    let body = expose::encode(&Arc::new(fixed_snapshot()), format).expect("encode");
+    encoded_of(fixed_snapshot(), format)
+}
+
+fn encoded_of(s: Snapshot, format: Format) -> String {
+    let body = expose::encode(&Arc::new(s), format).expect("encode");
     let build = format!(
         "version=\"{}\",revision=\"{}\"",
         expose::VERSION,
@@ -472,7 +476,12 @@ fn encoded(format: Format) -> String {
 }
 
 fn check(format: Format, name: &str) {
-    let got = encoded(format);
+    check_text(&encoded(format), name);
+}
+
+/// `got` against the fixture `name` (`GOLDEN_UPDATE=1` writes it).
+fn check_text(got: &str, name: &str) {
+    let got = got.to_string();
     let path = fixture(name);
     if std::env::var_os("GOLDEN_UPDATE").is_some() {
         std::fs::write(&path, &got).expect("write fixture");
@@ -504,6 +513,42 @@ fn text_exposition_matches_the_fixture() {
 #[test]
 fn openmetrics_exposition_matches_the_fixture() {
     check(Format::OpenMetrics, "exposition.om");
+}
+
+/// The families off by default, asked for: `processes.byte_seconds` adds
+/// `gpu_process_memory_used_byte_seconds_total` and its line of
+/// `gpumem_exporter_series`, and changes no other line. The lines it adds,
+/// in body order, are the fixtures `process-byte-seconds.prom` and `.om`.
+#[test]
+fn the_per_process_counter_when_asked_for_adds_only_its_own_lines() {
+    for (format, name, whole) in [
+        (Format::Text, "process-byte-seconds.prom", "exposition.prom"),
+        (
+            Format::OpenMetrics,
+            "process-byte-seconds.om",
+            "exposition.om",
+        ),
+    ] {
+        let mut s = fixed_snapshot();
+        s.series.process_byte_seconds = true;
+        let on = encoded_of(s, format);
+        let default = encoded(format);
+        let mut left: Vec<&str> = default.lines().collect();
+        let mut added = String::new();
+        for line in on.lines() {
+            match left.first() {
+                Some(l) if *l == line => {
+                    left.remove(0);
+                }
+                _ => {
+                    added.push_str(line);
+                    added.push('\n');
+                }
+            }
+        }
+        assert!(left.is_empty(), "{whole}: lines the opt-in lost: {left:#?}");
+        check_text(&added, name);
+    }
 }
 
 /// A body that reuses the last full sample's segments (the scrape after a

@@ -76,10 +76,20 @@ struct SampleState {
     unsupported: bool,
 }
 
+/// One GPU's last full sample: its figures and the [`Busy`] reading made
+/// of them, each made once, so every snapshot until the next full sample
+/// carries the very same `Arc`s (what lets a body after a memory-only
+/// sample reuse the last full sample's families, `expose::segments`).
+#[derive(Debug, Clone)]
+struct Read {
+    utilization: Arc<Utilization>,
+    busy: Arc<Busy>,
+}
+
 #[derive(Default)]
 pub(super) struct UtilizationCollector {
     /// Per GPU: the last full sample's figures.
-    read: PerGpu<Option<Arc<Utilization>>>,
+    read: PerGpu<Option<Read>>,
     samples: PerGpu<SampleState>,
 }
 
@@ -131,7 +141,13 @@ impl Collector for UtilizationCollector {
     fn collect(&mut self, cx: &mut Context<'_>, gpu: usize) {
         let mut u = cx.read_all(gpu, calls::UTILIZATION_RATES, calls::read);
         u.samples = self.read_samples(cx, gpu);
-        *self.read.at(gpu) = Some(Arc::new(u));
+        *self.read.at(gpu) = Some(Read {
+            busy: Arc::new(Busy {
+                percent: u.gpu,
+                samples: u.samples,
+            }),
+            utilization: Arc::new(u),
+        });
     }
 
     fn forget(&mut self, gpu: usize) {
@@ -141,20 +157,17 @@ impl Collector for UtilizationCollector {
     }
 
     fn reading(&self, gpu: usize) -> Option<Arc<dyn Reading>> {
-        let u = self.read.get(gpu)?.clone()?;
-        Some(u)
+        let r = self.read.get(gpu)?.as_ref()?;
+        Some(Arc::clone(&r.utilization) as _)
     }
 
     /// Its [`Utilization`], and the [`Busy`] reading the ledger reads.
     fn readings(&self, gpu: usize, out: &mut Readings) {
-        let Some(u) = self.read.get(gpu).and_then(Clone::clone) else {
+        let Some(r) = self.read.get(gpu).and_then(Option::as_ref) else {
             return;
         };
-        out.put(Arc::new(Busy {
-            percent: u.gpu,
-            samples: u.samples,
-        }));
-        out.put(u);
+        out.put(Arc::clone(&r.busy) as _);
+        out.put(Arc::clone(&r.utilization) as _);
     }
 }
 

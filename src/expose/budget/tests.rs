@@ -169,7 +169,11 @@ fn a_cut_keeps_the_largest_and_sums_the_rest() {
         (SeriesMode::Workload, 4, 2, 6, 4),
         (SeriesMode::Workload, 4, 0, 0, 10),
     ] {
-        let policy = SeriesPolicy { mode, budget: 0 };
+        let policy = SeriesPolicy {
+            mode,
+            budget: 0,
+            ..SeriesPolicy::default()
+        };
         let s = snapshot(2, 10, pods, policy);
         let c = cut(&s, k);
         for (d, before) in c.devices.iter().zip(&s.devices) {
@@ -207,10 +211,20 @@ fn bodies_stay_within_the_budget_and_sum_to_what_nvml_says() {
         (SeriesMode::Workload, 16, 40),
         (SeriesMode::Off, 0, 10),
     ] {
-        let s = Arc::new(snapshot(4, 64, pods, SeriesPolicy { mode, budget }));
+        let s = Arc::new(snapshot(
+            4,
+            64,
+            pods,
+            SeriesPolicy {
+                mode,
+                budget,
+                ..SeriesPolicy::default()
+            },
+        ));
         let all = SeriesPolicy {
             mode,
             budget: 1_000_000,
+            ..SeriesPolicy::default()
         };
         let uncut = Arc::new(snapshot(4, 64, pods, all));
         let uncut = total(&served(
@@ -258,7 +272,16 @@ fn bodies_stay_within_the_budget_and_sum_to_what_nvml_says() {
 #[test]
 fn a_thousand_small_processes_do_not_push_a_large_one_out() {
     for (mode, budget) in [(SeriesMode::Pid, 300), (SeriesMode::Workload, 300)] {
-        let mut s = snapshot(1, 1000, 0, SeriesPolicy { mode, budget });
+        let mut s = snapshot(
+            1,
+            1000,
+            0,
+            SeriesPolicy {
+                mode,
+                budget,
+                ..SeriesPolicy::default()
+            },
+        );
         let d = &mut s.devices[0];
         let mut procs: Vec<ProcessSample> = d.processes.to_vec();
         // The attacker's processes are one user's; the victim is pid 1.

@@ -529,6 +529,23 @@ fn all_collectors_sampler() -> Sampler<FakeGpu, Recorder> {
     )
 }
 
+/// A memory-only sample carries the last full sample's readings as the
+/// very same `Arc`s (every collector on, every reading there): what the
+/// body cache compares to reuse the full sample's families.
+#[test]
+fn a_memory_only_sample_shares_the_full_samples_readings() {
+    let mut s = all_collectors_sampler();
+    let full = s.tick();
+    let memory = s.tick_memory();
+    let d = &memory.devices[0];
+    assert!(d.readings.get::<Utilization>().is_some());
+    assert!(d.readings.get::<crate::model::Busy>().is_some());
+    for (a, b) in full.devices.iter().zip(&memory.devices) {
+        assert!(a.readings.same_arcs(&b.readings), "GPU {}", a.info.gpu);
+        assert!(Arc::ptr_eq(&a.processes, &b.processes));
+    }
+}
+
 #[test]
 fn collectors_read_what_the_gpu_supports_and_skip_the_rest() {
     let mut s = all_collectors_sampler();
