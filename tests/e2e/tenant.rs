@@ -25,7 +25,7 @@
 //! Needs root (cgroups, chown, setpriv, unshare, nsenter); v2 at `/sys/fs/cgroup` or
 //! `/sys/fs/cgroup/unified`, v1's freezer at `/sys/fs/cgroup/freezer`.
 
-use std::os::unix::fs::{PermissionsExt, chown};
+use std::os::unix::fs::{MetadataExt, PermissionsExt, chown};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -771,17 +771,32 @@ fn bridge_exporter(scn: &Scenario, socket: &Path) -> Exporter {
     ex
 }
 
-/// A pod's container cgroup where the kubelet puts it (root's).
+/// A Guaranteed pod's container cgroup where the kubelet puts it (root's):
+/// straight below `kubepods.slice`, so no QoS slice is shared with the
+/// forging test, which hands `kubepods-besteffort.slice` to uid 65534
+/// while the tests run in parallel.
 fn pod_scope(cg: &mut Cgroups, seed: char) -> PathBuf {
     let (_, escaped) = uid(seed);
-    let scope = v2_root()
-        .join("kubepods.slice/kubepods-besteffort.slice")
-        .join(format!("kubepods-besteffort-pod{escaped}.slice"))
+    let v2 = v2_root();
+    let scope = v2
+        .join("kubepods.slice")
+        .join(format!("kubepods-pod{escaped}.slice"))
         .join(format!(
             "cri-containerd-{}.scope",
             seed.to_string().repeat(64)
         ));
     cg.make(&scope);
+    // Every directory on the way must be root's, or the exporter rightly
+    // refuses the pod and the test would fail for the wrong reason.
+    for dir in scope.ancestors().take_while(|d| d.starts_with(&v2)) {
+        let owner = std::fs::metadata(dir).unwrap().uid();
+        assert_eq!(
+            owner,
+            0,
+            "{} is owned by uid {owner}, not root: a leftover of an earlier run? (remove it)",
+            dir.display()
+        );
+    }
     scope
 }
 
