@@ -671,10 +671,25 @@ pub(crate) fn snapshot(
 
 /// [`snapshot`], copying each GPU's process list from `reuse` when the
 /// last snapshot encoded there had the same one, and keeping this one's.
+#[cfg(test)]
 pub(crate) fn snapshot_reusing(
     s: &Snapshot,
     sample_interval: Duration,
     reuse: &Reuse,
+) -> Result<Vec<u8>, serde_json::Error> {
+    snapshot_into(s, sample_interval, reuse, Vec::new())
+}
+
+/// `s` as JSON, each GPU's process list copied from `reuse` when the last
+/// snapshot encoded there had the same one (this one's kept), written
+/// into `buf` (emptied first): a body
+/// recycled from an earlier snapshot (`http::cache`) keeps its pages, so
+/// the new body faults none in.
+pub(crate) fn snapshot_into(
+    s: &Snapshot,
+    sample_interval: Duration,
+    reuse: &Reuse,
+    buf: Vec<u8>,
 ) -> Result<Vec<u8>, serde_json::Error> {
     // Held across the encode; a poisoned lock only loses what was kept.
     let mut kept = reuse.kept.lock().unwrap_or_else(|e| {
@@ -696,7 +711,7 @@ pub(crate) fn snapshot_reusing(
     let lists: usize = parts.iter().map(|p| p.json.get().len()).sum();
     // A little more than last time: counters and totals grow digits.
     let room = lists + reuse.rest.load(Ordering::Relaxed) + 1024;
-    let body = encode_snapshot(s, sample_interval, &parts, reuse.registry, room);
+    let body = encode_snapshot(s, sample_interval, &parts, reuse.registry, room, buf);
     if let Ok(b) = &body {
         reuse
             .rest
@@ -712,6 +727,7 @@ fn encode_snapshot(
     parts: &[KeptProcesses],
     registry: &'static [Def],
     room: usize,
+    mut out: Vec<u8>,
 ) -> Result<Vec<u8>, serde_json::Error> {
     let doc = SnapshotDoc {
         schema_version: SCHEMA_VERSION,
@@ -773,7 +789,8 @@ fn encode_snapshot(
             })
             .collect(),
     };
-    let mut out = Vec::with_capacity(room);
+    out.clear();
+    out.reserve(room);
     serde_json::to_writer(&mut out, &doc)?;
     Ok(out)
 }

@@ -44,6 +44,7 @@ use crate::model::Snapshot;
 
 pub(crate) use allocation::placed;
 pub use exporter::{REVISION, VERSION};
+pub(crate) use segments::encode_into;
 pub use segments::{Reuse, encode_reusing};
 pub(crate) use stale::stale_bytes;
 

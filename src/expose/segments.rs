@@ -345,8 +345,10 @@ fn assemble(
     k: &Kept,
     registry: &'static [Def],
     rest: usize,
+    buf: Vec<u8>,
 ) -> Result<(String, Counts), fmt::Error> {
-    let mut out = String::with_capacity(k.processes.len() + k.collectors.len() + rest);
+    let mut out = into_string(buf);
+    out.reserve(k.processes.len() + k.collectors.len() + rest);
     let mut counts =
         Counts::with_capacity(k.processes_counts.len() + k.collectors_counts.len() + 32);
     append_counted(
@@ -393,7 +395,7 @@ fn search(
     let trial = |k: usize| -> Result<(Kept, u64), fmt::Error> {
         let view = Arc::new(budget::cut(whole, k));
         let kept = full_segments((&view, whole), format, registry, Some(k), ROOM)?;
-        let (_, counts) = assemble((&view, whole), format, &kept, registry, REST)?;
+        let (_, counts) = assemble((&view, whole), format, &kept, registry, REST, Vec::new())?;
         Ok((kept, budget::total(&counts)))
     };
     // Invariant: `hi` units do not fit (the whole body did not).
@@ -414,7 +416,7 @@ fn search(
         None => trial(0)?.0,
     };
     let view = Arc::new(budget::cut(whole, kept.keep.unwrap_or(0)));
-    let (_, served) = assemble((&view, whole), format, &kept, registry, REST)?;
+    let (_, served) = assemble((&view, whole), format, &kept, registry, REST, Vec::new())?;
     let served: BTreeMap<&str, u64> = served.iter().map(|(f, n)| (&**f, *n)).collect();
     kept.cut_dropped = uncut
         .iter()
@@ -433,6 +435,24 @@ pub fn encode_reusing(
     snapshot: &Arc<Snapshot>,
     format: Format,
     reuse: &Reuse,
+) -> Result<String, fmt::Error> {
+    encode_into(snapshot, format, reuse, Vec::new())
+}
+
+/// `buf` emptied, as a string to write into (its capacity kept).
+fn into_string(mut buf: Vec<u8>) -> String {
+    buf.clear();
+    String::from_utf8(buf).unwrap_or_default()
+}
+
+/// [`encode_reusing`], written into `buf` (emptied first): a body
+/// recycled from an earlier snapshot (`http::cache`) keeps its pages, so
+/// the new body faults none in.
+pub(crate) fn encode_into(
+    snapshot: &Arc<Snapshot>,
+    format: Format,
+    reuse: &Reuse,
+    buf: Vec<u8>,
 ) -> Result<String, fmt::Error> {
     let i = match format {
         Format::Text => 0,
@@ -472,19 +492,21 @@ pub fn encode_reusing(
     };
     let budget = snapshot.series.budget;
     let (mut out, mut counts) = match k.keep {
-        None => assemble(whole, format, k, registry, rest)?,
+        None => assemble(whole, format, k, registry, rest, buf)?,
         Some(n) => assemble(
             (&Arc::new(budget::cut(snapshot, n)), snapshot),
             format,
             k,
             registry,
             rest,
+            buf,
         )?,
     };
     if fresh && budget::total(&counts) > budget && snapshot.series.mode != SeriesMode::Off {
         let cut = search(snapshot, format, registry, &counts)?;
         let view = Arc::new(budget::cut(snapshot, cut.keep.unwrap_or(0)));
-        (out, counts) = assemble((&view, snapshot), format, &cut, registry, rest)?;
+        let buf = std::mem::take(&mut out).into_bytes();
+        (out, counts) = assemble((&view, snapshot), format, &cut, registry, rest, buf)?;
         *kept = Some(cut);
     }
     let Some(k) = kept.as_ref() else {
