@@ -237,6 +237,8 @@ fn main() -> ExitCode {
     // the largest block freed so far, after which every body is carved
     // from an arena that keeps the freed room (+1 MiB at 8 GPUs × 256
     // processes under sequential scrapes, BENCHMARKS.md "At the defaults").
+    // The body cache writes each new body into the last one's buffer
+    // (`http::cache`), so the mapped pages are reused, not faulted in anew.
     // SAFETY: mallopt only tunes the allocator; called before any thread.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
