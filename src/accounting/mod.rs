@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::model::{
-    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceSample, Idle, LiveWorkload,
+    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceSample, GpuAccount, Idle, LiveWorkload,
     ProcessSample, Snapshot, Stale, Unattributed, WORKLOAD_GRACE_SECONDS, Workload,
     WorkloadAccount,
 };
@@ -131,6 +131,11 @@ pub struct Ledger {
     /// Keep each process's total whatever the snapshots' series policy
     /// says (the recorder's CSV and summary read them).
     processes: bool,
+    /// The per-GPU totals two samples back, which the last snapshot but
+    /// one shared: once that snapshot is gone, the next sample writes
+    /// its totals into this map instead of cloning a new one (a BTreeMap
+    /// node allocated and freed at every sample, ten a second).
+    spare: Option<Arc<BTreeMap<Arc<str>, GpuAccount>>>,
 }
 
 /// The inputs the allocation rows' idle flags were computed from
@@ -185,7 +190,7 @@ impl Ledger {
         if dt <= 0.0 || self.held.is_empty() {
             return;
         }
-        let gpus = Arc::make_mut(&mut self.accounts.gpus);
+        let gpus = Self::gpus_mut(&mut self.accounts.gpus, &mut self.spare);
         for h in &self.held {
             let Some(g) = gpus.get_mut(&h.uuid) else {
                 continue;
@@ -205,6 +210,33 @@ impl Ledger {
             }
             g.pending_seconds += dt;
         }
+    }
+
+    /// The per-GPU totals, to change: the last snapshot shares them, so
+    /// they are copied into the spare map when no snapshot holds that
+    /// one any more and it has the same GPUs, else cloned.
+    fn gpus_mut<'a>(
+        gpus: &'a mut Arc<BTreeMap<Arc<str>, GpuAccount>>,
+        spare: &mut Option<Arc<BTreeMap<Arc<str>, GpuAccount>>>,
+    ) -> &'a mut BTreeMap<Arc<str>, GpuAccount> {
+        if Arc::get_mut(gpus).is_none() {
+            let now = &*gpus;
+            let reused = spare.take().and_then(|mut spare| {
+                let into = Arc::get_mut(&mut spare)?;
+                let same_gpus = into.len() == now.len()
+                    && into.keys().zip(now.keys()).all(|(a, b)| Arc::ptr_eq(a, b));
+                if !same_gpus {
+                    return None;
+                }
+                for (to, from) in into.values_mut().zip(now.values()) {
+                    to.copy_from(from);
+                }
+                Some(spare)
+            });
+            let fresh = reused.unwrap_or_else(|| Arc::new((**now).clone()));
+            *spare = Some(std::mem::replace(gpus, fresh));
+        }
+        Arc::make_mut(gpus)
     }
 
     /// Hold `s`'s figures from now on; fold the process lists that
