@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::model::{
-    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceSample, GpuAccount, Idle, LiveWorkload,
-    ProcessSample, Snapshot, Stale, Unattributed, WORKLOAD_GRACE_SECONDS, Workload,
+    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceInfo, DeviceSample, GpuAccount, Idle,
+    LiveWorkload, ProcessSample, Snapshot, Stale, Unattributed, WORKLOAD_GRACE_SECONDS, Workload,
     WorkloadAccount,
 };
 
@@ -42,6 +42,10 @@ pub(crate) use ranking::{Ranked, Ranking, rank};
 struct Held {
     /// The GPU's UUID (its totals' key).
     uuid: Arc<str>,
+    /// The identity it was last taken in with: while a sample carries the
+    /// very same one, its UUID and index are those of its totals, which
+    /// a memory-only sample then knows without comparing strings.
+    info: Arc<DeviceInfo>,
     used: Option<u64>,
     /// The GPU's busy percentage (a `Busy` reading), held between samples:
     /// only where NVML has no utilisation samples for the GPU.
@@ -192,8 +196,13 @@ impl Ledger {
         }
         let gpus = Self::gpus_mut(&mut self.accounts.gpus, &mut self.spare);
         for h in &self.held {
-            let Some(g) = gpus.get_mut(&h.uuid) else {
-                continue;
+            // Its key is most often the very same Arc: no string compared.
+            let g = match gpus.iter_mut().find(|(k, _)| Arc::ptr_eq(k, &h.uuid)) {
+                Some((_, g)) => g,
+                None => match gpus.get_mut(&h.uuid) {
+                    Some(g) => g,
+                    None => continue,
+                },
             };
             if let Some(used) = h.used {
                 g.used_byte_seconds += used as f64 * dt;
@@ -251,7 +260,7 @@ impl Ledger {
             let uuid = d.info.uuid.as_str();
             // The same place as last time, unless the GPUs changed.
             let at = match self.held.get(n) {
-                Some(h) if *h.uuid == *uuid => Some(n),
+                Some(h) if Arc::ptr_eq(&h.info, &d.info) || *h.uuid == *uuid => Some(n),
                 _ => self.held.iter().position(|h| *h.uuid == *uuid),
             };
             let reading = d.readings.get::<Busy>();
@@ -268,12 +277,16 @@ impl Ledger {
                 && Arc::ptr_eq(&h.processes, &d.processes)
                 && h.busy == busy
                 && sampled.is_none_or(|b| h.samples_read == Some(b.read))
-                && self
-                    .accounts
-                    .gpus
-                    .get(uuid)
-                    .is_some_and(|g| *g.gpu == *d.info.gpu)
+                && (Arc::ptr_eq(&h.info, &d.info)
+                    || self
+                        .accounts
+                        .gpus
+                        .get(uuid)
+                        .is_some_and(|g| *g.gpu == *d.info.gpu))
             {
+                if !Arc::ptr_eq(&h.info, &d.info) {
+                    h.info = Arc::clone(&d.info);
+                }
                 h.used = used;
                 h.seen = true;
                 continue;
@@ -328,6 +341,7 @@ impl Ledger {
             }
             let h = Held {
                 uuid: key,
+                info: Arc::clone(&d.info),
                 used,
                 busy,
                 samples_read,
