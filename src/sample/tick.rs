@@ -55,11 +55,13 @@ pub struct Sampler<G: GpuSource, P: ProcessLookup> {
     /// second only for publish to drop them.
     blank_accounts: Accounts,
     blank_limits: Limits,
+    /// A down GPU's readings (none), shared the same way.
+    blank_readings: Arc<Readings>,
     /// Each GPU's readings as of the last full sample (the collectors'
     /// and the unattributed bytes'): a memory-only sample carries them
     /// again without asking every collector; `None` once anything that
     /// changes them ran (a full sample sets them anew).
-    readings: Option<Vec<Readings>>,
+    readings: Option<Vec<Arc<Readings>>>,
 }
 
 impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
@@ -92,6 +94,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             listed: Vec::new(),
             blank_accounts: Accounts::default(),
             blank_limits: Limits::default(),
+            blank_readings: Arc::default(),
             readings: None,
         }
     }
@@ -240,7 +243,12 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         }
         Arc::make_mut(&mut self.durations).observe(started.elapsed().as_secs_f64());
         Arc::make_mut(&mut self.nvml_durations).observe(in_nvml.as_secs_f64());
-        self.readings = Some(self.devices.iter().map(|d| self.readings_of(d)).collect());
+        self.readings = Some(
+            self.devices
+                .iter()
+                .map(|d| Arc::new(self.readings_of(d)))
+                .collect(),
+        );
         self.snapshot()
     }
 
@@ -365,10 +373,10 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
                     mig: Arc::clone(&d.mig),
                     readings: match d.memory {
                         Some(_) => match self.readings.as_ref().and_then(|r| r.get(i)) {
-                            Some(r) => r.clone(),
-                            None => self.readings_of(d),
+                            Some(r) => Arc::clone(r),
+                            None => Arc::new(self.readings_of(d)),
                         },
-                        None => Default::default(),
+                        None => Arc::clone(&self.blank_readings),
                     },
                 })
                 .collect(),
