@@ -29,7 +29,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::model::{
-    Forecast, Forecasts, ProcessSample, Snapshot, TorchForecast, Workload, WorkloadLimits,
+    DeviceInfo, Forecast, Forecasts, ProcessSample, Snapshot, TorchForecast, Workload,
+    WorkloadLimits,
 };
 use crate::trend::regime::{Finder, Regime};
 
@@ -132,6 +133,9 @@ struct Ring {
     /// The UUID of the GPU the points are of: a different GPU at this
     /// index (NVML re-opened, the layout changed) starts afresh.
     uuid: String,
+    /// The identity the UUID was last checked against: while a sample
+    /// carries the very same one, the UUID is not compared again.
+    info: Option<Arc<DeviceInfo>>,
     used: Series,
     /// The processes of the last snapshot whose torch figures were taken
     /// (memory-only samples share their full sample's list).
@@ -162,11 +166,15 @@ impl History {
         self.gpus.resize_with(s.devices.len(), Ring::default);
         self.torch.retain(|k, _| k.0 < s.devices.len());
         for (i, (ring, d)) in self.gpus.iter_mut().zip(&s.devices).enumerate() {
-            if d.info.is_known() && ring.uuid != d.info.uuid {
-                ring.uuid.clone_from(&d.info.uuid);
-                ring.used.clear();
-                ring.processes = None;
-                self.torch.retain(|k, _| k.0 != i);
+            let checked = ring.info.as_ref().is_some_and(|i| Arc::ptr_eq(i, &d.info));
+            if !checked && d.info.is_known() {
+                if ring.uuid != d.info.uuid {
+                    ring.uuid.clone_from(&d.info.uuid);
+                    ring.used.clear();
+                    ring.processes = None;
+                    self.torch.retain(|k, _| k.0 != i);
+                }
+                ring.info = Some(Arc::clone(&d.info));
             }
             if let Some(m) = d.memory {
                 ring.used.add(second, m.used);

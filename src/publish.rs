@@ -74,20 +74,20 @@ impl Sources {
     /// empty one, the same in every snapshot.
     fn copy_limits(&self, s: &mut Snapshot) {
         let mut found = LimitSources::default();
-        let mut lists = Vec::with_capacity(2);
-        for (list, sources) in [
+        // On the stack: this runs at every sample, ten a second.
+        let lists = [
             self.pods.as_ref().map(|p| p.limits()),
             self.claims.as_ref().map(|c| c.limits()),
         ]
-        .into_iter()
-        .flatten()
-        {
-            lists.push(list);
-            found.merge(&sources);
-        }
+        .map(|l| {
+            l.map(|(list, sources)| {
+                found.merge(&sources);
+                list
+            })
+        });
         // Only publish locks it: a panic there left a whole list.
         let mut merge = self.pod_limits.lock().unwrap_or_else(|e| e.into_inner());
-        s.limits.pods = merge.of(lists);
+        s.limits.pods = merge.of(&lists);
         s.limits.sources.merge(&found);
     }
 }
@@ -102,10 +102,12 @@ pub(crate) struct PodLimitsMerge {
 }
 
 impl PodLimitsMerge {
-    fn of(&mut self, lists: Vec<Arc<Vec<PodLimit>>>) -> Arc<Vec<PodLimit>> {
-        let same = lists.len() == self.from.len()
-            && lists.iter().zip(&self.from).all(|(a, b)| Arc::ptr_eq(a, b));
+    fn of(&mut self, lists: &[Option<Arc<Vec<PodLimit>>>]) -> Arc<Vec<PodLimit>> {
+        let lists = || lists.iter().flatten();
+        let same = lists().count() == self.from.len()
+            && lists().zip(&self.from).all(|(a, b)| Arc::ptr_eq(a, b));
         if !same {
+            let lists: Vec<_> = lists().cloned().collect();
             let mut nonempty = lists.iter().filter(|l| !l.is_empty());
             self.merged = match (nonempty.next(), nonempty.next()) {
                 (None, _) => Arc::default(),

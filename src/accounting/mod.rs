@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::model::{
-    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceSample, Idle, LiveWorkload,
-    ProcessSample, Snapshot, Stale, Unattributed, WORKLOAD_GRACE_SECONDS, Workload,
+    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceInfo, DeviceSample, GpuAccount, Idle,
+    LiveWorkload, ProcessSample, Snapshot, Stale, Unattributed, WORKLOAD_GRACE_SECONDS, Workload,
     WorkloadAccount,
 };
 
@@ -42,6 +42,10 @@ pub(crate) use ranking::{Ranked, Ranking, rank};
 struct Held {
     /// The GPU's UUID (its totals' key).
     uuid: Arc<str>,
+    /// The identity it was last taken in with: while a sample carries the
+    /// very same one, its UUID and index are those of its totals, which
+    /// a memory-only sample then knows without comparing strings.
+    info: Arc<DeviceInfo>,
     used: Option<u64>,
     /// The GPU's busy percentage (a `Busy` reading), held between samples:
     /// only where NVML has no utilisation samples for the GPU.
@@ -131,6 +135,11 @@ pub struct Ledger {
     /// Keep each process's total whatever the snapshots' series policy
     /// says (the recorder's CSV and summary read them).
     processes: bool,
+    /// The per-GPU totals two samples back, which the last snapshot but
+    /// one shared: once that snapshot is gone, the next sample writes
+    /// its totals into this map instead of cloning a new one (a BTreeMap
+    /// node allocated and freed at every sample, ten a second).
+    spare: Option<Arc<BTreeMap<Arc<str>, GpuAccount>>>,
 }
 
 /// The inputs the allocation rows' idle flags were computed from
@@ -185,10 +194,15 @@ impl Ledger {
         if dt <= 0.0 || self.held.is_empty() {
             return;
         }
-        let gpus = Arc::make_mut(&mut self.accounts.gpus);
+        let gpus = Self::gpus_mut(&mut self.accounts.gpus, &mut self.spare);
         for h in &self.held {
-            let Some(g) = gpus.get_mut(&h.uuid) else {
-                continue;
+            // Its key is most often the very same Arc: no string compared.
+            let g = match gpus.iter_mut().find(|(k, _)| Arc::ptr_eq(k, &h.uuid)) {
+                Some((_, g)) => g,
+                None => match gpus.get_mut(&h.uuid) {
+                    Some(g) => g,
+                    None => continue,
+                },
             };
             if let Some(used) = h.used {
                 g.used_byte_seconds += used as f64 * dt;
@@ -207,6 +221,33 @@ impl Ledger {
         }
     }
 
+    /// The per-GPU totals, to change: the last snapshot shares them, so
+    /// they are copied into the spare map when no snapshot holds that
+    /// one any more and it has the same GPUs, else cloned.
+    fn gpus_mut<'a>(
+        gpus: &'a mut Arc<BTreeMap<Arc<str>, GpuAccount>>,
+        spare: &mut Option<Arc<BTreeMap<Arc<str>, GpuAccount>>>,
+    ) -> &'a mut BTreeMap<Arc<str>, GpuAccount> {
+        if Arc::get_mut(gpus).is_none() {
+            let now = &*gpus;
+            let reused = spare.take().and_then(|mut spare| {
+                let into = Arc::get_mut(&mut spare)?;
+                let same_gpus = into.len() == now.len()
+                    && into.keys().zip(now.keys()).all(|(a, b)| Arc::ptr_eq(a, b));
+                if !same_gpus {
+                    return None;
+                }
+                for (to, from) in into.values_mut().zip(now.values()) {
+                    to.copy_from(from);
+                }
+                Some(spare)
+            });
+            let fresh = reused.unwrap_or_else(|| Arc::new((**now).clone()));
+            *spare = Some(std::mem::replace(gpus, fresh));
+        }
+        Arc::make_mut(gpus)
+    }
+
     /// Hold `s`'s figures from now on; fold the process lists that
     /// changed. Returns whether any was folded. A memory-only sample (the
     /// same GPUs with the very same lists) only replaces the used bytes.
@@ -219,7 +260,7 @@ impl Ledger {
             let uuid = d.info.uuid.as_str();
             // The same place as last time, unless the GPUs changed.
             let at = match self.held.get(n) {
-                Some(h) if *h.uuid == *uuid => Some(n),
+                Some(h) if Arc::ptr_eq(&h.info, &d.info) || *h.uuid == *uuid => Some(n),
                 _ => self.held.iter().position(|h| *h.uuid == *uuid),
             };
             let reading = d.readings.get::<Busy>();
@@ -236,12 +277,16 @@ impl Ledger {
                 && Arc::ptr_eq(&h.processes, &d.processes)
                 && h.busy == busy
                 && sampled.is_none_or(|b| h.samples_read == Some(b.read))
-                && self
-                    .accounts
-                    .gpus
-                    .get(uuid)
-                    .is_some_and(|g| *g.gpu == *d.info.gpu)
+                && (Arc::ptr_eq(&h.info, &d.info)
+                    || self
+                        .accounts
+                        .gpus
+                        .get(uuid)
+                        .is_some_and(|g| *g.gpu == *d.info.gpu))
             {
+                if !Arc::ptr_eq(&h.info, &d.info) {
+                    h.info = Arc::clone(&d.info);
+                }
                 h.used = used;
                 h.seen = true;
                 continue;
@@ -296,6 +341,7 @@ impl Ledger {
             }
             let h = Held {
                 uuid: key,
+                info: Arc::clone(&d.info),
                 used,
                 busy,
                 samples_read,

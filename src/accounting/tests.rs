@@ -57,13 +57,13 @@ fn snap(used: Option<u64>, busy: Option<u32>, processes: &Arc<[ProcessSample]>) 
         processes: Arc::clone(processes),
         other: None,
         mig: Arc::from(Vec::new()),
-        readings: match busy {
+        readings: Arc::new(match busy {
             Some(pct) => Readings::default().with(Busy {
                 percent: Some(pct),
                 samples: None,
             }),
             None => Readings::default(),
-        },
+        }),
     });
     s
 }
@@ -366,10 +366,10 @@ fn nvml_utilisation_samples_are_counted_once_per_read_instead_of_the_gauge() {
             percent_us: if i < 10 { 0 } else { 50 * 1_000_000 },
         };
         let mut s = snap(Some(GIB), None, &held);
-        s.devices[0].readings = Readings::default().with(Busy {
+        s.devices[0].readings = Arc::new(Readings::default().with(Busy {
             percent: Some(100),
             samples: Some(read),
-        });
+        }));
         a = l.record(&s, t0 + Duration::from_millis(100 * i));
     }
     close(gpu(&a).busy_seconds.unwrap_or(0.0), 5.0);
@@ -496,7 +496,7 @@ fn stale_bytes_are_integrated_by_reason() {
     let mut a = Accounts::default();
     for i in 0..=100u64 {
         let mut s = snap(Some(3 * GIB), None, &held);
-        s.devices[0].readings = Readings::default().with(Unattributed::default());
+        s.devices[0].readings = Arc::new(Readings::default().with(Unattributed::default()));
         a = l.record(&s, t0 + Duration::from_millis(100 * i));
     }
     let got = gpu(&a).stale_byte_seconds.unwrap_or_default();

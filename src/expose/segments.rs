@@ -184,7 +184,7 @@ struct DeviceKey {
     processes: Arc<[ProcessSample]>,
     other: Option<OtherProcesses>,
     mig: Arc<[MigSample]>,
-    readings: Readings,
+    readings: Arc<Readings>,
 }
 
 impl FullKey {
@@ -216,7 +216,7 @@ impl FullKey {
                     && Arc::ptr_eq(&k.processes, &d.processes)
                     && k.other == d.other
                     && Arc::ptr_eq(&k.mig, &d.mig)
-                    && k.readings.same_arcs(&d.readings)
+                    && (Arc::ptr_eq(&k.readings, &d.readings) || k.readings.same_arcs(&d.readings))
             })
     }
 }

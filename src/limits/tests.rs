@@ -68,7 +68,7 @@ fn snap(gpus: &[(&str, &[P])], pods: Vec<PodLimit>, cgroups: Vec<CgroupLimit>) -
             processes: procs.iter().map(sample).collect(),
             other: None,
             mig: Arc::from(Vec::new()),
-            readings: Readings::default(),
+            readings: Default::default(),
         });
     }
     s.limits.pods = Arc::new(pods);

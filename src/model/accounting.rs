@@ -133,6 +133,33 @@ pub struct GpuAccount {
     pub live: Arc<[LiveWorkload]>,
 }
 
+impl GpuAccount {
+    /// Become equal to `other`, sharing its `Arc`s, without touching the
+    /// reference counts of those that already are the same.
+    pub fn copy_from(&mut self, other: &GpuAccount) {
+        let GpuAccount {
+            gpu,
+            used_byte_seconds,
+            busy_seconds,
+            pending_seconds,
+            pending_busy_seconds,
+            stale_byte_seconds,
+            live,
+        } = other;
+        if !Arc::ptr_eq(&self.gpu, gpu) {
+            self.gpu = Arc::clone(gpu);
+        }
+        if !Arc::ptr_eq(&self.live, live) {
+            self.live = Arc::clone(live);
+        }
+        self.used_byte_seconds = *used_byte_seconds;
+        self.busy_seconds = *busy_seconds;
+        self.pending_seconds = *pending_seconds;
+        self.pending_busy_seconds = *pending_busy_seconds;
+        self.stale_byte_seconds = *stale_byte_seconds;
+    }
+}
+
 /// One workload's processes in a GPU's current list, summed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LiveWorkload {

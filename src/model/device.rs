@@ -115,8 +115,9 @@ pub struct DeviceSample {
     pub mig: Arc<[MigSample]>,
     /// What the switchable collectors (`collectors/`) read of this
     /// GPU, one reading per collector that is on and answered; empty while
-    /// the GPU is down.
-    pub readings: Readings,
+    /// the GPU is down. Behind one `Arc`: a memory-only sample shares the
+    /// last full sample's with one count, not one per reading.
+    pub readings: Arc<Readings>,
 }
 
 impl DeviceSample {

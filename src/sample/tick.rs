@@ -16,7 +16,9 @@ use crate::bridge::Figures;
 use crate::collectors::{Context, Def, REGISTRY, Running};
 use crate::config::{SamplerConfig, Selection, Timing};
 use crate::gpu::{GpuError, GpuSource, RawProcess};
-use crate::model::{DeviceSample, DriverInfo, DurationHistogram, Snapshot};
+use crate::model::{
+    Accounts, DeviceSample, DriverInfo, DurationHistogram, Limits, Readings, Snapshot,
+};
 
 /// Bucket bounds (seconds) of the tick histograms: a tick costs
 /// microseconds per GPU and ~20 µs per process and query.
@@ -47,6 +49,19 @@ pub struct Sampler<G: GpuSource, P: ProcessLookup> {
     listed: Vec<RawProcess>,
     /// The cgroup-keyed limits (driver, dmem), on their own interval.
     limits: CgroupLimits,
+    /// Placeholders for what publish fills in (the ledger's totals, the
+    /// pod limits and the per-workload rows), made once: each snapshot
+    /// shares these `Arc`s instead of allocating empty ones ten times a
+    /// second only for publish to drop them.
+    blank_accounts: Accounts,
+    blank_limits: Limits,
+    /// A down GPU's readings (none), shared the same way.
+    blank_readings: Arc<Readings>,
+    /// Each GPU's readings as of the last full sample (the collectors'
+    /// and the unattributed bytes'): a memory-only sample carries them
+    /// again without asking every collector; `None` once anything that
+    /// changes them ran (a full sample sets them anew).
+    readings: Option<Vec<Arc<Readings>>>,
 }
 
 impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
@@ -77,6 +92,10 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             memory_samples: 0,
             reinit_attempts: 0,
             listed: Vec::new(),
+            blank_accounts: Accounts::default(),
+            blank_limits: Limits::default(),
+            blank_readings: Arc::default(),
+            readings: None,
         }
     }
 
@@ -95,6 +114,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
     /// A reloaded config: intervals, selection and collectors apply from
     /// the next tick (a collector switched off takes its state with it).
     pub fn reconfigure(&mut self, config: SamplerConfig) {
+        self.readings = None;
         self.collectors.switch(&config.collectors);
         self.limits
             .configure(config.timing.limits_interval, config.cgroupfs.clone());
@@ -133,6 +153,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         self.devices = (0..gpu.device_count()).map(DeviceState::unknown).collect();
         self.gpu = gpu;
         self.errors.reopened();
+        self.readings = None;
         self.collectors.restart();
     }
 
@@ -143,6 +164,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
     }
 
     fn mark_all_down(&mut self) {
+        self.readings = None;
         for dev in &mut self.devices {
             dev.mark_down();
         }
@@ -173,6 +195,8 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
     /// due, the collectors, processes and /proc for every GPU.
     pub fn tick(&mut self) -> Snapshot {
         let started = Instant::now();
+        // The collectors and the process lists change below.
+        self.readings = None;
         self.procs.begin_tick();
         let mut in_nvml = Duration::ZERO;
         let mut answering = vec![false; self.devices.len()];
@@ -219,6 +243,12 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
         }
         Arc::make_mut(&mut self.durations).observe(started.elapsed().as_secs_f64());
         Arc::make_mut(&mut self.nvml_durations).observe(in_nvml.as_secs_f64());
+        self.readings = Some(
+            self.devices
+                .iter()
+                .map(|d| Arc::new(self.readings_of(d)))
+                .collect(),
+        );
         self.snapshot()
     }
 
@@ -307,10 +337,20 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
 
     /// GPU `i` did not answer in this sample.
     fn down(&mut self, i: usize) {
+        self.readings = None;
         self.devices[i].mark_down();
         for c in self.collectors.each() {
             c.forget(i);
         }
+    }
+
+    /// GPU `d`'s readings: the collectors' and its unattributed bytes.
+    fn readings_of(&self, d: &DeviceState) -> Readings {
+        let mut r = self.collectors.readings(d.index);
+        if let Some(u) = &d.unattributed {
+            r.put(Arc::clone(u) as _);
+        }
+        r
     }
 
     /// The state as it stands, without calling NVML (every GPU is down
@@ -323,7 +363,8 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             devices: self
                 .devices
                 .iter()
-                .map(|d| DeviceSample {
+                .enumerate()
+                .map(|(i, d)| DeviceSample {
                     info: Arc::clone(&d.info),
                     memory: d.memory,
                     used_peak_bytes: d.memory.and(d.used_peak.max()),
@@ -331,14 +372,11 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
                     other: d.other,
                     mig: Arc::clone(&d.mig),
                     readings: match d.memory {
-                        Some(_) => {
-                            let mut r = self.collectors.readings(d.index);
-                            if let Some(u) = &d.unattributed {
-                                r.put(Arc::clone(u) as _);
-                            }
-                            r
-                        }
-                        None => Default::default(),
+                        Some(_) => match self.readings.as_ref().and_then(|r| r.get(i)) {
+                            Some(r) => Arc::clone(r),
+                            None => Arc::new(self.readings_of(d)),
+                        },
+                        None => Arc::clone(&self.blank_readings),
                     },
                 })
                 .collect(),
@@ -357,13 +395,14 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             job_mapping: None,
             exporter: Default::default(),
             forecasts: Default::default(),
-            accounting: Default::default(),
+            accounting: self.blank_accounts.clone(),
             // The pod-level sources and the per-workload rows are added
             // when published.
-            limits: crate::model::Limits {
+            limits: Limits {
                 cgroups: self.limits.rows(),
                 sources: self.limits.sources(),
-                ..Default::default()
+                pods: Arc::clone(&self.blank_limits.pods),
+                workloads: Arc::clone(&self.blank_limits.workloads),
             },
             series: self.config.selection.series,
         }

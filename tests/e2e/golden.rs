@@ -210,46 +210,48 @@ fn fixed_snapshot() -> Snapshot {
             used_bytes: 3 * GIB,
         }),
         mig: Arc::from(Vec::new()),
-        readings: Readings::default()
-            // A process without a figure: no unattributed bytes.
-            .with(Unattributed {
-                bytes: None,
-                mig: Vec::new(),
-            })
-            .with(Utilization {
-                gpu: Some(93),
-                memory: Some(41),
-                encoder: Some(0),
-                decoder: None,
-                samples: None,
-            })
-            // What the utilisation collector leaves for the ledger beside
-            // its own reading.
-            .with(Busy {
-                percent: Some(93),
-                samples: None,
-            })
-            .with(PowerThermal {
-                temperature_c: Some(62),
-                power_mw: Some(612_345),
-                power_limit_mw: Some(700_000),
-                energy_mj: Some(81_234_567_890),
-                clocks_mhz: [Some(1755), Some(1980), Some(3201), None],
-                performance_state: Some(0),
-                clock_event_reasons: Some(0x4),
-            })
-            .with(Health {
-                ecc_enabled: Some(true),
-                ecc_errors: [Some(12), Some(40), Some(1), Some(1)],
-                remapped_rows: Some(RemappedRows {
-                    correctable: 2,
-                    uncorrectable: 1,
-                    pending: true,
-                    failed: false,
+        readings: Arc::new(
+            Readings::default()
+                // A process without a figure: no unattributed bytes.
+                .with(Unattributed {
+                    bytes: None,
+                    mig: Vec::new(),
+                })
+                .with(Utilization {
+                    gpu: Some(93),
+                    memory: Some(41),
+                    encoder: Some(0),
+                    decoder: None,
+                    samples: None,
+                })
+                // What the utilisation collector leaves for the ledger beside
+                // its own reading.
+                .with(Busy {
+                    percent: Some(93),
+                    samples: None,
+                })
+                .with(PowerThermal {
+                    temperature_c: Some(62),
+                    power_mw: Some(612_345),
+                    power_limit_mw: Some(700_000),
+                    energy_mj: Some(81_234_567_890),
+                    clocks_mhz: [Some(1755), Some(1980), Some(3201), None],
+                    performance_state: Some(0),
+                    clock_event_reasons: Some(0x4),
+                })
+                .with(Health {
+                    ecc_enabled: Some(true),
+                    ecc_errors: [Some(12), Some(40), Some(1), Some(1)],
+                    remapped_rows: Some(RemappedRows {
+                        correctable: 2,
+                        uncorrectable: 1,
+                        pending: true,
+                        failed: false,
+                    }),
+                    retired_pages: None,
+                    xid_errors: Some(Arc::new(BTreeMap::from([(48, 1), (79, 2)]))),
                 }),
-                retired_pages: None,
-                xid_errors: Some(Arc::new(BTreeMap::from([(48, 1), (79, 2)]))),
-            }),
+        ),
     };
     let mig = |gi: u32, ci: u32, uuid: &str, used: Option<u64>| MigSample {
         info: Arc::new(MigInfo {
@@ -313,30 +315,32 @@ fn fixed_snapshot() -> Snapshot {
             ),
             mig(2, 0, "MIG-1d2c3b4a-0000-4000-8000-000000000002", None),
         ]),
-        readings: Readings::default()
-            .with(Unattributed {
-                bytes: Some(64 * MIB),
-                mig: vec![
-                    (
-                        Arc::from("MIG-1d2c3b4a-0000-4000-8000-000000000001"),
-                        Some(0),
-                    ),
-                    (Arc::from("MIG-1d2c3b4a-0000-4000-8000-000000000002"), None),
-                ],
-            })
-            .with(PowerThermal {
-                temperature_c: Some(38),
-                ..PowerThermal::default()
-            })
-            .with(Health {
-                ecc_enabled: Some(false),
-                retired_pages: Some(RetiredPages {
-                    single_bit_ecc: Some(2),
-                    double_bit_ecc: Some(0),
-                    pending: Some(true),
+        readings: Arc::new(
+            Readings::default()
+                .with(Unattributed {
+                    bytes: Some(64 * MIB),
+                    mig: vec![
+                        (
+                            Arc::from("MIG-1d2c3b4a-0000-4000-8000-000000000001"),
+                            Some(0),
+                        ),
+                        (Arc::from("MIG-1d2c3b4a-0000-4000-8000-000000000002"), None),
+                    ],
+                })
+                .with(PowerThermal {
+                    temperature_c: Some(38),
+                    ..PowerThermal::default()
+                })
+                .with(Health {
+                    ecc_enabled: Some(false),
+                    retired_pages: Some(RetiredPages {
+                        single_bit_ecc: Some(2),
+                        double_bit_ecc: Some(0),
+                        pending: Some(true),
+                    }),
+                    ..Health::default()
                 }),
-                ..Health::default()
-            }),
+        ),
     };
     let gpu2 = DeviceSample {
         info: h200(
@@ -349,7 +353,7 @@ fn fixed_snapshot() -> Snapshot {
         processes: Arc::from(Vec::new()),
         other: None,
         mig: Arc::from(Vec::new()),
-        readings: Readings::default(),
+        readings: Default::default(),
     };
     // GPU 3 fell off the bus before the exporter started: no identity.
     let gpu3 = DeviceSample {
@@ -359,7 +363,7 @@ fn fixed_snapshot() -> Snapshot {
         processes: Arc::from(Vec::new()),
         other: None,
         mig: Arc::from(Vec::new()),
-        readings: Readings::default(),
+        readings: Default::default(),
     };
     let mut errors = BTreeMap::new();
     errors.insert((Operation::DEVICE_UUID, ErrorKind::GpuLost), 4);
