@@ -28,9 +28,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::model::{
-    Accounts, AllocatedDevice, AllocationRow, Busy, DeviceInfo, DeviceSample, GpuAccount, Idle,
-    LiveWorkload, ProcessSample, Snapshot, Stale, Unattributed, WORKLOAD_GRACE_SECONDS, Workload,
-    WorkloadAccount,
+    Accounts, AllocatedDevice, AllocationRow, Busy, BusySamples, DeviceInfo, DeviceSample,
+    GpuAccount, Idle, LiveWorkload, ProcessSample, Snapshot, Stale, Unattributed,
+    WORKLOAD_GRACE_SECONDS, Workload, WorkloadAccount,
 };
 
 mod ranking;
@@ -58,6 +58,34 @@ struct Held {
     stale: Option<[u64; 5]>,
     /// In the sample being taken in (the GPUs not in it leave).
     seen: bool,
+}
+
+/// What the ledger reads of one GPU's sample beside its process list.
+struct Figures {
+    used: Option<u64>,
+    /// The busy fraction from the held percentage: only where NVML has no
+    /// utilisation samples (`sampled` is `None`).
+    busy: Option<f64>,
+    sampled: Option<BusySamples>,
+}
+
+impl Figures {
+    fn of(d: &DeviceSample) -> Self {
+        let reading = d.readings.get::<Busy>();
+        let sampled = reading.and_then(|b| b.samples);
+        // NVML's samples where it has them; else the gauge, held.
+        let busy = match sampled {
+            Some(_) => None,
+            None => reading
+                .and_then(|b| b.percent)
+                .map(|pct| f64::from(pct.min(100)) / 100.0),
+        };
+        Self {
+            used: d.memory.map(|m| m.used),
+            busy,
+            sampled,
+        }
+    }
 }
 
 /// The bytes `d`'s stale processes hold, by reason (`None` where its
@@ -263,95 +291,10 @@ impl Ledger {
                 Some(h) if Arc::ptr_eq(&h.info, &d.info) || *h.uuid == *uuid => Some(n),
                 _ => self.held.iter().position(|h| *h.uuid == *uuid),
             };
-            let reading = d.readings.get::<Busy>();
-            let sampled = reading.and_then(|b| b.samples);
-            // NVML's samples where it has them; else the gauge, held.
-            let busy = match sampled {
-                Some(_) => None,
-                None => reading
-                    .and_then(|b| b.percent)
-                    .map(|pct| f64::from(pct.min(100)) / 100.0),
-            };
-            let used = d.memory.map(|m| m.used);
-            if let Some(h) = at.and_then(|i| self.held.get_mut(i))
-                && Arc::ptr_eq(&h.processes, &d.processes)
-                && h.busy == busy
-                && sampled.is_none_or(|b| h.samples_read == Some(b.read))
-                && (Arc::ptr_eq(&h.info, &d.info)
-                    || self
-                        .accounts
-                        .gpus
-                        .get(uuid)
-                        .is_some_and(|g| *g.gpu == *d.info.gpu))
-            {
-                if !Arc::ptr_eq(&h.info, &d.info) {
-                    h.info = Arc::clone(&d.info);
-                }
-                h.used = used;
-                h.seen = true;
-                continue;
+            let figures = Figures::of(d);
+            if !self.take_in_unchanged(at, d, &figures) {
+                folded |= self.take_in_changed(n, at, d, &figures, t, per_process);
             }
-            let key: Arc<str> = match at.and_then(|i| self.held.get(i)) {
-                Some(h) => Arc::clone(&h.uuid),
-                None => Arc::from(uuid),
-            };
-            let prev_read = at
-                .and_then(|i| self.held.get(i))
-                .and_then(|h| h.samples_read);
-            let gpus = Arc::make_mut(&mut self.accounts.gpus);
-            let g = gpus.entry(Arc::clone(&key)).or_default();
-            if *g.gpu != *d.info.gpu {
-                g.gpu = Arc::from(d.info.gpu.as_str());
-            }
-            if (busy.is_some() || sampled.is_some()) && g.busy_seconds.is_none() {
-                g.busy_seconds = Some(0.0);
-            }
-            let mut samples_read = prev_read;
-            if let Some(b) = sampled
-                && prev_read != Some(b.read)
-            {
-                // Before the fold: the samples are of the list until now.
-                let secs = b.seconds();
-                *g.busy_seconds.get_or_insert(0.0) += secs;
-                g.pending_busy_seconds += secs;
-                samples_read = Some(b.read);
-            }
-            let old = at.map(|i| self.held.remove(i));
-            let same = old
-                .as_ref()
-                .is_some_and(|h| Arc::ptr_eq(&h.processes, &d.processes));
-            let stale = match &old {
-                Some(h) if same => h.stale,
-                _ => stale_bytes(d),
-            };
-            if !same {
-                // A GPU that does not answer lists no process: keep its
-                // processes' totals until it answers without them.
-                let keep = d.memory.is_none();
-                let old = old.as_ref().map(|h| Arc::clone(&h.processes));
-                self.fold(
-                    &key,
-                    old.as_deref().unwrap_or(&[]),
-                    &d.processes,
-                    keep,
-                    t,
-                    per_process,
-                );
-                folded = true;
-            }
-            let h = Held {
-                uuid: key,
-                info: Arc::clone(&d.info),
-                used,
-                busy,
-                samples_read,
-                processes: Arc::clone(&d.processes),
-                stale,
-                seen: true,
-            };
-            // Back in the place it has in this sample.
-            let i = n.min(self.held.len());
-            self.held.insert(i, h);
         }
         // A GPU that left the snapshot (re-enumerated, not yet identified)
         // holds nothing from now on; its totals stay.
@@ -364,6 +307,110 @@ impl Ledger {
             self.expire(t);
         }
         folded
+    }
+
+    /// A GPU held at `at` whose sample `d` has the very same process list,
+    /// the same busy figure and no new utilisation samples (a memory-only
+    /// sample): take in its used bytes and return true. Otherwise nothing
+    /// changes and it returns false.
+    fn take_in_unchanged(&mut self, at: Option<usize>, d: &DeviceSample, f: &Figures) -> bool {
+        let Some(h) = at.and_then(|i| self.held.get_mut(i)) else {
+            return false;
+        };
+        let unchanged = Arc::ptr_eq(&h.processes, &d.processes)
+            && h.busy == f.busy
+            && f.sampled.is_none_or(|b| h.samples_read == Some(b.read))
+            && (Arc::ptr_eq(&h.info, &d.info)
+                || self
+                    .accounts
+                    .gpus
+                    .get(d.info.uuid.as_str())
+                    .is_some_and(|g| *g.gpu == *d.info.gpu));
+        if !unchanged {
+            return false;
+        }
+        if !Arc::ptr_eq(&h.info, &d.info) {
+            h.info = Arc::clone(&d.info);
+        }
+        h.used = f.used;
+        h.seen = true;
+        true
+    }
+
+    /// Take in GPU `d` (the `n`th known GPU of the sample, held at `at` if
+    /// it was before) whose list, busy figure or identity changed: add its
+    /// new utilisation samples, fold its list if that changed, and hold it
+    /// at `n`. Returns whether a list was folded.
+    fn take_in_changed(
+        &mut self,
+        n: usize,
+        at: Option<usize>,
+        d: &DeviceSample,
+        f: &Figures,
+        t: f64,
+        per_process: bool,
+    ) -> bool {
+        let key: Arc<str> = match at.and_then(|i| self.held.get(i)) {
+            Some(h) => Arc::clone(&h.uuid),
+            None => Arc::from(d.info.uuid.as_str()),
+        };
+        let prev_read = at
+            .and_then(|i| self.held.get(i))
+            .and_then(|h| h.samples_read);
+        let gpus = Arc::make_mut(&mut self.accounts.gpus);
+        let g = gpus.entry(Arc::clone(&key)).or_default();
+        if *g.gpu != *d.info.gpu {
+            g.gpu = Arc::from(d.info.gpu.as_str());
+        }
+        if (f.busy.is_some() || f.sampled.is_some()) && g.busy_seconds.is_none() {
+            g.busy_seconds = Some(0.0);
+        }
+        let mut samples_read = prev_read;
+        if let Some(b) = f.sampled
+            && prev_read != Some(b.read)
+        {
+            // Before the fold: the samples are of the list until now.
+            let secs = b.seconds();
+            *g.busy_seconds.get_or_insert(0.0) += secs;
+            g.pending_busy_seconds += secs;
+            samples_read = Some(b.read);
+        }
+        let old = at.map(|i| self.held.remove(i));
+        let same = old
+            .as_ref()
+            .is_some_and(|h| Arc::ptr_eq(&h.processes, &d.processes));
+        let stale = match &old {
+            Some(h) if same => h.stale,
+            _ => stale_bytes(d),
+        };
+        if !same {
+            // A GPU that does not answer lists no process: keep its
+            // processes' totals until it answers without them.
+            let keep = d.memory.is_none();
+            let old = old.as_ref().map(|h| Arc::clone(&h.processes));
+            self.fold(
+                &key,
+                old.as_deref().unwrap_or(&[]),
+                &d.processes,
+                keep,
+                t,
+                per_process,
+            );
+        }
+        let h = Held {
+            uuid: key,
+            info: Arc::clone(&d.info),
+            used: f.used,
+            busy: f.busy,
+            samples_read,
+            processes: Arc::clone(&d.processes),
+            stale,
+            seen: true,
+        };
+        // Back in the place it has in this sample.
+        let i = n.min(self.held.len());
+        self.held.insert(i, h);
+        !same
     }
 
     /// Move GPU `uuid`'s pending seconds into the totals of the processes

@@ -473,3 +473,16 @@ fn the_code_map_names_every_folder() {
         "ARCHITECTURE.md is {size} bytes, over 12 KiB"
     );
 }
+
+/// The operator's pages stay what an operator does: the reasoning and the
+/// runs behind them live in docs/evidence/, so these two stay under 20 KiB.
+#[test]
+fn deploying_and_security_stay_operator_pages() {
+    for page in ["docs/deploying.md", "docs/security.md"] {
+        let size = read(page).len();
+        assert!(
+            size <= 20_480,
+            "{page} is {size} bytes, over 20 KiB: move reasoning and measurements to docs/evidence/"
+        );
+    }
+}
