@@ -244,12 +244,16 @@ impl BodyCache {
         }
     }
 
+    /// `slot`'s spare buffer, locked (a poisoned lock only loses a buffer).
+    fn spare_slot(&self, slot: Slot) -> MutexGuard<'_, Vec<u8>> {
+        self.spares[slot as usize]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The buffer of `slot`'s last replaced body (empty if none), taken.
     fn spare(&self, slot: Slot) -> Vec<u8> {
-        let mut spare = self.spares[slot as usize]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        std::mem::take(&mut *spare)
+        std::mem::take(&mut *self.spare_slot(slot))
     }
 
     /// Keep the plain bodies of a replaced entry that nothing else holds
@@ -275,9 +279,7 @@ impl BodyCache {
             if buf.capacity() > (SPARE_SLACK * used).max(SPARE_ANY) {
                 continue;
             }
-            *self.spares[slot as usize]
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = buf;
+            *self.spare_slot(slot) = buf;
         }
     }
 }
@@ -362,12 +364,7 @@ mod tests {
         let slots = [Slot::Text, Slot::OpenMetrics, Slot::SnapshotJson];
         for ((name, encode), slot) in kinds.into_iter().zip(slots) {
             let cache = BodyCache::new();
-            let spare = |c: &BodyCache| {
-                let buf = c.spares[slot as usize]
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                buf.capacity()
-            };
+            let spare = |c: &BodyCache| c.spare_slot(slot).capacity();
             // Replacing the entry keeps the buffer; the next encode takes it.
             let (a, b) = (snapshot(), snapshot());
             let len = encode(&cache, &a).unwrap_or_default().len();
