@@ -15,7 +15,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::{Sender, SyncSender};
+use std::sync::mpsc::SyncSender;
 use std::thread::JoinHandle;
 
 use crate::attribute::ProcCache;
@@ -28,7 +28,7 @@ use crate::kube::{self, ClaimLimits, PodIndex, SliceIndex};
 use crate::model::Snapshot;
 use crate::podres::{self, PodResources};
 use crate::publish::{Shared, Sources};
-use crate::sample::{self, Control, OpenFailure, Parts, StartError};
+use crate::sample::{self, Control, ControlSender, OpenFailure, Parts, StartError};
 use crate::signals::{self, Signals};
 use crate::telemetry::Telemetry;
 
@@ -47,7 +47,7 @@ pub struct Pipeline {
     reload: Reload,
     shared: Arc<Shared>,
     telemetry: Arc<Telemetry>,
-    control: Sender<Control>,
+    control: ControlSender,
     sampler: Option<JoinHandle<()>>,
     pods: Option<Arc<PodIndex>>,
     pod_resources: Option<Arc<PodResources>>,
@@ -84,7 +84,7 @@ impl Pipeline {
         }
         // NVML first: a host without a driver says so before any source
         // starts (or logs anything).
-        let (control, control_rx) = std::sync::mpsc::channel::<Control>();
+        let (control, control_rx) = sample::control_channel();
         let opened = sample::spawn(open, config.sampler(), Arc::clone(&shared), control_rx)?;
         // The sources, each started here and nowhere else; publish copies
         // each one's state into every snapshot.
@@ -236,7 +236,7 @@ impl Pipeline {
 async fn reload_on_sighup(
     reload: Reload,
     mut current: Config,
-    control: Sender<Control>,
+    control: ControlSender,
     telemetry: Arc<Telemetry>,
     mut signals: Signals,
 ) {

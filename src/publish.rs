@@ -188,6 +188,12 @@ impl Shared {
         }
     }
 
+    /// Whether a sink takes every snapshot (a recording): then each
+    /// memory-only sample is published, changed or not.
+    pub fn has_sink(&self) -> bool {
+        self.sink.lock().is_ok_and(|s| s.is_some())
+    }
+
     /// Snapshots not handed to the sink because its channel was full.
     pub fn sink_dropped(&self) -> u64 {
         self.sink_dropped.load(Ordering::Acquire)

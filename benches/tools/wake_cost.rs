@@ -61,6 +61,9 @@ enum Wait {
     /// `clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)` to the next
     /// deadline.
     AbsoluteSleep,
+    /// `std::thread::park_timeout` to the next deadline (how the sampler
+    /// thread waits now: its control channel's sender unparks it).
+    Park,
     /// A periodic `timerfd` (the kernel re-arms it), read blocking.
     TimerFd,
     /// A periodic `timerfd` and an `eventfd` for control, `poll`ed.
@@ -103,6 +106,98 @@ fn add(ts: libc::timespec, d: Duration) -> libc::timespec {
     }
 }
 
+/// How an interleaved step waits (100 ms from its start) and what it does
+/// after.
+#[derive(Clone, Copy)]
+enum Step {
+    Recv,
+    Park,
+    ParkSlack,
+    RecvPublish,
+    ParkPublish,
+    ParkPublishIfChanged,
+    ParkSlackPublishIfChanged,
+}
+
+/// Wait 100 ms by `recv_timeout` or `park_timeout` (with or without a
+/// 1 ms timer slack), then do the step's work.
+fn interleaved_step(
+    step: Step,
+    rx: &std::sync::mpsc::Receiver<()>,
+    sampler: &mut Sampler<NvmlSource, ProcCache>,
+    shared: &Shared,
+) {
+    let slack = matches!(step, Step::ParkSlack | Step::ParkSlackPublishIfChanged);
+    // SAFETY: prctl with an integer argument (0: the default slack).
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_TIMERSLACK,
+            if slack { 1_000_000u64 } else { 0 },
+        )
+    };
+    match step {
+        Step::Recv | Step::RecvPublish => match rx.recv_timeout(SPACING) {
+            Err(RecvTimeoutError::Timeout) => {}
+            other => panic!("channel: {other:?}"),
+        },
+        _ => {
+            let until = std::time::Instant::now() + SPACING;
+            while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+                if left.is_zero() {
+                    break;
+                }
+                std::thread::park_timeout(left);
+            }
+        }
+    }
+    match step {
+        Step::Recv | Step::Park | Step::ParkSlack => {}
+        Step::RecvPublish | Step::ParkPublish => shared.publish(sampler.tick_memory()),
+        Step::ParkPublishIfChanged | Step::ParkSlackPublishIfChanged => {
+            if let Some(s) = sampler.tick_memory_if_changed() {
+                shared.publish(s);
+            }
+        }
+    }
+}
+
+/// The ways of waiting and sampling side by side: step i is kind
+/// i mod 7, each timed by the thread's CPU clock (wait and work), so a
+/// change in the host's load falls on every kind alike. `n` steps a kind.
+fn interleaved(n: u32, sampler: &mut Sampler<NvmlSource, ProcCache>, shared: &Shared) {
+    let kinds = [
+        ("recv_timeout", Step::Recv),
+        ("park_timeout", Step::Park),
+        ("park_timeout, 1 ms slack", Step::ParkSlack),
+        ("recv+tick_memory+publish", Step::RecvPublish),
+        ("park+tick_memory+publish", Step::ParkPublish),
+        ("park+if_changed+publish", Step::ParkPublishIfChanged),
+        (
+            "park+if_changed+publish, 1 ms slack",
+            Step::ParkSlackPublishIfChanged,
+        ),
+    ];
+    let (_tx, rx) = channel::<()>();
+    let mut spent = vec![Vec::with_capacity(n as usize); kinds.len()];
+    for i in 0..n as usize * kinds.len() {
+        let k = i % kinds.len();
+        let before = thread_cpu();
+        interleaved_step(kinds[k].1, &rx, sampler, shared);
+        spent[k].push((thread_cpu() - before).as_secs_f64() * 1e6);
+    }
+    println!("wake_cost interleaved: {n} steps a kind, 100 ms apart, CPU µs a step");
+    println!("{:<40} {:>8} {:>8} {:>8}", "kind", "mean", "median", "p90");
+    for ((name, _), mut v) in kinds.iter().zip(spent) {
+        v.sort_by(f64::total_cmp);
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        println!(
+            "{name:<40} {mean:>8.1} {:>8.1} {:>8.1}",
+            v[v.len() / 2],
+            v[v.len() * 9 / 10]
+        );
+    }
+}
+
 /// CPU µs per step over `n` steps, waiting `wait` (`spacing` apart)
 /// before each.
 fn phase(name: &str, n: u32, wait: Wait, step: impl FnMut()) {
@@ -119,7 +214,7 @@ fn phase_at(name: &str, n: u32, wait: Wait, spacing: Duration, mut step: impl Fn
     let mut deadline = add(now_monotonic(), spacing);
     let before = thread_cpu();
     let wall = std::time::Instant::now();
-    for _ in 0..n {
+    for i in 0..n {
         match wait {
             Wait::None => {}
             Wait::Sleep => std::thread::sleep(spacing),
@@ -127,6 +222,15 @@ fn phase_at(name: &str, n: u32, wait: Wait, spacing: Duration, mut step: impl Fn
                 Err(RecvTimeoutError::Timeout) => {}
                 other => panic!("channel: {other:?}"),
             },
+            Wait::Park => {
+                let until = wall + spacing * (i + 1);
+                while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+                    if left.is_zero() {
+                        break;
+                    }
+                    std::thread::park_timeout(left);
+                }
+            }
             Wait::AbsoluteSleep => {
                 // SAFETY: valid pointers; EINTR is not expected here.
                 unsafe {
@@ -190,7 +294,12 @@ fn phase_at(name: &str, n: u32, wait: Wait, spacing: Duration, mut step: impl Fn
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let n: u32 = args.next().map_or(100, |s| s.parse().expect("wakeups"));
+    let mut first = args.next();
+    let interleave = first.as_deref() == Some("interleave");
+    if interleave {
+        first = args.next();
+    }
+    let n: u32 = first.map_or(100, |s| s.parse().expect("wakeups"));
     let lib = args.next();
     let timing = Timing {
         sample_interval: Duration::from_secs(1),
@@ -220,10 +329,14 @@ fn main() {
     for i in 0..gpus {
         raw.identify(i).expect("identify");
     }
+    if interleave {
+        return interleaved(n, &mut sampler, &shared);
+    }
     println!("wake_cost: {gpus} GPU(s), {n} wakeups per phase");
     for (name, wait) in [
         ("sleep", Wait::Sleep),
         ("recv_timeout", Wait::RecvTimeout),
+        ("park_timeout", Wait::Park),
         ("clock_nanosleep abs", Wait::AbsoluteSleep),
         ("timerfd read", Wait::TimerFd),
         ("timerfd+eventfd poll", Wait::TimerFdPoll),
@@ -234,6 +347,21 @@ fn main() {
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 5_000_000u64) };
     phase("recv_timeout, 5 ms slack", n, Wait::RecvTimeout, || {});
     phase("timerfd read, 5 ms slack", n, Wait::TimerFd, || {});
+    phase("park_timeout, 5 ms slack", n, Wait::Park, || {});
+    // SAFETY: prctl with an integer argument.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000_000u64) };
+    phase("recv_timeout, 1 ms slack", n, Wait::RecvTimeout, || {});
+    phase("park_timeout, 1 ms slack", n, Wait::Park, || {});
+    phase(
+        "park+tick_memory_if_changed+publish, 1 ms slack",
+        n,
+        Wait::Park,
+        || {
+            if let Some(s) = sampler.tick_memory_if_changed() {
+                shared.publish(s);
+            }
+        },
+    );
     // SAFETY: back to the default slack (0 means the thread's default).
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 0u64) };
     phase("recv+memory_info", n, Wait::RecvTimeout, || {
@@ -249,6 +377,14 @@ fn main() {
     });
     phase("timerfd+tick_memory+publish", n, Wait::TimerFd, || {
         shared.publish(sampler.tick_memory());
+    });
+    phase("park+tick_memory+publish", n, Wait::Park, || {
+        shared.publish(sampler.tick_memory());
+    });
+    phase("park+tick_memory_if_changed+publish", n, Wait::Park, || {
+        if let Some(s) = sampler.tick_memory_if_changed() {
+            shared.publish(s);
+        }
     });
     // The driver's side: one memory read by itself, through nvml-wrapper.
     let nvml = match lib.as_deref() {

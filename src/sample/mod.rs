@@ -10,6 +10,7 @@
 //! (`peaks.rs`) are kept here, so they do not depend on who scrapes or how
 //! often; `select.rs` picks the processes that get series.
 
+mod control;
 mod device;
 mod errors;
 mod host_memory;
@@ -20,6 +21,7 @@ mod select;
 pub(crate) mod thread;
 mod tick;
 
+pub(crate) use control::{ControlSender, channel as control_channel};
 pub use select::select;
 pub(crate) use thread::Control;
 pub use thread::OpenFailure;

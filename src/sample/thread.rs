@@ -4,10 +4,11 @@
 //! GPU keeps failing, and obey [`Control`] messages.
 
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::control::ControlReceiver;
 use super::tick::Sampler;
 use crate::attribute::ProcessLookup;
 use crate::backoff::Backoff;
@@ -65,7 +66,7 @@ pub(crate) const REINIT_AFTER_FAILED_SAMPLES: u32 = 3;
 /// knows the thread is alive. Returns a control message if one arrives.
 fn wait_alive(
     shared: &Shared,
-    control: &Receiver<Control>,
+    control: &ControlReceiver,
     total: Duration,
     beat: Duration,
 ) -> Option<Control> {
@@ -76,10 +77,8 @@ fn wait_alive(
         if left.is_zero() {
             return None;
         }
-        match control.recv_timeout(left.min(beat)) {
-            Ok(c) => return Some(c),
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return Some(Control::Stop),
+        if let Some(c) = control.wait_until(Instant::now() + left.min(beat)) {
+            return Some(c);
         }
     }
 }
@@ -138,7 +137,7 @@ pub(crate) fn spawn<G, P, E, F>(
     open: F,
     config: SamplerConfig,
     shared: Arc<Shared>,
-    control: Receiver<Control>,
+    control: ControlReceiver,
 ) -> Result<Opened<P>, StartError<E>>
 where
     G: GpuSource + 'static,
@@ -153,6 +152,7 @@ where
     let handle = std::thread::Builder::new()
         .name("sampler".into())
         .spawn(move || {
+            control.register();
             let shared = thread_shared;
             shared.set_alive(true);
             let _guard = AliveGuard(Arc::clone(&shared));
@@ -197,7 +197,7 @@ where
 fn open_first<G, E>(
     open: &dyn Fn() -> Result<G, OpenFailure<E>>,
     shared: &Shared,
-    control: &Receiver<Control>,
+    control: &ControlReceiver,
     ready: &SyncSender<Result<bool, E>>,
     beat: Duration,
 ) -> Option<G>
@@ -251,7 +251,7 @@ fn advance(prev: Instant, step: Duration, now: Instant) -> Instant {
 fn run_loop<G, P, E, F>(
     sampler: Sampler<G, P>,
     shared: &Shared,
-    control: &Receiver<Control>,
+    control: &ControlReceiver,
     open: &F,
 ) where
     G: GpuSource,
@@ -325,13 +325,8 @@ where
     /// Sleep until the next deadline; a control message ends the wait
     /// early (a dropped sender reads as [`Control::Stop`]). `None`: the
     /// deadline came.
-    fn wait(&self, control: &Receiver<Control>) -> Option<Control> {
-        let wait = self.due().saturating_duration_since(Instant::now());
-        match control.recv_timeout(wait) {
-            Ok(c) => Some(c),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => Some(Control::Stop),
-        }
+    fn wait(&self, control: &ControlReceiver) -> Option<Control> {
+        control.wait_until(self.due())
     }
 
     /// The next deadline: the full sample's, or the memory sample's when
@@ -377,8 +372,10 @@ where
     }
 
     /// A full sample when its deadline has come, else a memory-only one;
-    /// published unless the driver went away during it, then counted
-    /// towards a re-open if it was a full one.
+    /// published unless the driver went away during it (or, memory-only
+    /// and no recording, it changed nothing: see
+    /// [`Sampler::tick_memory_if_changed`]), then counted towards a
+    /// re-open if it was a full one.
     fn sample(&mut self, now: Instant) {
         let full = now >= self.next_full;
         let snapshot = if full {
@@ -387,7 +384,15 @@ where
             self.sampler.tick()
         } else {
             self.next_mem = advance(self.next_mem, self.timing.memory_sample_interval, now);
-            self.sampler.tick_memory()
+            if self.shared.has_sink() {
+                self.sampler.tick_memory()
+            } else {
+                match self.sampler.tick_memory_if_changed() {
+                    Some(s) => s,
+                    // Nothing to publish: the thread is alive all the same.
+                    None => return self.shared.beat(),
+                }
+            }
         };
         if let Some(e) = self.sampler.driver_gone() {
             log_driver_gone(e);

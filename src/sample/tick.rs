@@ -4,6 +4,7 @@
 //! tick histograms, peak windows, the collectors' state), so each snapshot
 //! is complete.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -17,8 +18,15 @@ use crate::collectors::{Context, Def, REGISTRY, Running};
 use crate::config::{SamplerConfig, Selection, Timing};
 use crate::gpu::{GpuError, GpuSource, RawProcess};
 use crate::model::{
-    Accounts, DeviceSample, DriverInfo, DurationHistogram, Limits, Readings, Snapshot,
+    Accounts, DeviceSample, DriverInfo, DurationHistogram, ErrorKey, Limits, MemoryInfo, Readings,
+    Snapshot,
 };
+
+/// An unchanged memory-only sample is published anyway once the last
+/// snapshot is this old, so the served sample's time
+/// (`gpumem_exporter_last_sample_timestamp_seconds`) never lags the
+/// sampler by more, whatever the full sample's interval.
+pub(crate) const UNCHANGED_REPUBLISH: Duration = Duration::from_secs(1);
 
 /// Bucket bounds (seconds) of the tick histograms: a tick costs
 /// microseconds per GPU and ~20 µs per process and query.
@@ -62,6 +70,23 @@ pub struct Sampler<G: GpuSource, P: ProcessLookup> {
     /// again without asking every collector; `None` once anything that
     /// changes them ran (a full sample sets them anew).
     readings: Option<Vec<Arc<Readings>>>,
+    /// What the last snapshot built showed of each GPU's memory (reading
+    /// and peak) and of the error counts: a memory-only sample that
+    /// changes none of it need not be published
+    /// ([`Sampler::tick_memory_if_changed`]).
+    shown: Shown,
+}
+
+/// What a memory-only sample can change in a snapshot, as the last one
+/// built showed it.
+#[derive(Default)]
+struct Shown {
+    memory: Vec<(Option<MemoryInfo>, Option<u64>)>,
+    /// The error counts' `Arc` that snapshot holds: any count since
+    /// replaces it (`Arc::make_mut` on a shared map), so pointer equality
+    /// means no NVML call failed since.
+    errors: Option<Arc<BTreeMap<ErrorKey, u64>>>,
+    taken_at: Option<Instant>,
 }
 
 impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
@@ -96,6 +121,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             blank_limits: Limits::default(),
             blank_readings: Arc::default(),
             readings: None,
+            shown: Shown::default(),
         }
     }
 
@@ -177,6 +203,67 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
     /// sample's figures).
     pub fn tick_memory(&mut self) -> Snapshot {
         let now = Instant::now();
+        self.read_memory_only(now);
+        self.emit(now)
+    }
+
+    /// [`Sampler::tick_memory`], but `None` when the sample changed
+    /// nothing a snapshot shows (every GPU's memory and peak as the last
+    /// snapshot built showed them, no NVML call failed, no full sample's
+    /// state reset since) and that snapshot is younger than
+    /// [`UNCHANGED_REPUBLISH`]: an idle GPU's 10 Hz samples then publish
+    /// nothing, and scrapes keep the cached body. The sample is still
+    /// counted (`memory_samples`), and shown with the next snapshot.
+    pub fn tick_memory_if_changed(&mut self) -> Option<Snapshot> {
+        self.tick_memory_if_changed_at(Instant::now())
+    }
+
+    /// [`Sampler::tick_memory_if_changed`] at `now`.
+    fn tick_memory_if_changed_at(&mut self, now: Instant) -> Option<Snapshot> {
+        self.read_memory_only(now);
+        let fresh = self
+            .shown
+            .taken_at
+            .is_some_and(|t| now.saturating_duration_since(t) < UNCHANGED_REPUBLISH);
+        if fresh && self.unchanged() {
+            return None;
+        }
+        Some(self.emit(now))
+    }
+
+    /// Whether the memory read since the last snapshot built is what it
+    /// showed (see [`Shown`]).
+    fn unchanged(&self) -> bool {
+        self.readings.is_some()
+            && self
+                .shown
+                .errors
+                .as_ref()
+                .is_some_and(|e| Arc::ptr_eq(e, &self.errors.counts))
+            && self.shown.memory.len() == self.devices.len()
+            && self
+                .devices
+                .iter()
+                .zip(&self.shown.memory)
+                .all(|(d, shown)| (d.memory, d.memory.and(d.used_peak.max())) == *shown)
+    }
+
+    /// The snapshot of the state as it stands, remembered as shown.
+    fn emit(&mut self, now: Instant) -> Snapshot {
+        self.shown.memory.clear();
+        self.shown.memory.extend(
+            self.devices
+                .iter()
+                .map(|d| (d.memory, d.memory.and(d.used_peak.max()))),
+        );
+        self.shown.errors = Some(Arc::clone(&self.errors.counts));
+        self.shown.taken_at = Some(now);
+        self.snapshot()
+    }
+
+    /// Read every GPU's memory (feeding its peak window) and count the
+    /// memory-only sample.
+    fn read_memory_only(&mut self, now: Instant) {
         let window = self.config.timing.peak_window;
         for dev in &mut self.devices {
             dev.read_memory(
@@ -188,7 +275,6 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
             );
         }
         self.memory_samples += 1;
-        self.snapshot()
     }
 
     /// A full sample: identities still unknown, memory, MIG layout when
@@ -249,7 +335,7 @@ impl<G: GpuSource, P: ProcessLookup> Sampler<G, P> {
                 .map(|d| Arc::new(self.readings_of(d)))
                 .collect(),
         );
-        self.snapshot()
+        self.emit(started)
     }
 
     /// One GPU's part of a full sample. Returns the time spent in NVML

@@ -752,3 +752,78 @@ fn a_unified_memory_gpu_reports_the_hosts_memory_without_nvml_errors() {
     assert_eq!(snap.devices[0].used_peak_bytes, Some(900 * 1024));
     assert!(snap.nvml_errors.is_empty(), "{:?}", snap.nvml_errors);
 }
+
+#[test]
+fn an_unchanged_memory_sample_publishes_nothing_until_something_changes() {
+    let gpu = FakeGpu::new(vec![
+        FakeDevice::new(0, 80 * GIB, 10 * GIB),
+        FakeDevice::new(1, 80 * GIB, 20 * GIB),
+    ]);
+    let mut s = Sampler::new(gpu, Recorder::default(), with(timing()));
+    s.tick();
+    assert!(s.tick_memory_if_changed().is_none(), "the same memory");
+    assert!(s.tick_memory_if_changed().is_none(), "the same memory");
+    // A new reading on one GPU is published, with every sample counted.
+    s.gpu_mut().devices[1].memory = Ok(memory(80 * GIB, 21 * GIB));
+    let changed = s.tick_memory_if_changed();
+    let Some(snap) = changed else {
+        panic!("a changed reading must be published");
+    };
+    assert_eq!(snap.devices[1].memory.map(|m| m.used), Some(21 * GIB));
+    assert_eq!(snap.devices[1].used_peak_bytes, Some(21 * GIB));
+    assert_eq!(snap.memory_samples, 3);
+    assert!(s.tick_memory_if_changed().is_none(), "shown already");
+    // Back down: the reading changes, the peak does not.
+    s.gpu_mut().devices[1].memory = Ok(memory(80 * GIB, 20 * GIB));
+    assert!(s.tick_memory_if_changed().is_some());
+    assert!(s.tick_memory_if_changed().is_none());
+    // A full sample always builds one.
+    let full = s.tick();
+    assert_eq!(full.memory_samples, 6, "unpublished samples are counted");
+}
+
+#[test]
+fn a_down_gpu_that_keeps_failing_publishes_each_counted_error() {
+    let gpu = FakeGpu::new(vec![FakeDevice::new(0, 80 * GIB, 10 * GIB)]);
+    let mut s = Sampler::new(gpu, Recorder::default(), with(timing()));
+    s.tick();
+    s.gpu_mut().devices[0].memory = Err(lost(Operation::MEMORY_INFO));
+    let first = s.tick_memory_if_changed();
+    assert!(first.is_some_and(|f| !f.devices[0].up()));
+    // Still down (nothing else changed), but the error count did.
+    let second = s.tick_memory_if_changed();
+    let errors = second.map(|s| {
+        s.nvml_errors
+            .get(&(Operation::MEMORY_INFO, ErrorKind::GpuLost))
+            .copied()
+    });
+    assert_eq!(errors, Some(Some(2)));
+}
+
+#[test]
+fn an_expiring_peak_or_an_old_snapshot_is_published_unchanged_memory_or_not() {
+    let gpu = FakeGpu::new(vec![FakeDevice::new(0, 80 * GIB, 10 * GIB)]);
+    let mut s = Sampler::new(gpu, Recorder::default(), with(timing()));
+    s.tick();
+    let start = Instant::now();
+    s.gpu_mut().devices[0].memory = Ok(memory(80 * GIB, 30 * GIB));
+    assert!(s.tick_memory_if_changed_at(start).is_some());
+    s.gpu_mut().devices[0].memory = Ok(memory(80 * GIB, 10 * GIB));
+    assert!(s.tick_memory_if_changed_at(start).is_some());
+    assert!(s.tick_memory_if_changed_at(start).is_none());
+    // The same reading a second later: published, the served sample's
+    // time may not lag more.
+    let later = start + UNCHANGED_REPUBLISH;
+    let again = s.tick_memory_if_changed_at(later);
+    assert_eq!(
+        again.and_then(|s| s.devices[0].used_peak_bytes),
+        Some(30 * GIB)
+    );
+    assert!(s.tick_memory_if_changed_at(later).is_none());
+    // Once the 30 GiB leave the 30 s window the peak falls: published.
+    let expired = s.tick_memory_if_changed_at(start + Duration::from_secs(31));
+    assert_eq!(
+        expired.and_then(|s| s.devices[0].used_peak_bytes),
+        Some(10 * GIB)
+    );
+}
