@@ -149,6 +149,11 @@ fn main() {
     let mut g = c.benchmark_group("sampler");
     g.bench_function("tick", |b| b.iter(|| sampler.tick()));
     g.bench_function("tick_memory", |b| b.iter(|| sampler.tick_memory()));
+    // The fake's memory does not move: every sample after the first
+    // changes nothing, as on an idle GPU (at most one a second publishes).
+    g.bench_function("tick_memory_if_changed_unchanged", |b| {
+        b.iter(|| sampler.tick_memory_if_changed())
+    });
     g.finish();
     c.final_summary();
 
