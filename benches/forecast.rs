@@ -125,6 +125,19 @@ fn main() {
             }
         })
     });
+    // The search alone over a full history of one GPU: flat (an idle
+    // GPU's: answered without the search) and a sawtooth (searched).
+    let mut finder = trend::regime::Finder::default();
+    let flat: Vec<(u64, u64)> = (0..600u64).map(|t| (t, 40 << 30)).collect();
+    g.bench_function("regime_flat_600", |b| {
+        b.iter(|| black_box(finder.growth(black_box(&flat))))
+    });
+    let teeth: Vec<(u64, u64)> = (0..600u64)
+        .map(|t| (t, (40 << 30) + (t % 20) * (256 << 20)))
+        .collect();
+    g.bench_function("regime_sawtooth_600", |b| {
+        b.iter(|| black_box(finder.growth(black_box(&teeth))))
+    });
     g.finish();
     c.final_summary();
 }

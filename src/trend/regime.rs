@@ -34,7 +34,9 @@
 //! Cost: the fits of every split come from prefix sums, so one search is
 //! O(n) per split tried: at 600 points, a few microseconds. The history
 //! calls it once per GPU per new second, never per sample
-//! (`history.rs`; `cargo bench --bench forecast`).
+//! (`history.rs`; `cargo bench --bench forecast`). A flat history (every
+//! figure the same: an idle GPU's) has a slope of exactly 0 and is
+//! answered with one comparison a point, without the sums or the search.
 //!
 //! Written by hand: the statistics crates on crates.io fit one line or run
 //! generic change-point searches (PELT over a cost function) at far more
@@ -126,6 +128,11 @@ impl Finder {
     /// or `None` when the series does not grow now.
     pub fn growth(&mut self, points: &[(u64, u64)]) -> Option<Regime> {
         let &(x0, y0) = points.first()?;
+        // Every figure the same (an idle GPU's history): the slope is
+        // exactly 0, which is never growth; no sums, no search.
+        if points.iter().all(|&(_, y)| y == y0) {
+            return None;
+        }
         let m = points.len();
         self.xy.clear();
         self.sums.clear();
