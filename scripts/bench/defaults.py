@@ -16,10 +16,14 @@ by side (BEFORE). No GPU needed; standard library only.
      at the defaults and with --memory-sample-interval 1s, nobody
      scraping, CPU of all threads (schedstat) over R windows of S
      seconds; the ratio to BEFORE per window, and what the nine
-     memory-only samples a second cost (the difference of the settings).
+     memory-only samples a second cost (the difference of the settings);
+  5. starts: the same at the defaults only, over K starts with the start
+     order rotated (a start's timer phase moves a build's figure more
+     than windows of one start do); the ratio to BEFORE per start.
 
     scripts/bench/defaults.py BIN [--before BIN] [--also NAME=BIN ...] [--lib libfake_nvml.so]
-        [--only body,rss,snapshot,idle] [--rounds 4] [--seconds 45]
+        [--only body,rss,snapshot,idle,starts] [--rounds 4] [--seconds 45]
+        [--starts 8] [--start-seconds 20]
 
 BIN and --before are release builds; --lib defaults to
 target/release/libfake_nvml.so (`cargo build --release -p fake-nvml`), the
@@ -195,6 +199,44 @@ def idle(builds, lib, rounds, seconds, out):
                        + f" per window; medians {med[(a, 'defaults')] / med[('before', 'defaults')]:.2f}")
 
 
+def idle_starts(builds, lib, starts, seconds, out):
+    """Idle CPU at the defaults over many starts, every build at once, the
+    order they start in rotated each time: which build's 100 ms timer
+    lands beside another's is set at its start and moves its figure by
+    tens of per cent for as long as it runs, so one start's windows agree
+    with each other more than starts do."""
+    got = {name: [] for name, _ in builds}
+    for i in range(starts):
+        order = builds[i % len(builds):] + builds[:i % len(builds)]
+        exporters = []
+        try:
+            for name, binary in order:
+                exporters.append((name, Exporter(binary, lib, EXAMPLE)))
+                time.sleep(0.037 * (i % 3 + 1))
+            time.sleep(3)
+            c0 = {n: cpu_seconds(e.proc.pid)[1] for n, e in exporters}
+            t0 = time.monotonic()
+            time.sleep(seconds)
+            span = time.monotonic() - t0
+            for n, e in exporters:
+                got[n].append(100 * (cpu_seconds(e.proc.pid)[1] - c0[n]) / span)
+        finally:
+            for _, e in exporters:
+                e.stop()
+    out.append("| build | " + " | ".join(f"start {i + 1}" for i in range(starts)) + " | median |")
+    out.append("|---|" + "---|" * (starts + 1))
+    for n, v in got.items():
+        out.append(f"| {n} | " + " | ".join(f"{x:.3f}" for x in v) + f" | **{statistics.median(v):.3f} %** |")
+    out.append("")
+    if "before" in got:
+        for n, v in got.items():
+            if n == "before":
+                continue
+            ratios = sorted(x / y for x, y in zip(v, got["before"]))
+            out.append(f"- {n} / before, per start (sorted): " + ", ".join(f"{r:.2f}" for r in ratios)
+                       + f"; median **{statistics.median(ratios):.2f}**")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binary")
@@ -203,7 +245,9 @@ def main():
                     help="another build beside them (repeatable; the idle table compares each with --before)")
     ap.add_argument("--lib", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")),
                                                   "release/libfake_nvml.so"))
-    ap.add_argument("--only", default="body,rss,snapshot,idle")
+    ap.add_argument("--only", default="body,rss,snapshot,idle,starts")
+    ap.add_argument("--starts", type=int, default=8, help="starts of the idle-at-defaults comparison (default 8)")
+    ap.add_argument("--start-seconds", type=float, default=20, help="seconds measured per start (default 20)")
     ap.add_argument("--rounds", type=int, default=4, help="idle windows (default 4)")
     ap.add_argument("--seconds", type=float, default=45, help="seconds per idle window (default 45)")
     ap.add_argument("--scrapes", type=int, default=200)
@@ -237,6 +281,11 @@ def main():
     if "idle" in only:
         out += [f"#### Idle CPU, example scenario (2 GPUs), side by side, {a.rounds} x {a.seconds:.0f} s", ""]
         idle(builds, a.lib, a.rounds, a.seconds, out)
+        out.append("")
+    if "starts" in only:
+        out += [f"#### Idle CPU at the defaults over {a.starts} starts, the start order rotated, "
+                f"{a.start_seconds:.0f} s each (% of a core)", ""]
+        idle_starts(builds, a.lib, a.starts, a.start_seconds, out)
         out.append("")
     text = "\n".join(out)
     print(text)
