@@ -23,6 +23,14 @@
 //!
 //! Prints one line per phase: CPU µs per step (the thread's CPU clock,
 //! which counts this thread's user and kernel time).
+//!
+//!     target/release/examples/wake_cost interleave [steps per kind] [lib]
+//!
+//! runs instead seven kinds of step in turn (`recv_timeout` or
+//! `park_timeout`, with or without a 1 ms timer slack, alone or with a
+//! memory-only sample published always or only when it changed), so a
+//! change in the host's load falls on every kind alike; mean, median and
+//! p90 per kind.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a measurement: a panic is the failure report
 
 use std::sync::Arc;
