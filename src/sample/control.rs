@@ -1,4 +1,4 @@
-//! The sampler thread's control channel: an mpsc channel whose sender also
+//! The sampler thread's control messages and their channel: an mpsc channel whose sender also
 //! unparks the sampler thread, so that thread waits for its next deadline
 //! with `std::thread::park_timeout` and only looks at the channel when it
 //! wakes. `Receiver::recv_timeout` waits on the same kind of futex, but
@@ -13,7 +13,16 @@ use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::Instant;
 
-use super::thread::Control;
+use crate::config::SamplerConfig;
+
+/// Messages to the sampler thread.
+#[derive(Debug, Clone)]
+pub(crate) enum Control {
+    Stop,
+    /// New intervals, selection and collectors from a reloaded config
+    /// (SIGHUP).
+    Reconfigure(Box<SamplerConfig>),
+}
 
 /// A control channel for one sampler thread.
 pub(crate) fn channel() -> (ControlSender, ControlReceiver) {

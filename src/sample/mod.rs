@@ -21,9 +21,8 @@ mod select;
 pub(crate) mod thread;
 mod tick;
 
-pub(crate) use control::{ControlSender, channel as control_channel};
+pub(crate) use control::{Control, ControlSender, channel as control_channel};
 pub use select::select;
-pub(crate) use thread::Control;
 pub use thread::OpenFailure;
 pub(crate) use thread::StartError;
 pub(crate) use thread::{Parts, spawn};

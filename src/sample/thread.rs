@@ -8,7 +8,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::control::ControlReceiver;
+use super::control::{Control, ControlReceiver};
 use super::tick::Sampler;
 use crate::attribute::ProcessLookup;
 use crate::backoff::Backoff;
@@ -43,15 +43,6 @@ pub enum StartError<E: std::error::Error + 'static> {
 pub enum OpenFailure<E> {
     Fatal(E),
     Retry(E),
-}
-
-/// Messages to the sampler thread.
-#[derive(Debug, Clone)]
-pub(crate) enum Control {
-    Stop,
-    /// New intervals, selection and collectors from a reloaded config
-    /// (SIGHUP).
-    Reconfigure(Box<SamplerConfig>),
 }
 
 /// Waits between NVML (re)initialisation attempts: 1 s doubling to 30 s.
