@@ -17,9 +17,10 @@ by side (BEFORE). No GPU needed; standard library only.
      scraping, CPU of all threads (schedstat) over R windows of S
      seconds; the ratio to BEFORE per window, and what the nine
      memory-only samples a second cost (the difference of the settings);
-  5. starts: the same at the defaults only, over K starts with the start
-     order rotated (a start's timer phase moves a build's figure more
-     than windows of one start do); the ratio to BEFORE per start.
+  5. starts: the same over K starts with the start order rotated (a
+     start's timer phase moves a build's figure more than windows of one
+     start do); per start the ratio to BEFORE at the defaults and one
+     memory-only sample's CPU.
 
     scripts/bench/defaults.py BIN [--before BIN] [--also NAME=BIN ...] [--lib libfake_nvml.so]
         [--only body,rss,snapshot,idle,starts] [--rounds 4] [--seconds 45]
@@ -200,41 +201,53 @@ def idle(builds, lib, rounds, seconds, out):
 
 
 def idle_starts(builds, lib, starts, seconds, out):
-    """Idle CPU at the defaults over many starts, every build at once, the
-    order they start in rotated each time: which build's 100 ms timer
-    lands beside another's is set at its start and moves its figure by
-    tens of per cent for as long as it runs, so one start's windows agree
-    with each other more than starts do."""
-    got = {name: [] for name, _ in builds}
+    """Idle CPU over many starts, every build at once at the defaults and
+    with --memory-sample-interval 1s, the order they start in rotated each
+    time: which build's 100 ms timer lands beside another's is set at its
+    start and moves its figure by tens of per cent for as long as it runs,
+    so one start's windows agree with each other more than starts do. Per
+    start: the ratio to BEFORE at the defaults, and one memory-only
+    sample's CPU (the difference of the settings / 9)."""
+    runs = [(name, setting, binary, args) for name, binary in builds
+            for setting, args in (("defaults", []), ("memory 1s", ["--memory-sample-interval", "1s"]))]
+    got = {(name, setting): [] for name, setting, _, _ in runs}
     for i in range(starts):
-        order = builds[i % len(builds):] + builds[:i % len(builds)]
+        order = runs[i % len(runs):] + runs[:i % len(runs)]
         exporters = []
         try:
-            for name, binary in order:
-                exporters.append((name, Exporter(binary, lib, EXAMPLE)))
+            for name, setting, binary, args in order:
+                exporters.append(((name, setting), Exporter(binary, lib, EXAMPLE, args)))
                 time.sleep(0.037 * (i % 3 + 1))
             time.sleep(3)
-            c0 = {n: cpu_seconds(e.proc.pid)[1] for n, e in exporters}
+            c0 = {k: cpu_seconds(e.proc.pid)[1] for k, e in exporters}
             t0 = time.monotonic()
             time.sleep(seconds)
             span = time.monotonic() - t0
-            for n, e in exporters:
-                got[n].append(100 * (cpu_seconds(e.proc.pid)[1] - c0[n]) / span)
+            for k, e in exporters:
+                got[k].append(100 * (cpu_seconds(e.proc.pid)[1] - c0[k]) / span)
         finally:
             for _, e in exporters:
                 e.stop()
-    out.append("| build | " + " | ".join(f"start {i + 1}" for i in range(starts)) + " | median |")
-    out.append("|---|" + "---|" * (starts + 1))
-    for n, v in got.items():
-        out.append(f"| {n} | " + " | ".join(f"{x:.3f}" for x in v) + f" | **{statistics.median(v):.3f} %** |")
+    out.append("| build | setting | " + " | ".join(f"start {i + 1}" for i in range(starts)) + " | median |")
+    out.append("|---|---|" + "---|" * (starts + 1))
+    for (n, st), v in got.items():
+        out.append(f"| {n} | {st} | " + " | ".join(f"{x:.3f}" for x in v) + f" | **{statistics.median(v):.3f} %** |")
     out.append("")
-    if "before" in got:
-        for n, v in got.items():
+    sample = {n: [(a - b) / 9 * 1e4 for a, b in zip(got[(n, "defaults")], got[(n, "memory 1s")])]
+              for n, _ in builds}
+    for n, _ in builds:
+        out.append(f"- {n}: one memory-only sample, per start: " + ", ".join(f"{x:.0f}" for x in sample[n])
+                   + f" µs; median **{statistics.median(sample[n]):.0f} µs**")
+    if "before" in sample:
+        for n, _ in builds:
             if n == "before":
                 continue
-            ratios = sorted(x / y for x, y in zip(v, got["before"]))
-            out.append(f"- {n} / before, per start (sorted): " + ", ".join(f"{r:.2f}" for r in ratios)
+            ratios = sorted(x / y for x, y in zip(got[(n, "defaults")], got[("before", "defaults")]))
+            out.append(f"- {n} / before at the defaults, per start (sorted): " + ", ".join(f"{r:.2f}" for r in ratios)
                        + f"; median **{statistics.median(ratios):.2f}**")
+            diffs = sorted(x - y for x, y in zip(sample[n], sample["before"]))
+            out.append(f"- {n} − before, one memory-only sample, per start (sorted, µs): "
+                       + ", ".join(f"{d:+.0f}" for d in diffs) + f"; median **{statistics.median(diffs):+.0f} µs**")
 
 
 def main():
@@ -283,7 +296,7 @@ def main():
         idle(builds, a.lib, a.rounds, a.seconds, out)
         out.append("")
     if "starts" in only:
-        out += [f"#### Idle CPU at the defaults over {a.starts} starts, the start order rotated, "
+        out += [f"#### Idle CPU over {a.starts} starts, the start order rotated, "
                 f"{a.start_seconds:.0f} s each (% of a core)", ""]
         idle_starts(builds, a.lib, a.starts, a.start_seconds, out)
         out.append("")

@@ -3,7 +3,8 @@
 //! NVML's own utilisation samples (`nvmlDeviceGetSamples` with
 //! `NVML_GPU_UTILIZATION_SAMPLES`, one every 1/6 s to 1 s depending on the
 //! GPU), read with the timestamp of the last one seen so each is counted
-//! once: what the ledger integrates into `gpu_busy_seconds_total`, so a
+//! once (at every full sample while the GPU is busy, every
+//! [`IDLE_SAMPLES_EVERY`] while it is idle): what the ledger integrates into `gpu_busy_seconds_total`, so a
 //! busy second between two of our reads is counted too. Where the driver
 //! does not have them, the ledger integrates `utilization.gpu` held
 //! between reads instead, and this says so once per GPU in the log.
@@ -13,6 +14,7 @@ pub(crate) mod families;
 pub(crate) mod json;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::{Collector, Context, PerGpu};
 use crate::model::{Busy, Reading, Readings};
@@ -66,11 +68,25 @@ pub(crate) fn integrate(last_seen: Option<u64>, samples: &[(u64, u32)]) -> (Opti
     (Some(prev), sum)
 }
 
+/// While a GPU's `utilization.gpu` says 0 (nothing ran over NVML's last
+/// period), its utilisation samples are read this often instead of at
+/// every full sample: the call is the dearest of a full sample on the
+/// H200 (2.8 ms wall whatever the number of new samples), and the driver
+/// keeps about 14 s of them (71 at 200 ms), so a burst between two reads
+/// is still counted, at the next one. A GPU that is busy now is read at
+/// every full sample, as before. Between reads every snapshot carries the
+/// last read (the ledger adds each read once), so an idle GPU's
+/// `gpu_busy_seconds_total` moves in steps of up to 10 s.
+pub(crate) const IDLE_SAMPLES_EVERY: Duration = Duration::from_secs(10);
+
 /// One GPU's utilisation samples state.
 #[derive(Debug, Default)]
 struct SampleState {
     /// The newest sample's timestamp seen so far.
     last_seen: Option<u64>,
+    /// When the samples were last read ([`IDLE_SAMPLES_EVERY`]), and what
+    /// that read added (carried until the next one).
+    last_read: Option<(Instant, BusySamples)>,
     /// The driver said the call is not supported (asked again after NVML
     /// is re-opened, when this collector is made afresh).
     unsupported: bool,
@@ -100,10 +116,22 @@ impl UtilizationCollector {
 
     /// The samples since the last read of GPU `gpu`; `None` while the
     /// driver has none or the call failed.
-    fn read_samples(&mut self, cx: &mut Context<'_>, gpu: usize) -> Option<BusySamples> {
+    /// `idle_now`: `utilization.gpu` read 0 in this full sample.
+    fn read_samples(
+        &mut self,
+        cx: &mut Context<'_>,
+        gpu: usize,
+        idle_now: bool,
+    ) -> Option<BusySamples> {
         let st = self.samples.at(gpu);
         if st.unsupported {
             return None;
+        }
+        if let Some((at, last)) = st.last_read
+            && idle_now
+            && cx.now.saturating_duration_since(at) < IDLE_SAMPLES_EVERY
+        {
+            return Some(last);
         }
         let last_seen = st.last_seen;
         match cx.call(gpu, calls::UTILIZATION_SAMPLES, |h| {
@@ -113,12 +141,15 @@ impl UtilizationCollector {
                 let (seen, percent_us) = integrate(last_seen, &list);
                 let st = self.samples.at(gpu);
                 st.last_seen = seen.or(last_seen);
-                // Only once a count has started.
+                // Only once a count has started (until then the next
+                // full sample reads again).
                 st.last_seen?;
-                Some(BusySamples {
+                let read = BusySamples {
                     read: READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                     percent_us,
-                })
+                };
+                st.last_read = Some((cx.now, read));
+                Some(read)
             }
             Err(e) if e.kind.is_unsupported() => {
                 self.samples.at(gpu).unsupported = true;
@@ -140,7 +171,7 @@ impl UtilizationCollector {
 impl Collector for UtilizationCollector {
     fn collect(&mut self, cx: &mut Context<'_>, gpu: usize) {
         let mut u = cx.read_all(gpu, calls::UTILIZATION_RATES, calls::read);
-        u.samples = self.read_samples(cx, gpu);
+        u.samples = self.read_samples(cx, gpu, u.gpu == Some(0));
         *self.read.at(gpu) = Some(Read {
             busy: Arc::new(Busy {
                 percent: u.gpu,
@@ -153,7 +184,9 @@ impl Collector for UtilizationCollector {
     fn forget(&mut self, gpu: usize) {
         *self.read.at(gpu) = None;
         // Samples from before the gap are not counted again, nor the gap.
-        self.samples.at(gpu).last_seen = None;
+        let st = self.samples.at(gpu);
+        st.last_seen = None;
+        st.last_read = None;
     }
 
     fn reading(&self, gpu: usize) -> Option<Arc<dyn Reading>> {

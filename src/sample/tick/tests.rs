@@ -827,3 +827,57 @@ fn an_expiring_peak_or_an_old_snapshot_is_published_unchanged_memory_or_not() {
         Some(10 * GIB)
     );
 }
+
+#[test]
+fn an_idle_gpus_utilisation_samples_are_read_every_ten_seconds_a_busy_ones_every_sample() {
+    use crate::collectors::utilization::calls::SampleScript;
+    use crate::model::Busy;
+    let mut d0 = FakeDevice::new(0, 80 * GIB, GIB);
+    let idle = Utilization {
+        gpu: Some(0),
+        memory: Some(0),
+        encoder: None,
+        decoder: None,
+        samples: None,
+    };
+    d0.scripts.set(idle);
+    d0.scripts.set(SampleScript(vec![(1_000, 0), (2_000, 0)]));
+    let mut s = Sampler::new(
+        FakeGpu::new(vec![d0]),
+        Recorder::default(),
+        switched(set(Collectors::default(), "utilization", true)),
+    );
+    let reads =
+        |s: &mut Sampler<FakeGpu, Recorder>| s.gpu_mut().calls_of(["utilization_samples"])[0];
+    let busy = |snap: &Snapshot| {
+        snap.devices[0]
+            .readings
+            .get::<Busy>()
+            .and_then(|b| b.samples)
+    };
+    // The first read starts the count (from its newest sample).
+    let first = s.tick();
+    assert_eq!(reads(&mut s), 1);
+    let counted = busy(&first);
+    assert!(counted.is_some_and(|b| b.percent_us == 0));
+    // Idle: not read again within 10 s; the last read is carried.
+    s.gpu_mut().devices[0]
+        .scripts
+        .set(SampleScript(vec![(1_000, 0), (2_000, 0), (3_000, 40)]));
+    let carried = s.tick();
+    assert_eq!(reads(&mut s), 1);
+    assert_eq!(busy(&carried), counted, "the same read, added once");
+    // Busy now: read at every full sample.
+    s.gpu_mut().devices[0].scripts.set(Utilization {
+        gpu: Some(40),
+        ..idle
+    });
+    let read = s.tick();
+    assert_eq!(reads(&mut s), 2);
+    let got = busy(&read);
+    // The burst between the reads is counted at this one.
+    assert!(got.is_some_and(|b| b.percent_us == 40 * 1_000));
+    assert_ne!(got.map(|b| b.read), counted.map(|b| b.read));
+    s.tick();
+    assert_eq!(reads(&mut s), 3);
+}
