@@ -12,12 +12,14 @@ Markdown to stdout and $OUT/idle-threads.md.
 """
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from h200 import free_port  # noqa: E402  (the bench helpers)
 
 HOLD = """
 import sys, time, torch
@@ -26,14 +28,6 @@ torch.cuda.synchronize()
 print("held", flush=True)
 time.sleep(3600)
 """
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def threads(pid):
